@@ -1,0 +1,117 @@
+"""Admin for API keys (create, inspect, revoke) and a read-only view of usage records.
+
+A key's plaintext exists once: when the add form is saved, it appears in the success message
+and nowhere else.  The hash is never shown, and no form can change a key's prefix, hash or
+revocation.
+"""
+from __future__ import annotations
+
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.forms import ModelForm
+from django.http import HttpRequest
+from django.utils.html import format_html
+
+from .models import APIKey, UsageRecord
+
+
+class StatusFilter(admin.SimpleListFilter):
+    """Filter keys by ``APIKey.status``: active, revoked or expired."""
+
+    title = "status"
+    parameter_name = "status"
+
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
+        return [("active", "Active"), ("revoked", "Revoked"), ("expired", "Expired")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[APIKey]) -> QuerySet[APIKey]:
+        by_status = {"active": queryset.active, "revoked": queryset.revoked, "expired": queryset.expired}
+        chosen = by_status.get(self.value())
+        return chosen() if chosen else queryset
+
+
+@admin.register(APIKey)
+class APIKeyAdmin(admin.ModelAdmin):
+    """Keys: the add form asks only name, owner and expiry; everything else is generated."""
+
+    list_display = ("name", "owner", "prefix", "created_at", "last_used_at", "expires_at", "status")
+    list_select_related = ("owner",)
+    list_filter = (StatusFilter, ("owner", admin.RelatedOnlyFieldListFilter))
+    search_fields = ("name", "prefix")
+    search_help_text = "Search by name or prefix (the 8 characters after “sk-cs-”)."
+    actions = ("revoke_selected",)
+    add_fields = ("name", "owner", "expires_at")
+    change_fields = ("name", "owner", "prefix", "status", "created_at", "last_used_at", "expires_at", "revoked_at")
+    # A key stays with the user it was issued to; prefix, timestamps and revocation are facts.
+    change_readonly_fields = ("owner", "prefix", "status", "created_at", "last_used_at", "revoked_at")
+
+    def get_fields(self, request: HttpRequest, obj: APIKey | None = None) -> tuple[str, ...]:
+        return self.add_fields if obj is None else self.change_fields
+
+    def get_readonly_fields(self, request: HttpRequest, obj: APIKey | None = None) -> tuple[str, ...]:
+        return () if obj is None else self.change_readonly_fields
+
+    def get_changeform_initial_data(self, request: HttpRequest) -> dict:
+        return {"owner": request.user.pk, **super().get_changeform_initial_data(request)}
+
+    @admin.display(description="status")
+    def status(self, obj: APIKey) -> str:
+        return obj.status
+
+    def save_model(self, request: HttpRequest, obj: APIKey, form: ModelForm, change: bool) -> None:
+        """Generate and show the key once on add; a change saves only the editable fields."""
+        if change:
+            super().save_model(request, obj, form, change)
+            return
+        plaintext = APIKey.objects.issue(obj)
+        messages.success(
+            request,
+            format_html(
+                "The new API key for “{}” is <code>{}</code> — copy it now: it is not stored and "
+                "will not be shown again.",
+                obj.name,
+                plaintext,
+            ),
+        )
+
+    @admin.action(description="Revoke selected keys", permissions=["change"])
+    def revoke_selected(self, request: HttpRequest, queryset: QuerySet[APIKey]) -> None:
+        """Revoke every selected key that is not revoked yet, logging each in the admin history."""
+        revoked = [api_key for api_key in queryset if api_key.revoke()]
+        for api_key in revoked:
+            self.log_change(request, api_key, "Revoked.")
+        self.message_user(request, f"Revoked {len(revoked)} of {queryset.count()} selected keys.", messages.SUCCESS)
+
+
+@admin.register(UsageRecord)
+class UsageRecordAdmin(admin.ModelAdmin):
+    """Usage records are an audit trail: viewable, never added, changed or deleted here."""
+
+    list_display = (
+        "created_at",
+        "request_id",
+        "api_key",
+        "owner",
+        "model",
+        "endpoint",
+        "stream",
+        "status_code",
+        "finish_reason",
+        "prompt_tokens",
+        "completion_tokens",
+        "total_tokens",
+        "latency_ms",
+    )
+    list_select_related = ("api_key", "owner")
+    list_filter = ("api_key", "model", "status_code", "stream", "created_at")
+    date_hierarchy = "created_at"
+    search_fields = ("request_id", "user")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: UsageRecord | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: UsageRecord | None = None) -> bool:
+        return False

@@ -1,0 +1,223 @@
+"""API keys (a public prefix plus a SHA-256 hash of a high-entropy secret) and usage records.
+
+A key's plaintext is ``sk-cs-{prefix}.{secret}``: ``prefix`` is 8 characters of ``[A-Za-z0-9]``,
+stored in clear and unique, so a presented key is found with one indexed lookup; ``secret`` is
+``secrets.token_urlsafe(32)`` (256 bits).  Only ``sha256(plaintext)`` is stored.  A fast hash is
+enough because the secret is random, not a human password, and a password hasher (PBKDF2) would
+cost tens of milliseconds on every request (djangorestframework-api-key issue #173).
+
+Revocation is one-way: :meth:`APIKey.revoke` sets ``revoked_at`` once and ``save()`` refuses to
+clear it.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+import string
+from datetime import datetime
+
+from django.conf import settings
+from django.core.validators import RegexValidator
+from django.db import IntegrityError, models, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+KEY_NAMESPACE = "sk-cs-"
+PREFIX_LENGTH = 8
+PREFIX_ALPHABET = string.ascii_letters + string.digits
+SECRET_BYTES = 32
+# The secret part is whatever token_urlsafe produces; its length is not pinned so that a future
+# change of SECRET_BYTES keeps old keys valid.  The bound only refuses absurd input early.
+_KEY_PATTERN = re.compile(
+    rf"{re.escape(KEY_NAMESPACE)}(?P<prefix>[A-Za-z0-9]{{{PREFIX_LENGTH}}})\.[A-Za-z0-9_-]{{1,256}}"
+)
+# Fresh prefixes collide with probability ~n/62**8; a few retries make a failure practically
+# impossible while still surfacing a real constraint problem.
+_PREFIX_ATTEMPTS = 5
+
+
+def generate_prefix() -> str:
+    """A random public prefix: ``PREFIX_LENGTH`` characters of ``[A-Za-z0-9]``."""
+    return "".join(secrets.choice(PREFIX_ALPHABET) for _ in range(PREFIX_LENGTH))
+
+
+def generate_plaintext(prefix: str) -> str:
+    """A new plaintext key ``sk-cs-{prefix}.{secret}`` with ``secret = token_urlsafe(32)``."""
+    return f"{KEY_NAMESPACE}{prefix}.{secrets.token_urlsafe(SECRET_BYTES)}"
+
+
+def hash_key(plaintext: str) -> str:
+    """The stored form of a key: the SHA-256 hex digest (64 characters) of the whole plaintext."""
+    return hashlib.sha256(plaintext.encode("utf-8")).hexdigest()
+
+
+def parse_prefix(plaintext: str) -> str | None:
+    """The prefix of a well-formed key, or ``None`` when ``plaintext`` is not shaped like a key."""
+    match = _KEY_PATTERN.fullmatch(plaintext)
+    return match["prefix"] if match else None
+
+
+class APIKeyQuerySet(models.QuerySet):
+    """Status filters shared by the admin and the commands; "now" is evaluated per call."""
+
+    def revoked(self) -> APIKeyQuerySet:
+        return self.filter(revoked_at__isnull=False)
+
+    def expired(self) -> APIKeyQuerySet:
+        """Keys past their expiry that are not revoked (revoked wins, as in ``APIKey.status``)."""
+        return self.filter(revoked_at__isnull=True, expires_at__lte=timezone.now())
+
+    def active(self) -> APIKeyQuerySet:
+        return self.filter(Q(expires_at__isnull=True) | Q(expires_at__gt=timezone.now()), revoked_at__isnull=True)
+
+
+class APIKeyManager(models.Manager.from_queryset(APIKeyQuerySet)):
+    """Creates keys; the plaintext exists only in the return value of :meth:`create_key`."""
+
+    def create_key(self, *, name: str, owner: models.Model, expires_at: datetime | None = None) -> tuple[APIKey, str]:
+        """Insert a new key for ``owner`` and return ``(row, plaintext)``.
+
+        The plaintext is not stored anywhere; show it to the user once.  Raises ``IntegrityError``
+        for database problems other than a (retried) prefix collision.
+        """
+        api_key = self.model(name=name, owner=owner, expires_at=expires_at)
+        return api_key, self.issue(api_key)
+
+    def issue(self, api_key: APIKey) -> str:
+        """Give the unsaved ``api_key`` a fresh prefix and secret, insert it, return the plaintext.
+
+        :meth:`create_key` is built on this; the admin calls it directly so that the form's own
+        instance becomes the saved row.
+        """
+        for attempt in range(_PREFIX_ATTEMPTS):
+            api_key.prefix = generate_prefix()
+            plaintext = generate_plaintext(api_key.prefix)
+            api_key.hashed_key = hash_key(plaintext)
+            try:
+                # The savepoint keeps a collision from breaking an enclosing transaction.
+                with transaction.atomic(using=self.db):
+                    api_key.save(force_insert=True, using=self.db)
+                return plaintext
+            except IntegrityError:
+                collided = self.filter(prefix=api_key.prefix).exists()
+                if not collided or attempt == _PREFIX_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+
+class APIKey(models.Model):
+    """A Bearer credential owned by a user; see the module docstring for the key format."""
+
+    name = models.CharField(max_length=100, help_text="What the key is for, e.g. “laptop” or “CI”.")
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_keys")
+    prefix = models.CharField(
+        max_length=PREFIX_LENGTH,
+        unique=True,
+        db_index=True,
+        editable=False,
+        validators=[RegexValidator(rf"^[A-Za-z0-9]{{{PREFIX_LENGTH}}}$")],
+        help_text="The public part of the key, after “sk-cs-”.",
+    )
+    hashed_key = models.CharField(max_length=64, editable=False, help_text="SHA-256 hex of the whole key.")
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+    last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
+    expires_at = models.DateTimeField(null=True, blank=True, help_text="Leave empty for a key that never expires.")
+    revoked_at = models.DateTimeField(null=True, blank=True, editable=False)
+
+    objects = APIKeyManager()
+
+    class Meta:
+        verbose_name = "API key"
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({KEY_NAMESPACE}{self.prefix}…)"
+
+    @property
+    def is_revoked(self) -> bool:
+        return self.revoked_at is not None
+
+    @property
+    def is_expired(self) -> bool:
+        return self.expires_at is not None and self.expires_at <= timezone.now()
+
+    @property
+    def is_active(self) -> bool:
+        return not self.is_revoked and not self.is_expired
+
+    @property
+    def status(self) -> str:
+        """``"revoked"``, ``"expired"`` or ``"active"``; revocation wins over expiry."""
+        if self.is_revoked:
+            return "revoked"
+        return "expired" if self.is_expired else "active"
+
+    def verify(self, plaintext: str) -> bool:
+        """Whether ``plaintext`` is this key, compared in constant time (status is not checked)."""
+        return hmac.compare_digest(hash_key(plaintext), self.hashed_key)
+
+    def revoke(self) -> bool:
+        """Revoke the key now; ``False`` (and the first ``revoked_at`` kept) if it already was.
+
+        The conditional UPDATE makes two concurrent revocations agree on one timestamp.
+        """
+        if self.is_revoked:
+            return False
+        now = timezone.now()
+        updated = type(self).objects.filter(pk=self.pk, revoked_at__isnull=True).update(revoked_at=now)
+        if updated:
+            self.revoked_at = now
+        else:
+            self.refresh_from_db(fields=["revoked_at"])
+        return bool(updated)
+
+    def save(self, *args, **kwargs) -> None:
+        """Save, refusing (``ValueError``) to clear the revocation of a revoked row."""
+        if not self._state.adding and self.revoked_at is None:
+            if type(self).objects.filter(pk=self.pk, revoked_at__isnull=False).exists():
+                raise ValueError("A revoked API key cannot be reinstated; create a new key instead.")
+        super().save(*args, **kwargs)
+
+
+class UsageRecord(models.Model):
+    """One API request: who made it, with which key, what it cost and how it ended.
+
+    ``request_id`` is the response ``id`` (e.g. ``cmpl-...``) and the ``x-request-id`` header.
+    ``finish_reason`` lists the choices' reasons comma-separated (``"stop,length"``), or
+    ``"interrupted"``/``"error"``.  Rows outlive their key and owner (``SET_NULL``) so that
+    accounting survives deletions.
+    """
+
+    api_key = models.ForeignKey(
+        APIKey, on_delete=models.SET_NULL, null=True, blank=True, related_name="usage_records"
+    )
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="usage_records"
+    )
+    model = models.CharField(max_length=200)
+    request_id = models.CharField(max_length=100, unique=True)
+    endpoint = models.CharField(max_length=100, default="/v1/completions")
+    prompt_tokens = models.PositiveIntegerField(default=0)
+    completion_tokens = models.PositiveIntegerField(default=0)
+    total_tokens = models.PositiveIntegerField(default=0)
+    stream = models.BooleanField(default=False)
+    status_code = models.PositiveSmallIntegerField()
+    finish_reason = models.CharField(max_length=255, blank=True)
+    error_type = models.CharField(max_length=100, blank=True)
+    latency_ms = models.FloatField()
+    time_to_first_token_ms = models.FloatField(null=True, blank=True)
+    user = models.CharField(max_length=256, blank=True, help_text="The request's OpenAI “user” field.")
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        # Per-key and per-owner windows ("tokens this month") scan by key/owner, then time.
+        indexes = [
+            models.Index(fields=["api_key", "created_at"], name="keys_usage_key_time"),
+            models.Index(fields=["owner", "created_at"], name="keys_usage_owner_time"),
+        ]
+
+    def __str__(self) -> str:
+        return self.request_id
