@@ -1,0 +1,578 @@
+"""The request and response schemas of ``/v1/completions`` and ``/v1/models``, in one module.
+
+Views stay thin: they hand the raw body to :func:`parse_completion_request`, which returns a
+:class:`CompletionRequest` or raises :class:`~inference.errors.APIError` (400, with ``param``);
+:meth:`CompletionRequest.sampling_params` turns it into the engine's
+:class:`~inference.sampling.SamplingParams`; the builders at the bottom produce response bodies as
+plain dicts whose keys are in OpenAI's order, so ``json.dumps`` matches OpenAI's output in shape.
+
+The source of truth is OpenAI's OpenAPI spec (``CreateCompletionRequest``,
+``CreateCompletionResponse``, ``CompletionUsage``, ``Model``, ``ListModelsResponse``, ``Error``),
+vendored as JSON Schema 2020-12 in ``inference/openai_schema.json`` by
+``tools/vendor_openai_schema.py``.  Schema violations are reported the way OpenAI reports them
+(OpenAI validates with Python's jsonschema too): ``"<jsonschema message> - '<param>'"``, e.g.
+``"2.5 is greater than the maximum of 2 - 'temperature'"``.  The rules the schema cannot express
+(``best_of >= n``, ``stream_options`` only with ``stream``, server caps from settings, ...) are in
+:func:`_check_rules_beyond_schema`, each naming its ``param``.
+
+Nothing here imports torch: ``SamplingParams`` is imported inside ``sampling_params()``.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import secrets
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import ValidationError, best_match
+
+from inference.errors import APIError
+
+if TYPE_CHECKING:
+    from inference.sampling import SamplingParams
+
+SCHEMA_PATH = Path(__file__).with_name("openai_schema.json")
+
+# The spec's prompt forms: a string, strings, token ids, or lists of token ids.
+Prompt = str | list[str] | list[int] | list[list[int]]
+
+INVALID_JSON_MESSAGE = (
+    "We could not parse the JSON body of your request. (HINT: This likely means you aren't using your "
+    "HTTP library correctly. The API expects a JSON payload, but what was sent was not valid JSON.)"
+)
+DEFAULT_MAX_N = 20
+DEFAULT_MAX_LOGPROBS = 5
+LOGIT_BIAS_RANGE = (-100, 100)  # the spec's description: "an associated bias value from -100 to 100"
+INT64_RANGE = (-(2**63), 2**63 - 1)  # seed is ``format: int64`` in the spec
+MAX_STOP_SEQUENCES = 4  # StopConfiguration: "Up to 4 sequences" (maxItems 4)
+MAX_REPR_CHARS = 200  # a 4 MB prompt must not come back inside an error message
+
+
+# --- The vendored spec --------------------------------------------------------------------------
+
+
+@cache
+def _spec_document() -> dict[str, Any]:
+    """``inference/openai_schema.json``: ``{"$schema", "$comment", "$defs": {name: schema}}``."""
+    return json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
+
+
+@cache
+def spec_validator(schema_name: str) -> Draft202012Validator:
+    """A validator for one of the spec's schemas, exactly as vendored (e.g. ``"Model"``).
+
+    Raises ``KeyError`` for a name that is not in ``inference/openai_schema.json``.
+    """
+    document = _spec_document()
+    if schema_name not in document["$defs"]:  # fail here, not with a reference error later
+        raise KeyError(schema_name)
+    return Draft202012Validator({**document, "$ref": f"#/$defs/{schema_name}"})
+
+
+@cache
+def _request_validator() -> Draft202012Validator:
+    """``CreateCompletionRequest`` without the ``n`` and ``logprobs`` maxima.
+
+    Those caps are server settings (``API_MAX_N``, ``API_MAX_LOGPROBS``) that may differ from the
+    spec's 128 and 5, so :func:`_check_rules_beyond_schema` applies them instead.
+    """
+    document = copy.deepcopy(_spec_document())
+    properties = document["$defs"]["CreateCompletionRequest"]["properties"]
+    for name in ("n", "logprobs"):
+        properties[name].pop("maximum", None)
+    return Draft202012Validator({**document, "$ref": "#/$defs/CreateCompletionRequest"})
+
+
+@cache
+def _request_fields() -> tuple[frozenset[str], tuple[str, ...]]:
+    """The request's known field names and its required ones, from the spec."""
+    schema = _spec_document()["$defs"]["CreateCompletionRequest"]
+    return frozenset(schema["properties"]), tuple(schema.get("required", ()))
+
+
+# --- The request --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    """A validated ``CreateCompletionRequest``: fields in the spec's order, with the spec's defaults.
+
+    ``null`` for an optional field means its default.  Numbers are normalised (``1.0`` → ``1`` for
+    integer fields, ``1`` → ``1.0`` for number fields); strings, lists and maps are kept as sent
+    (``stop`` may be a string or a list, ``prompt`` any of the four forms, ``logit_bias`` keys are
+    strings).  ``best_of`` is 1 unless sent; the engine runs ``max(best_of, n)`` candidates.
+    Build it with :func:`parse_completion_request`; constructing it directly skips validation.
+    """
+
+    model: str
+    prompt: Prompt
+    best_of: int = 1
+    echo: bool = False
+    frequency_penalty: float = 0.0
+    logit_bias: dict[str, int] | None = None
+    logprobs: int | None = None
+    max_tokens: int = 16
+    n: int = 1
+    presence_penalty: float = 0.0
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    suffix: str | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    user: str | None = None
+
+    @property
+    def prompts(self) -> list[str | list[int]]:
+        """One entry per prompt: a string, or a list of token ids.
+
+        ``"a"`` → ``["a"]``; ``["a", "b"]`` as is; ``[1, 2]`` → ``[[1, 2]]``; ``[[1], [2]]`` as is.
+        Choice ``i`` of prompt ``p`` has ``index = p * n + i`` in the response (OpenAI's order).
+        """
+        if isinstance(self.prompt, str):
+            return [self.prompt]
+        if self.prompt and isinstance(self.prompt[0], int):
+            return [list(self.prompt)]
+        return list(self.prompt)
+
+    @property
+    def include_usage(self) -> bool:
+        """Whether a stream ends with a usage chunk (``stream_options.include_usage``)."""
+        return self.stream and bool((self.stream_options or {}).get("include_usage"))
+
+    @property
+    def stop_sequences(self) -> tuple[str, ...]:
+        """``stop`` as a tuple: ``None`` → ``()``, ``"x"`` → ``("x",)``, a list → a tuple."""
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    def sampling_params(self, *, ignore_eos: bool = False) -> SamplingParams:
+        """The engine's parameters for each prompt of this request.
+
+        ``logit_bias`` keys become ints; ``best_of`` is ``max(best_of, n)`` (OpenAI returns ``n``
+        choices when ``best_of`` is not sent); ``prompt_logprobs`` is ``echo`` with ``logprobs``
+        (OpenAI returns the echoed prompt's logprobs then).
+        """
+        from inference.sampling import SamplingParams  # torch stays out of the views' imports
+
+        return SamplingParams(
+            max_tokens=self.max_tokens,
+            temperature=float(self.temperature),
+            top_p=float(self.top_p),
+            n=self.n,
+            best_of=max(self.best_of, self.n),
+            presence_penalty=float(self.presence_penalty),
+            frequency_penalty=float(self.frequency_penalty),
+            logit_bias={int(token): float(bias) for token, bias in (self.logit_bias or {}).items()},
+            seed=self.seed,
+            stop=self.stop_sequences,
+            logprobs=self.logprobs,
+            prompt_logprobs=self.echo and self.logprobs is not None,
+            ignore_eos=ignore_eos,
+        )
+
+    def check_token_ids(self, vocab_size: int) -> None:
+        """Reject token ids the model does not have, in token-id prompts and ``logit_bias`` keys.
+
+        Raises ``APIError`` 400 with ``param`` ``"prompt"`` or ``"logit_bias"``, naming the id and
+        ``vocab_size``.  Call it once the model is known (the spec cannot know the vocabulary).
+        """
+        for prompt in self.prompts:
+            if isinstance(prompt, list):
+                for token in prompt:
+                    if not 0 <= token < vocab_size:
+                        raise APIError(_token_out_of_range(token, vocab_size, "prompt"), param="prompt")
+        for key in self.logit_bias or {}:
+            if not 0 <= int(key) < vocab_size:
+                raise APIError(_token_out_of_range(int(key), vocab_size, "logit_bias"), param="logit_bias")
+
+    def check_context_length(self, prompt_tokens: int, context_length: int) -> None:
+        """Reject a prompt of ``prompt_tokens`` tokens whose ``max_tokens`` would not fit the model.
+
+        Raises ``APIError`` 400, code ``context_length_exceeded``, with OpenAI's message; ``param``
+        is ``"prompt"`` if the prompt alone does not fit, else ``"max_tokens"``.
+        """
+        requested = prompt_tokens + self.max_tokens
+        if requested <= context_length:
+            return
+        raise APIError(
+            f"This model's maximum context length is {context_length} tokens, however you requested "
+            f"{requested} tokens ({prompt_tokens} in your prompt; {self.max_tokens} for the completion). "
+            "Please reduce your prompt; or completion length.",
+            param="prompt" if prompt_tokens >= context_length else "max_tokens",
+            code="context_length_exceeded",
+        )
+
+
+INTEGER_FIELDS = ("best_of", "logprobs", "max_tokens", "n", "seed")
+NUMBER_FIELDS = ("frequency_penalty", "presence_penalty", "temperature", "top_p")
+
+
+def parse_completion_request(body: bytes) -> CompletionRequest:
+    """Parse and validate a ``POST /v1/completions`` body (``CreateCompletionRequest``).
+
+    Each failure is an ``APIError`` 400 ``invalid_request_error``, found in this order: the body is
+    not JSON (``param`` None); it is not an object (None); it has fields the spec does not know
+    ("Unrecognized request argument supplied: foo", None, as OpenAI answers); it breaks the spec's
+    schema (``"<message> - '<param>'"``, the most relevant error by ``best_match``, ``param`` the
+    dotted property path, e.g. ``stream_options.include_usage``), or misses a required field
+    (``"'model' is a required property"``, ``param`` the field); then the rules the schema cannot
+    express (:func:`_check_prompt`, :func:`_check_logit_bias`, :func:`_check_rules_beyond_schema`).
+    The body size cap is the view's (see :func:`body_too_large_error`).
+    """
+    data = _load_request_object(body)
+    error = best_match(_request_validator().iter_errors(_schema_view(data)))
+    if error is not None:
+        raise _schema_error(error)
+    _check_unicode(data)
+    if "prompt" in data:  # a required field: present once the schema has passed
+        data["prompt"] = _check_prompt(data["prompt"])
+    if "logit_bias" in data:
+        data["logit_bias"] = _check_logit_bias(data["logit_bias"])
+    for name in INTEGER_FIELDS:
+        if name in data:
+            data[name] = int(data[name])  # the schema accepts 2.0 as an integer
+    for name in NUMBER_FIELDS:
+        if name in data:
+            data[name] = float(data[name])
+    _check_rules_beyond_schema(data)
+    return CompletionRequest(**data)
+
+
+def _load_request_object(body: bytes) -> dict[str, Any]:
+    """The body as a JSON object of known fields, with null optional fields left out.
+
+    Raises ``APIError`` 400 for invalid JSON, a body that is not an object, or unknown fields.
+    """
+    try:
+        data = json.loads(body, parse_constant=_reject_constant)
+    except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise APIError(INVALID_JSON_MESSAGE) from None
+    if not isinstance(data, dict):
+        raise _schema_error(best_match(_request_validator().iter_errors(data)))
+    known, required = _request_fields()
+    unknown = sorted(set(data) - known)
+    if unknown:
+        plural = "s" if len(unknown) > 1 else ""
+        raise APIError(f"Unrecognized request argument{plural} supplied: {_shorten(', '.join(unknown))}")
+    # null means "the default" for every optional field, even those the spec forgot to mark
+    # nullable (``user``); required fields keep their null so the schema can say what is wrong.
+    return {name: value for name, value in data.items() if value is not None or name in required}
+
+
+def _reject_constant(name: str) -> None:
+    """``NaN``, ``Infinity`` and ``-Infinity`` are Python's extensions, not JSON."""
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _schema_view(data: dict[str, Any]) -> dict[str, Any]:
+    """What jsonschema checks: ``data`` with valid stand-ins for a prompt list and a logit_bias map.
+
+    jsonschema spends microseconds on each array item or map entry (and ``oneOf`` walks all four
+    prompt forms), so a 4 MB body of token ids would cost seconds of CPU; the two fields that grow
+    with the body are checked in Python by :func:`_check_prompt` and :func:`_check_logit_bias`.
+    Raises ``APIError`` 400 ``param`` ``"stop"`` for more stop sequences than the spec's 4.
+    """
+    stop = data.get("stop")
+    if isinstance(stop, list) and len(stop) > MAX_STOP_SEQUENCES:
+        # jsonschema's words, before its ``items`` walks a million stop strings to get there.
+        raise _param_error(f"{_short_repr(stop)} is too long", "stop")
+    view = dict(data)
+    if isinstance(view.get("prompt"), list):
+        view["prompt"] = ""
+    if isinstance(view.get("logit_bias"), dict):
+        view["logit_bias"] = {}
+    return view
+
+
+def _is_integer(value: Any) -> bool:
+    """JSON Schema's ``integer``: an int that is not a bool, or a float with no fraction (``2.0``)."""
+    if isinstance(value, float):
+        return value.is_integer()
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_prompt(prompt: Prompt | None) -> Prompt:
+    """The prompt with token ids as ints (``2.0`` → ``2``) and null as the spec's default.
+
+    A list must be one of the spec's forms (strings, token ids, lists of token ids), non-empty,
+    with token ids >= 0.  Raises ``APIError`` 400 ``param`` ``"prompt"`` otherwise.
+    """
+    if prompt is None:
+        return "<|endoftext|>"  # the spec's default: the model's document separator
+    if isinstance(prompt, str):
+        return prompt
+    if not prompt:
+        # The spec's array-of-strings form has no minItems, but an empty batch asks for nothing.
+        raise _param_error("[] should be non-empty", "prompt")
+    if all(isinstance(item, str) for item in prompt):
+        return prompt
+    if all(_is_integer(token) for token in prompt):
+        return _token_ids(prompt)
+    if all(isinstance(ids, list) and ids and all(_is_integer(token) for token in ids) for ids in prompt):
+        return [_token_ids(ids) for ids in prompt]
+    # jsonschema's words for the spec's ``oneOf``, without walking the list four times.
+    raise _param_error(f"{_short_repr(prompt)} is not valid under any of the given schemas", "prompt")
+
+
+def _token_ids(ids: list[int | float]) -> list[int]:
+    """``ids`` as ints; raises ``APIError`` 400 ``param`` ``"prompt"`` for a negative id."""
+    tokens = [int(token) for token in ids]
+    if min(tokens) < 0:
+        raise _param_error(f"{min(tokens)} is less than the minimum of 0", "prompt")
+    return tokens
+
+
+def _check_logit_bias(logit_bias: dict[str, Any]) -> dict[str, int]:
+    """``logit_bias`` with int values, once each key is a token id and each value an int in -100..100.
+
+    Raises ``APIError`` 400 ``param`` ``"logit_bias"`` for the first bad entry in the client's order.
+    """
+    checked: dict[str, int] = {}
+    for key, bias in logit_bias.items():
+        if not (key.isascii() and key.isdigit()):
+            message = f"{_short_repr(key)} is not a token id (keys must be integer strings)"
+            raise _param_error(message, "logit_bias")
+        if not _is_integer(bias):
+            raise _param_error(f"{_short_repr(bias)} is not of type 'integer'", "logit_bias")
+        _check_range(bias, *LOGIT_BIAS_RANGE, "logit_bias")
+        checked[key] = int(bias)
+    return checked
+
+
+def _check_rules_beyond_schema(data: dict[str, Any]) -> None:
+    """The rules the spec's schema cannot express, in the spec's field order; ``data`` has passed it.
+
+    Each raises ``APIError`` 400 naming its ``param``.
+    """
+    n, stream, echo = data.get("n", 1), data.get("stream", False), data.get("echo", False)
+    if "best_of" in data:
+        if data["best_of"] < n:
+            raise APIError("best_of must be greater than or equal to n", param="best_of")
+        if data["best_of"] > 1 and stream:
+            # The spec on best_of: "Results cannot be streamed" (the best is known only at the end).
+            raise APIError("best_of > 1 cannot be used with stream", param="best_of")
+    if "logprobs" in data:
+        max_logprobs = getattr(settings, "API_MAX_LOGPROBS", DEFAULT_MAX_LOGPROBS)
+        _check_range(data["logprobs"], 0, max_logprobs, "logprobs")
+    if data.get("max_tokens") == 0 and not echo:
+        # 0 is in the spec's range, but it only makes sense to echo (score) the prompt.
+        raise APIError("max_tokens must be at least 1 unless echo is true", param="max_tokens")
+    _check_range(n, 1, getattr(settings, "API_MAX_N", DEFAULT_MAX_N), "n")
+    if "seed" in data:
+        _check_range(data["seed"], *INT64_RANGE, "seed")
+    stop = data.get("stop")
+    if "" in ([stop] if isinstance(stop, str) else stop or []):
+        # An empty stop string would match at once; vLLM drops it silently, we say so.
+        raise _param_error("'' should be non-empty", "stop")
+    if "stream_options" in data and not stream:
+        raise APIError(
+            "The 'stream_options' parameter is only allowed when 'stream' is enabled.", param="stream_options"
+        )
+    if data.get("suffix"):
+        # A causal LM cannot insert text before a suffix; ignoring it would return a wrong answer.
+        raise APIError("suffix is not supported by this model", param="suffix")
+
+
+def _check_range(value: float, minimum: float, maximum: float, param: str) -> None:
+    """jsonschema's wording for bounds the schema does not carry (server caps, int64, bias)."""
+    if value < minimum:
+        raise _param_error(f"{value} is less than the minimum of {minimum}", param)
+    if value > maximum:
+        raise _param_error(f"{value} is greater than the maximum of {maximum}", param)
+
+
+def _check_unicode(data: dict[str, Any]) -> None:
+    """Reject unpaired surrogates (``"\\ud800"`` is valid JSON but not text); tokenizers fail on them."""
+    for name, value in data.items():
+        try:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            message = "A string contains an unpaired UTF-16 surrogate, which is not text"
+            raise _param_error(message, name) from None
+
+
+def _param_error(message: str, param: str) -> APIError:
+    """OpenAI's style for a bad value: ``"<message> - '<param>'"``."""
+    return APIError(f"{message} - '{param}'", param=param)
+
+
+def _schema_error(error: ValidationError) -> APIError:
+    """The ``APIError`` for one jsonschema error, in OpenAI's words.
+
+    ``param`` is the dotted path of property names down to the error (``stream_options.include_usage``);
+    array indices and map keys (``logit_bias``'s token ids) are not parameters and stay out of it.
+    A missing required field reads ``"'model' is a required property"`` with ``param`` that field.
+    """
+    names = _property_path(error)
+    message = _short_message(error)
+    if error.validator == "required":
+        missing = next(name for name in error.validator_value if name not in error.instance)
+        return APIError(message, param=".".join([*names, missing]))
+    if not names:
+        return APIError(message)
+    return _param_error(message, ".".join(names))
+
+
+def _property_path(error: ValidationError) -> list[str]:
+    """The property names in ``error``'s schema path: ``["stream_options", "include_usage"]``."""
+    path, names = iter(error.absolute_schema_path), []
+    for keyword in path:
+        if keyword == "properties":
+            names.append(next(path))  # the name after ``properties`` is data, never a keyword
+    return names
+
+
+def _short_message(error: ValidationError) -> str:
+    """jsonschema's message, with the offending value cut down if its repr is long."""
+    long_repr = repr(error.instance)
+    if len(long_repr) <= MAX_REPR_CHARS:
+        return error.message
+    return error.message.replace(long_repr, _shorten(long_repr), 1)
+
+
+def _short_repr(value: Any) -> str:
+    """``repr(value)``, cut down to ``MAX_REPR_CHARS``: error messages quote what the client sent."""
+    return _shorten(repr(value))
+
+
+def _shorten(text: str) -> str:
+    return text if len(text) <= MAX_REPR_CHARS else text[:MAX_REPR_CHARS] + "..."
+
+
+def _token_out_of_range(token: int, vocab_size: int, where: str) -> str:
+    return (
+        f"Token id {token} in '{where}' is out of range: this model's vocabulary has {vocab_size} tokens "
+        f"(ids 0 to {vocab_size - 1})"
+    )
+
+
+# --- Errors the views raise ---------------------------------------------------------------------
+
+
+def body_too_large_error(limit: int) -> APIError:
+    """413 for a body over ``limit`` bytes (``settings.API_MAX_BODY_BYTES``), code ``request_too_large``."""
+    return APIError(
+        f"The request body is too large: the limit is {limit} bytes.", status=413, code="request_too_large"
+    )
+
+
+def model_not_found_error(model: str) -> APIError:
+    """404 for a model this server does not serve, in OpenAI's words, code ``model_not_found``."""
+    return APIError(
+        f"The model `{_shorten(model)}` does not exist or you do not have access to it.",
+        status=404,
+        param="model",
+        code="model_not_found",
+    )
+
+
+# --- Responses ----------------------------------------------------------------------------------
+
+
+def new_completion_id() -> str:
+    """A fresh completion id: ``"cmpl-"`` and 24 URL-safe random characters (144 bits)."""
+    return "cmpl-" + secrets.token_urlsafe(18)
+
+
+def completion_choice(
+    index: int, text: str, finish_reason: str | None, logprobs: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """One choice: ``{"text", "index", "logprobs", "finish_reason"}``.
+
+    ``finish_reason`` is ``"stop"`` or ``"length"``, or ``None`` on a stream chunk before the last
+    (OpenAI streams it as null, though the spec's enum lacks null).  ``logprobs``: :func:`logprobs_dict`.
+    """
+    return {"text": text, "index": index, "logprobs": logprobs, "finish_reason": finish_reason}
+
+
+def usage_dict(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    """``CompletionUsage``: ``{"prompt_tokens", "completion_tokens", "total_tokens"}``."""
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def logprobs_dict(
+    tokens: list[str],
+    token_logprobs: list[float | None],
+    top_logprobs: list[dict[str, float] | None],
+    text_offset: list[int],
+) -> dict[str, Any]:
+    """A choice's ``logprobs``: four parallel lists, one entry per token.
+
+    With ``echo`` the first prompt token has no logprob: OpenAI sends ``None`` in
+    ``token_logprobs`` and ``top_logprobs`` there.  ``text_offset`` is each token's character
+    offset in the choice's text (the echoed prompt included).
+    """
+    return {
+        "tokens": tokens,
+        "token_logprobs": token_logprobs,
+        "top_logprobs": top_logprobs,
+        "text_offset": text_offset,
+    }
+
+
+def completion_response(
+    id: str, created: int, model: str, choices: list[dict[str, Any]], usage: dict[str, int]
+) -> dict[str, Any]:
+    """``CreateCompletionResponse``: ``{"id", "object", "created", "model", "choices", "usage"}``.
+
+    ``object`` is ``"text_completion"``; ``created`` is a Unix time in seconds; ``choices`` come
+    from :func:`completion_choice`, ``usage`` from :func:`usage_dict`.
+    """
+    return {
+        "id": id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": choices,
+        "usage": usage,
+    }
+
+
+def completion_chunk(
+    id: str,
+    created: int,
+    model: str,
+    choices: list[dict[str, Any]],
+    usage: dict[str, int] | None = None,
+    include_usage: bool = False,
+) -> dict[str, Any]:
+    """One stream event's body: the response's shape and ``"object": "text_completion"``, as OpenAI streams.
+
+    With ``include_usage`` (``stream_options.include_usage``) every chunk carries ``"usage"``: null
+    on all but the last, which has ``choices=[]`` and the request's ``usage``
+    (``ChatCompletionStreamOptions`` in the spec).  Without it there is no ``usage`` key unless
+    ``usage`` is given.
+    """
+    chunk: dict[str, Any] = {
+        "id": id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": choices,
+    }
+    if include_usage or usage is not None:
+        chunk["usage"] = usage
+    return chunk
+
+
+def model_object(id: str, created: int, owned_by: str) -> dict[str, Any]:
+    """``Model``: ``{"id", "object": "model", "created", "owned_by"}``."""
+    return {"id": id, "object": "model", "created": created, "owned_by": owned_by}
+
+
+def model_list(models: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """``ListModelsResponse``: ``{"object": "list", "data": [model_object(...), ...]}``."""
+    return {"object": "list", "data": list(models)}
