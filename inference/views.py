@@ -70,7 +70,7 @@ async def _start_completion(request: HttpRequest, usage: _Usage) -> HttpResponse
         raise body_too_large_error(settings.API_MAX_BODY_BYTES) from None
     if len(body) > settings.API_MAX_BODY_BYTES:
         raise body_too_large_error(settings.API_MAX_BODY_BYTES)
-    parsed = parse_completion_request(body)
+    parsed = await asyncio.to_thread(parse_completion_request, body)
     usage.model, usage.stream, usage.user = parsed.model, parsed.stream, parsed.user or ""
     engine = get_engine()
     if parsed.model != engine.model_id:

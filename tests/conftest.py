@@ -72,3 +72,8 @@ def expired_key(user) -> IssuedKey:
 def other_users_key(other_user) -> IssuedKey:
     """Bob's working key."""
     return issue(other_user, "bob server")
+
+
+# --- The live server (end-to-end tests) ---------------------------------------------------------
+
+from tests.live_server import openai_client, server  # noqa: E402,F401  (session fixtures)

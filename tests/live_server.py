@@ -1,0 +1,149 @@
+"""A real daphne server with the real embedded model, started once per test session.
+
+The server runs in a subprocess on a free port with its own SQLite database file (the test
+database of pytest-django is in memory, out of another process's reach).  Tests call it over
+HTTP with the official ``openai`` client or raw HTTP, and read its usage records straight from
+that database file.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = "smollm2-135m-instruct"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class LiveServer:
+    """A running server: its ``base_url``, a working ``key``, and its database for usage records."""
+
+    base_url: str
+    key: str
+    database: Path
+    process: subprocess.Popen
+    log: Path
+    env: dict = field(default_factory=dict)
+
+    @property
+    def api_url(self) -> str:
+        return self.base_url + "/v1"
+
+    def headers(self, key: str | None = None) -> dict[str, str]:
+        return {"Authorization": f"Bearer {key or self.key}"}
+
+    def post(self, body: dict | bytes, *, key: str | None = None, timeout: float = 120, **kwargs) -> httpx.Response:
+        """``POST /v1/completions`` with raw ``httpx``; ``body`` as JSON or raw bytes."""
+        content = body if isinstance(body, bytes) else json.dumps(body).encode()
+        headers = {**self.headers(key), "Content-Type": "application/json", **kwargs.pop("headers", {})}
+        return httpx.post(self.api_url + "/completions", content=content, headers=headers, timeout=timeout, **kwargs)
+
+    def usage(self, request_id: str, wait: float = 10.0) -> dict | None:
+        """The usage record of ``request_id`` as a dict, waiting up to ``wait`` s for it to be written."""
+        deadline = time.monotonic() + wait
+        while True:
+            with sqlite3.connect(self.database, timeout=20) as connection:
+                connection.row_factory = sqlite3.Row
+                row = connection.execute(
+                    "SELECT * FROM keys_usagerecord WHERE request_id = ?", (request_id,)
+                ).fetchone()
+            if row is not None or time.monotonic() > deadline:
+                return dict(row) if row is not None else None
+            time.sleep(0.1)
+
+    def usage_count(self) -> int:
+        with sqlite3.connect(self.database, timeout=20) as connection:
+            return connection.execute("SELECT COUNT(*) FROM keys_usagerecord").fetchone()[0]
+
+    def manage(self, *args: str) -> str:
+        """Run ``manage.py`` against the server's database; returns its stdout."""
+        return _manage(self.env, *args)
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+
+def _manage(env: dict, *args: str) -> str:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"manage.py {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
+    return result.stdout
+
+
+def start_server(directory: Path, **settings: str) -> LiveServer:
+    """Migrate a fresh database, create a user and key, start daphne, wait for ``/healthz``."""
+    database = directory / "server.sqlite3"
+    port = free_port()
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "completions_site.settings",
+        "DATABASE_URL": f"sqlite:///{database}",
+        "PYTHONUNBUFFERED": "1",
+        **settings,
+    }
+    _manage(env, "migrate", "--noinput", "-v", "0")
+    _manage(env, "shell", "-c", "from django.contrib.auth.models import User; User.objects.create_user('e2e')")
+    key = _manage(env, "create_api_key", "--name", "e2e", "--user", "e2e").strip().splitlines()[-1]
+    log = directory / "daphne.log"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "completions_site.asgi:application"],
+        env=env,
+        cwd=ROOT,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+    )
+    server = LiveServer(f"http://127.0.0.1:{port}", key, database, process, log, env)
+    deadline = time.monotonic() + 600  # the first start converts the GGUF file (about 20 s)
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"daphne exited with {process.returncode}:\n{log.read_text()}")
+        try:
+            if httpx.get(server.base_url + "/healthz", timeout=2).status_code == 200:
+                return server
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.25)
+    stop_server(server)
+    raise RuntimeError(f"the server did not become healthy:\n{log.read_text()}")
+
+
+def stop_server(server: LiveServer) -> None:
+    server.process.terminate()
+    try:
+        server.process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        server.process.kill()
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory) -> LiveServer:
+    """The default configuration (bfloat16 on this CPU), shared by the whole session."""
+    live = start_server(tmp_path_factory.mktemp("server"))
+    yield live
+    stop_server(live)
+
+
+@pytest.fixture(scope="session")
+def openai_client(server):
+    """The official ``openai`` client pointed at the live server, without retries."""
+    from openai import OpenAI
+
+    return OpenAI(base_url=server.api_url, api_key=server.key, max_retries=0, timeout=120)

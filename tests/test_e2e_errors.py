@@ -1,0 +1,73 @@
+"""End to end: bad input gets OpenAI's error shape before any byte of a stream, and no 5xx."""
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from tests.live_server import MODEL
+
+pytestmark = pytest.mark.e2e
+
+
+def assert_error(response: httpx.Response, status: int, param=None, code=None, type="invalid_request_error"):
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/json")
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == type
+    assert error["param"] == param
+    assert error["code"] == code
+    return error
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_out_of_range_temperature_is_a_400_before_the_stream(server, stream):
+    response = server.post({"model": MODEL, "prompt": "x", "temperature": 2.5, "stream": stream})
+    error = assert_error(response, 400, param="temperature")
+    assert error["message"] == "2.5 is greater than the maximum of 2 - 'temperature'"
+
+
+def test_invalid_json_is_a_400(server):
+    assert_error(server.post(b"{not json"), 400)
+
+
+def test_wrong_type_is_a_400_naming_the_param(server):
+    assert_error(server.post({"model": MODEL, "prompt": "x", "max_tokens": "ten"}), 400, param="max_tokens")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_prompt_that_overflows_the_context_is_a_400_with_the_numbers(server, stream):
+    response = server.post({"model": MODEL, "prompt": "hello " * 4000, "max_tokens": 5000, "stream": stream})
+    error = assert_error(response, 400, param="max_tokens", code="context_length_exceeded")
+    assert "8192" in error["message"] and "5000" in error["message"]
+
+
+def test_missing_key_is_a_401(server):
+    response = httpx.post(server.api_url + "/completions", json={"model": MODEL, "prompt": "x"})
+    assert_error(response, 401)
+
+
+def test_wrong_key_is_a_401_that_never_echoes_the_key(server):
+    wrong = "sk-cs-AAAAAAAA.this-is-not-a-real-secret"
+    response = server.post({"model": MODEL, "prompt": "x"}, key=wrong)
+    error = assert_error(response, 401, code="invalid_api_key")
+    assert "this-is-not" not in response.text and "AAAAAAAA" not in response.text
+
+
+def test_every_v1_route_requires_a_key(server):
+    for path in ("/models", f"/models/{MODEL}"):
+        assert httpx.get(server.api_url + path).status_code == 401
+
+
+def test_openai_client_raises_bad_request_with_the_param(openai_client):
+    with pytest.raises(openai.BadRequestError) as raised:
+        openai_client.completions.create(model=MODEL, prompt="x", top_p=1.5)
+    assert raised.value.body["param"] == "top_p"
+
+
+def test_server_stays_healthy_after_bad_input(server):
+    for body in (b"", b"[]", b"null", b'{"model": 1}', b"\xff\xfe", b'{"model": "' + MODEL.encode() + b'", "prompt": [[-1]]}'):
+        assert 400 <= server.post(body).status_code < 500
+    assert server.post({"model": MODEL, "prompt": "Hello", "max_tokens": 2}).status_code == 200
+    assert server.alive()
