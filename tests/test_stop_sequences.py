@@ -1,0 +1,68 @@
+"""Stop strings: matched on decoded text across token boundaries, never shown, never taken back."""
+from __future__ import annotations
+
+import pytest
+
+from inference.text import find_stop, stop_holdback
+from tests.engine_helpers import run_one, start_tiny_engine
+
+PROMPT = "Hello, world!"
+
+
+@pytest.fixture(scope="module")
+def engine():
+    engine = start_tiny_engine()
+    yield engine
+    engine.stop()
+
+
+@pytest.mark.parametrize(
+    ("text", "stops", "expected"),
+    [("abcdef", ["cd"], 2), ("abcdef", ["x", "ef", "bc"], 1), ("abc", ["abcd"], -1), ("", ["a"], -1)],
+)
+def test_find_stop_returns_where_the_earliest_stop_begins(text, stops, expected):
+    assert find_stop(text, stops) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "stops", "expected"),
+    [("hello wor", ["world"], 3), ("hello", ["world"], 0), ("abcab", ["abc"], 2), ("xa", ["ab", "a"], 1)],
+)
+def test_stop_holdback_is_the_longest_tail_that_could_still_become_a_stop(text, stops, expected):
+    assert stop_holdback(text, stops) == expected
+
+
+def test_text_with_a_stop_equals_the_text_without_it_cut_before_the_stop(engine):
+    full = run_one(engine, PROMPT, max_tokens=40, temperature=0, ignore_eos=True).text
+    for start, size in [(5, 1), (10, 3), (17, 2), (0, 2)]:
+        stop = full[start : start + size]
+        result = run_one(engine, PROMPT, max_tokens=40, temperature=0, ignore_eos=True, stop=(stop,))
+        assert result.text == full[: full.index(stop)]
+        assert result.finish_reason == "stop"
+
+
+def test_no_streamed_delta_ever_contains_a_stop_string_or_has_to_be_taken_back(engine):
+    full = run_one(engine, PROMPT, max_tokens=40, temperature=0, ignore_eos=True).text
+    stop = full[20:24]
+    result = run_one(engine, PROMPT, max_tokens=40, temperature=0, ignore_eos=True, stop=(stop,))
+    released = ""
+    for delta in result.deltas:
+        released += delta
+        assert full.startswith(released)  # nothing is ever taken back
+        assert stop not in released
+    assert released == full[: full.index(stop)]
+
+
+def test_a_stop_string_that_is_never_completed_is_released_at_the_end(engine):
+    full = run_one(engine, PROMPT, max_tokens=30, temperature=0, ignore_eos=True).text
+    never = full[-2:] + "~never~"
+    result = run_one(engine, PROMPT, max_tokens=30, temperature=0, ignore_eos=True, stop=(never,))
+    assert result.text == full
+    assert result.finish_reason == "length"
+
+
+def test_the_earliest_of_several_stops_wins(engine):
+    full = run_one(engine, PROMPT, max_tokens=40, temperature=0, ignore_eos=True).text
+    early, late = full[8:10], full[25:28]
+    result = run_one(engine, PROMPT, max_tokens=40, temperature=0, ignore_eos=True, stop=(late, early))
+    assert result.text == full[: min(full.index(early), full.index(late))]
