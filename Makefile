@@ -24,8 +24,7 @@ migrate: install
 	$(PY) manage.py migrate --noinput
 
 run: migrate
-	$(PY) manage.py bootstrap
-	$(PY) manage.py collectstatic --noinput --verbosity 0
+	HOST=$(HOST) PORT=$(PORT) $(PY) manage.py bootstrap
 	$(VENV)/bin/daphne -b $(HOST) -p $(PORT) completions_site.asgi:application
 
 test: install

@@ -8,9 +8,12 @@ import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "completions_site.settings")
 
+from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 from django.core.asgi import get_asgi_application  # noqa: E402
 
-application = get_asgi_application()
+# The admin's CSS and JavaScript come from the apps' static folders through Django's own handler,
+# so a fresh checkout needs no collectstatic and no separate file server.
+application = ASGIStaticFilesHandler(get_asgi_application())
 
 from completions_site.startup import start_server  # noqa: E402
 
