@@ -31,6 +31,8 @@ from .text import IncrementalDetokenizer, find_stop, stop_holdback
 
 logger = logging.getLogger(__name__)
 
+FIM_TOKENS = ("<fim_prefix>", "<fim_suffix>", "<fim_middle>")
+
 
 class EngineError(Exception):
     """The engine could not serve a request; ``status`` is the HTTP status to answer with."""
@@ -282,15 +284,33 @@ class Engine:
         """Text of ``token_ids``, special tokens skipped."""
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
 
+    def fim_prompt_ids(self, prefix: str, suffix: str) -> list[int] | None:
+        """Fill-in-the-middle prompt ids, ``<fim_prefix>prefix<fim_suffix>suffix<fim_middle>``
+        (StarCoder's and CodeLlama's PSM order, Bavarian et al. 2022), or None when the tokenizer
+        has no FIM tokens."""
+        ids = [self._special_token_id(token) for token in FIM_TOKENS]
+        if None in ids:
+            return None
+        fim_prefix, fim_suffix, fim_middle = ids
+        encode = lambda text: self.tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+        return [fim_prefix, *encode(prefix), fim_suffix, *encode(suffix), fim_middle]
+
+    def _special_token_id(self, token: str) -> int | None:
+        """The id of ``token`` if the vocabulary really has it (not mapped to the unknown token)."""
+        token_id = self.tokenizer.convert_tokens_to_ids(token)
+        if token_id is None or token_id == self.tokenizer.unk_token_id:
+            return None
+        if self.tokenizer.convert_ids_to_tokens(token_id) != token:
+            return None
+        return token_id
+
     def document_start_ids(self) -> list[int]:
         """The prompt for an empty prompt: the start of a new document, as OpenAI's default prompt
         ``<|endoftext|>`` is for GPT models."""
         tokenizer = self.tokenizer
         for token in ("<|endoftext|>", tokenizer.bos_token, tokenizer.eos_token):
-            if token is not None:
-                token_id = tokenizer.convert_tokens_to_ids(token)
-                if token_id is not None and token_id != tokenizer.unk_token_id:
-                    return [token_id]
+            if token is not None and (token_id := self._special_token_id(token)) is not None:
+                return [token_id]
         return [0]
 
     def submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> RequestStream:

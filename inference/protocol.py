@@ -377,9 +377,6 @@ def _check_rules_beyond_schema(data: dict[str, Any]) -> None:
         raise APIError(
             "The 'stream_options' parameter is only allowed when 'stream' is enabled.", param="stream_options"
         )
-    if data.get("suffix"):
-        # A causal LM cannot insert text before a suffix; ignoring it would return a wrong answer.
-        raise APIError("suffix is not supported by this model", param="suffix")
 
 
 def _check_range(value: float, minimum: float, maximum: float, param: str) -> None:

@@ -95,13 +95,10 @@ class CompletionRun:
         """Tokenise every prompt (in a thread: a long prompt must not stall the event loop)."""
         engine, request = self.engine, self.request
         request.check_token_ids(engine.vocab_size)
-        if request.suffix is not None:
-            raise APIError(
-                f"suffix is not supported by {engine.model_id}: its tokenizer has no fill-in-the-middle tokens.",
-                param="suffix",
-            )
         for prompt in request.prompts:
-            if isinstance(prompt, str):
+            if request.suffix:
+                ids, text = self._fim_prompt(prompt), ""
+            elif isinstance(prompt, str):
                 ids = await asyncio.to_thread(engine.encode, prompt) if prompt else []
                 text = prompt
             else:
@@ -111,6 +108,22 @@ class CompletionRun:
             request.check_context_length(len(ids), engine.max_context)
             self.prompts.append(_Prompt(ids, text))
         self.prompt_tokens = sum(len(p.ids) for p in self.prompts)
+
+    def _fim_prompt(self, prompt: str | list[int]) -> list[int]:
+        """The fill-in-the-middle prompt for ``prompt`` and ``suffix``; the completion is the middle.
+
+        Raises ``APIError`` 400 (``param: "suffix"``) when the model's tokenizer has no FIM tokens.
+        """
+        engine = self.engine
+        prefix = prompt if isinstance(prompt, str) else engine.decode(prompt)
+        ids = engine.fim_prompt_ids(prefix, self.request.suffix)
+        if ids is None:
+            raise APIError(
+                f"suffix is not supported by {engine.model_id}: its tokenizer has no fill-in-the-middle "
+                "tokens (<fim_prefix>, <fim_suffix>, <fim_middle>), so it cannot complete text before a suffix.",
+                param="suffix",
+            )
+        return ids
 
     def start(self) -> None:
         """Submit one engine request per prompt."""

@@ -71,3 +71,9 @@ def test_server_stays_healthy_after_bad_input(server):
         assert 400 <= server.post(body).status_code < 500
     assert server.post({"model": MODEL, "prompt": "Hello", "max_tokens": 2}).status_code == 200
     assert server.alive()
+
+
+def test_suffix_on_a_model_without_fill_in_the_middle_tokens_is_a_400_that_says_why(server):
+    response = server.post({"model": MODEL, "prompt": "def f(", "suffix": "return x"})
+    error = assert_error(response, 400, param="suffix")
+    assert "fill-in-the-middle" in error["message"]

@@ -99,7 +99,6 @@ BAD_BODIES = [
     ("seed_beyond_int64", body(seed=2**63), "seed", f"{2**63} is greater than the maximum of {2**63 - 1} - 'seed'"),
     ("seed_a_string", body(seed="42"), "seed", None),
     ("user_not_a_string", body(user=5), "user", "5 is not of type 'string' - 'user'"),
-    ("suffix_unsupported", body(suffix="end"), "suffix", "suffix is not supported by this model"),
     ("unknown_field", body(foo=1), None, "Unrecognized request argument supplied: foo"),
     ("unknown_fields", body(foo=1, bar=2), None, "Unrecognized request arguments supplied: bar, foo"),
     ("chat_messages_on_completions", body(messages=[]), None, "Unrecognized request argument supplied: messages"),
