@@ -22,9 +22,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
-from transformers import DynamicCache
 
 from . import sampling
+from .kv_cache import BatchKVCache
 from .model_loader import ModelConfig, load_model
 from .sampling import SamplingParams
 from .text import IncrementalDetokenizer, find_stop, stop_holdback
@@ -121,7 +121,7 @@ class _Request:
         self.loop = loop
         self.queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         self.prefilled = 0
-        self.cache: DynamicCache | None = None
+        self.cache: BatchKVCache | None = None
         self.prompt_logprobs: list[TokenLogprob] | None = [TokenLogprob(prompt_ids[0], None)] if params.prompt_logprobs else None
         self.sequences: list[_Sequence] = []
         self.bias_ids = torch.tensor(list(params.logit_bias), dtype=torch.long)
@@ -232,7 +232,7 @@ class Engine:
         self._aborted: set[str] = set()
         self._waiting: collections.deque[_Request] = collections.deque()
         self._running: list[_Sequence] = []
-        self._cache: DynamicCache | None = None
+        self._cache: BatchKVCache | None = None
         self._mask: torch.Tensor | None = None  # [batch, width] 1 for real columns, 0 for padding
         self._recent_tokens: collections.deque[tuple[float, int]] = collections.deque()
         self._thread: threading.Thread | None = None
@@ -412,7 +412,7 @@ class Engine:
         start = request.prefilled
         end = min(len(ids), start + self.config.prefill_chunk)
         if request.cache is None:
-            request.cache = DynamicCache(config=self.model.config)
+            request.cache = BatchKVCache(self.model.config)
         output = self.model(
             input_ids=torch.tensor([ids[start:end]], device=self.device),
             position_ids=torch.arange(start, end, device=self.device)[None],
@@ -458,28 +458,22 @@ class Engine:
             self._join(request.cache, len(request.prompt_ids), alive)
         request.cache = None
 
-    def _join(self, cache: DynamicCache, width: int, sequences: list[_Sequence]) -> None:
-        """Append ``sequences`` (sharing ``cache``, batch 1, ``width`` columns) to the running batch."""
+    def _join(self, cache: BatchKVCache, width: int, sequences: list[_Sequence]) -> None:
+        """Append ``sequences`` (sharing ``cache``: one row, ``width`` columns) to the running batch."""
         rows = len(sequences)
         new_mask = torch.ones(rows, width, dtype=torch.long, device=self.device)
         if self._cache is None:
-            for layer in cache.layers:
-                layer.keys = layer.keys.expand(rows, -1, -1, -1).contiguous()
-                layer.values = layer.values.expand(rows, -1, -1, -1).contiguous()
-            self._cache, self._mask = cache, new_mask
-        else:
-            old_width = self._mask.shape[1]
-            total = max(old_width, width)
-            for old, new in zip(self._cache.layers, cache.layers):
-                old.keys = torch.cat([_pad_left(old.keys, total - old_width), _pad_left(new.keys, total - width).expand(rows, -1, -1, -1)])
-                old.values = torch.cat([_pad_left(old.values, total - old_width), _pad_left(new.values, total - width).expand(rows, -1, -1, -1)])
-            pad = torch.zeros
-            self._mask = torch.cat(
-                [
-                    torch.cat([pad(self._mask.shape[0], total - old_width, dtype=torch.long, device=self.device), self._mask], 1),
-                    torch.cat([pad(rows, total - width, dtype=torch.long, device=self.device), new_mask], 1),
-                ]
-            )
+            self._cache = BatchKVCache(self.model.config)
+            self._mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)
+        old_width = self._mask.shape[1]
+        total = max(old_width, width)
+        self._cache.join(cache, rows)
+        self._mask = torch.cat(
+            [
+                torch.nn.functional.pad(self._mask, (total - old_width, 0)),
+                torch.nn.functional.pad(new_mask, (total - width, 0)),
+            ]
+        )
         self._running.extend(sequences)
 
     def _decode_step(self) -> None:
@@ -514,9 +508,7 @@ class Engine:
         mask = self._mask.index_select(0, index)
         first = int((mask.sum(0) > 0).nonzero()[0])  # first column that some row still uses
         self._mask = mask[:, first:]
-        for layer in self._cache.layers:
-            layer.keys = layer.keys.index_select(0, index)[:, :, first:]
-            layer.values = layer.values.index_select(0, index)[:, :, first:]
+        self._cache.select(index, first)
 
     # --- sampling and text ---------------------------------------------------------------------
 
@@ -656,13 +648,6 @@ class Engine:
             request.push(error)
         self._running, self._cache, self._mask = [], None, None
         self._waiting.clear()
-
-
-def _pad_left(tensor: torch.Tensor, columns: int) -> torch.Tensor:
-    """Pad ``[batch, heads, width, dim]`` with ``columns`` zero columns on the left of ``width``."""
-    if columns == 0:
-        return tensor
-    return torch.nn.functional.pad(tensor, (0, 0, columns, 0))
 
 
 _engine: Engine | None = None

@@ -1,0 +1,119 @@
+"""The running batch's ``past_key_values``: left-padded rows in buffers that grow in place.
+
+transformers' ``DynamicLayer`` concatenates every step, copying the whole cache once per token
+(at 32 rows of 512 tokens that is hundreds of megabytes a step).  :class:`GrowingLayer` keeps each
+layer's keys and values in a buffer with spare columns and writes a step's new column in place;
+it copies only when the buffer is full (growing by half) or when rows join or leave the batch.
+
+Rows are left-padded: every row's last token is in the same column, so a decode step appends one
+column for all rows.  The engine keeps the matching ``attention_mask`` (0 on padding).
+"""
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+MIN_SPARE_COLUMNS = 64
+
+
+class GrowingLayer(DynamicLayer):
+    """One layer's keys and values, ``[batch, kv_heads, width, head_dim]``, in a buffer with spare width.
+
+    ``keys`` and ``values`` are views of the used columns, as transformers' layers expose them.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._key_buffer: torch.Tensor | None = None
+        self._value_buffer: torch.Tensor | None = None
+        self._width = 0
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append ``key_states``/``value_states`` (``[batch, kv_heads, new, head_dim]``) after the used columns."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        end = self._width + key_states.shape[-2]
+        if self._key_buffer is None or end > self._key_buffer.shape[-2]:
+            self._reserve(key_states, end)
+        self._key_buffer[:, :, self._width : end] = key_states
+        self._value_buffer[:, :, self._width : end] = value_states
+        self._set_width(end)
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self._width
+
+    def assign(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Replace the contents with ``keys``/``values`` (``[batch, kv_heads, width, head_dim]``)."""
+        if not self.is_initialized:
+            self.lazy_initialization(keys, values)
+        self._key_buffer = self._value_buffer = None
+        self._width = 0
+        self.update(keys, values)
+
+    def _reserve(self, like: torch.Tensor, columns: int) -> None:
+        """Grow the buffers to at least ``columns`` plus spare room, keeping the used columns."""
+        capacity = columns + max(MIN_SPARE_COLUMNS, columns // 2)
+        batch, heads, _, dim = like.shape
+        key_buffer = like.new_zeros(batch, heads, capacity, dim)
+        value_buffer = like.new_zeros(batch, heads, capacity, dim)
+        if self._key_buffer is not None and self._width:
+            key_buffer[:, :, : self._width] = self._key_buffer[:, :, : self._width]
+            value_buffer[:, :, : self._width] = self._value_buffer[:, :, : self._width]
+        self._key_buffer, self._value_buffer = key_buffer, value_buffer
+
+    def _set_width(self, width: int) -> None:
+        self._width = width
+        self.keys = self._key_buffer[:, :, :width]
+        self.values = self._value_buffer[:, :, :width]
+
+
+class BatchKVCache(DynamicCache):
+    """A ``DynamicCache`` of :class:`GrowingLayer` s with the batch operations continuous batching needs.
+
+    Raises ``NotImplementedError`` for models with sliding-window or other non-full-attention
+    layers, whose caches cannot be left-padded this way.
+    """
+
+    def __init__(self, config) -> None:
+        super().__init__(config=config)
+        if any(type(layer) is not DynamicLayer for layer in self.layers):
+            raise NotImplementedError(
+                "Only models whose layers all use full attention are supported (no sliding windows)."
+            )
+        self.layers = [GrowingLayer() for _ in self.layers]
+
+    @property
+    def width(self) -> int:
+        return self.layers[0].get_seq_length()
+
+    def join(self, other: BatchKVCache, repeats: int) -> None:
+        """Append ``other``'s single row ``repeats`` times, left-padding whichever side is shorter."""
+        width, other_width = self.width, other.width
+        total = max(width, other_width)
+        for mine, theirs in zip(self.layers, other.layers):
+            new_keys = _pad_left(theirs.keys, total - other_width).expand(repeats, -1, -1, -1)
+            new_values = _pad_left(theirs.values, total - other_width).expand(repeats, -1, -1, -1)
+            if width == 0:
+                mine.assign(new_keys.contiguous(), new_values.contiguous())
+            else:
+                mine.assign(
+                    torch.cat([_pad_left(mine.keys, total - width), new_keys]),
+                    torch.cat([_pad_left(mine.values, total - width), new_values]),
+                )
+
+    def select(self, rows: torch.Tensor, first_column: int) -> None:
+        """Keep batch ``rows`` (``[k]`` int64) and the columns from ``first_column`` on."""
+        for layer in self.layers:
+            layer.assign(
+                layer.keys.index_select(0, rows)[:, :, first_column:],
+                layer.values.index_select(0, rows)[:, :, first_column:],
+            )
+
+
+def _pad_left(tensor: torch.Tensor, columns: int) -> torch.Tensor:
+    """Pad ``[batch, heads, width, dim]`` with ``columns`` zero columns on the left of ``width``."""
+    if columns == 0:
+        return tensor
+    return torch.nn.functional.pad(tensor, (0, 0, columns, 0))
