@@ -383,7 +383,7 @@ class Engine:
             return
         try:
             if self._waiting and self._has_room_for(self._waiting[0]):
-                self._prefill_chunk(self._waiting[0])
+                self._prefill()
             if self._running:
                 self._decode_step()
         except Exception as error:  # noqa: BLE001 - one bad step must not kill the engine
@@ -406,8 +406,64 @@ class Engine:
         # A request larger than the whole batch still runs, alone.
         return not self._running or len(self._running) + request.params.best_of <= self.config.max_batch_size
 
+    def _prefill(self) -> None:
+        """One prefill forward pass: a chunk of one long prompt, or several short prompts together.
+
+        Short prompts (no ``prompt_logprobs``, at most ``prefill_chunk`` tokens together) waiting
+        at the head of the queue share one left-padded forward pass, so a burst of new requests
+        costs about one step instead of one step each.
+        """
+        head = self._waiting[0]
+        if head.prefilled or head.prompt_logprobs is not None or len(head.prompt_ids) > self.config.prefill_chunk:
+            self._prefill_chunk(head)
+            return
+        group: list[_Request] = []
+        tokens = 0
+        rows = len(self._running)
+        for request in self._waiting:
+            size = len(request.prompt_ids)
+            if request.prompt_logprobs is not None or tokens + size > self.config.prefill_chunk:
+                break
+            if group and rows + request.params.best_of > self.config.max_batch_size:
+                break
+            group.append(request)
+            tokens += size
+            rows += request.params.best_of
+        self._prefill_group(group)
+
+    def _prefill_group(self, group: list[_Request]) -> None:
+        """Prefill every prompt of ``group`` in one left-padded forward pass, then join the batch."""
+        width = max(len(request.prompt_ids) for request in group)
+        input_ids = torch.zeros(len(group), width, dtype=torch.long)
+        mask = torch.zeros(len(group), width, dtype=torch.long)
+        for row, request in enumerate(group):
+            size = len(request.prompt_ids)
+            input_ids[row, width - size :] = torch.tensor(request.prompt_ids)
+            mask[row, width - size :] = 1
+        input_ids, mask = input_ids.to(self.device), mask.to(self.device)
+        cache = BatchKVCache(self.model.config)
+        output = self.model(
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+            cache=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        logits = output.logits[:, -1].float()  # [group, vocab]
+        for _ in group:
+            self._waiting.popleft()
+        sources: list[int] = []
+        sequences: list[_Sequence] = []
+        for row, request in enumerate(group):
+            alive = self._start_sequences(request, logits[row : row + 1])
+            sources.extend([row] * len(alive))
+            sequences.extend(alive)
+        if sequences:
+            self._join(cache, mask, sources, sequences)
+
     def _prefill_chunk(self, request: _Request) -> None:
-        """Run the next chunk of the request's prompt; after the last one, join the batch."""
+        """Run the next chunk of one request's prompt; after the last one, join the batch."""
         ids = request.prompt_ids
         start = request.prefilled
         end = min(len(ids), start + self.config.prefill_chunk)
@@ -427,7 +483,11 @@ class Engine:
         if end < len(ids):
             return
         self._waiting.popleft()
-        self._start_sequences(request, logits[-1:])
+        alive = self._start_sequences(request, logits[-1:])
+        cache, request.cache = request.cache, None
+        if alive:
+            mask = torch.ones(1, len(ids), dtype=torch.long, device=self.device)
+            self._join(cache, mask, [0] * len(alive), alive)
 
     def _add_prompt_logprobs(self, request: _Request, logits: torch.Tensor, targets: list[int]) -> None:
         """Log-probabilities of each next prompt token under the raw distribution (no temperature)."""
@@ -440,8 +500,11 @@ class Engine:
             top = list(zip(tops[1][row].tolist(), tops[0][row].tolist())) if tops is not None else []
             request.prompt_logprobs.append(TokenLogprob(token_id, chosen[row], top))
 
-    def _start_sequences(self, request: _Request, logits: torch.Tensor) -> None:
-        """Create the request's candidates, sample their first tokens, and join the batch."""
+    def _start_sequences(self, request: _Request, logits: torch.Tensor) -> list[_Sequence]:
+        """Create the request's candidates and sample their first tokens from ``logits`` ``[1, vocab]``.
+
+        Returns the candidates still running (the others finished on their first token).
+        """
         params = request.params
         request.sequences = [
             _Sequence(request, index, IncrementalDetokenizer(self.tokenizer, request.prompt_ids))
@@ -453,25 +516,22 @@ class Engine:
         else:
             self._sample(request.sequences, logits.expand(len(request.sequences), -1).clone())
         self._publish(request.sequences)
-        alive = [seq for seq in request.sequences if not seq.finished]
-        if alive:
-            self._join(request.cache, len(request.prompt_ids), alive)
-        request.cache = None
+        return [seq for seq in request.sequences if not seq.finished]
 
-    def _join(self, cache: BatchKVCache, width: int, sequences: list[_Sequence]) -> None:
-        """Append ``sequences`` (sharing ``cache``: one row, ``width`` columns) to the running batch."""
-        rows = len(sequences)
-        new_mask = torch.ones(rows, width, dtype=torch.long, device=self.device)
+    def _join(self, cache: BatchKVCache, mask: torch.Tensor, sources: list[int], sequences: list[_Sequence]) -> None:
+        """Append ``sequences`` to the running batch; sequence ``k`` takes row ``sources[k]`` of
+        ``cache`` and of its ``mask`` ``[rows, width]``."""
         if self._cache is None:
             self._cache = BatchKVCache(self.model.config)
             self._mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)
-        old_width = self._mask.shape[1]
+        index = torch.tensor(sources, device=self.device)
+        old_width, width = self._mask.shape[1], mask.shape[1]
         total = max(old_width, width)
-        self._cache.join(cache, rows)
+        self._cache.join(cache, index)
         self._mask = torch.cat(
             [
                 torch.nn.functional.pad(self._mask, (total - old_width, 0)),
-                torch.nn.functional.pad(new_mask, (total - width, 0)),
+                torch.nn.functional.pad(mask.index_select(0, index), (total - width, 0)),
             ]
         )
         self._running.extend(sequences)

@@ -88,15 +88,16 @@ class BatchKVCache(DynamicCache):
     def width(self) -> int:
         return self.layers[0].get_seq_length()
 
-    def join(self, other: BatchKVCache, repeats: int) -> None:
-        """Append ``other``'s single row ``repeats`` times, left-padding whichever side is shorter."""
+    def join(self, other: BatchKVCache, rows: torch.Tensor) -> None:
+        """Append ``other``'s rows ``rows`` (``[k]`` int64, repeats allowed), left-padding whichever
+        side is shorter."""
         width, other_width = self.width, other.width
         total = max(width, other_width)
         for mine, theirs in zip(self.layers, other.layers):
-            new_keys = _pad_left(theirs.keys, total - other_width).expand(repeats, -1, -1, -1)
-            new_values = _pad_left(theirs.values, total - other_width).expand(repeats, -1, -1, -1)
+            new_keys = _pad_left(theirs.keys.index_select(0, rows), total - other_width)
+            new_values = _pad_left(theirs.values.index_select(0, rows), total - other_width)
             if width == 0:
-                mine.assign(new_keys.contiguous(), new_values.contiguous())
+                mine.assign(new_keys, new_values)
             else:
                 mine.assign(
                     torch.cat([_pad_left(mine.keys, total - width), new_keys]),
