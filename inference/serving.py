@@ -12,9 +12,9 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .engine import CompletionOutput, Engine, EngineError, RequestOutput, RequestStream, TokenLogprob
+from .outputs import CompletionOutput, EngineError, RequestOutput, TokenLogprob
 from .errors import APIError
 from .protocol import (
     CompletionRequest,
@@ -25,6 +25,9 @@ from .protocol import (
     usage_dict,
 )
 from .text import IncrementalDetokenizer, token_text
+
+if TYPE_CHECKING:
+    from .engine import Engine, RequestStream
 
 
 @dataclass

@@ -8,8 +8,10 @@ become a stop string, so that part is not released yet.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from transformers import PreTrainedTokenizerBase
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 # How many prompt tokens seed the detokenizer, so the first generated token decodes with the
 # spacing it has in context (sentencepiece tokenizers drop a leading space at the start of a text).

@@ -23,7 +23,6 @@ from keys.models import APIKey
 from keys.usage import record_usage
 
 from . import sse
-from .engine import get_engine
 from .errors import APIError, error_response
 from .protocol import (
     body_too_large_error,
@@ -36,6 +35,13 @@ from .protocol import (
 from .serving import CompletionRun
 
 logger = logging.getLogger(__name__)
+
+
+def get_engine():
+    """The process's engine; imported here, not at module level, so torch loads only to serve."""
+    from .engine import get_engine
+
+    return get_engine()
 
 OWNED_BY = "completions-site"
 
