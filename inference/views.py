@@ -237,4 +237,6 @@ async def healthz(request: HttpRequest) -> HttpResponse:
     if engine.load_error is not None:
         body["status"] = "error"
         body["error"] = f"{type(engine.load_error).__name__}: {engine.load_error}"
-    return JsonResponse(body, status=200 if engine.ready else 503)
+    response = JsonResponse(body, status=200 if engine.ready else 503)
+    response._has_been_logged = True  # a 503 while loading is expected; keep it out of the error log
+    return response
