@@ -56,7 +56,12 @@ class _Request:
     """A submitted request: its prompt, parameters, candidates, and the bridge to its event loop."""
 
     def __init__(
-        self, request_id: str, prompt_ids: list[int], params: SamplingParams, loop: asyncio.AbstractEventLoop
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        loop: asyncio.AbstractEventLoop,
+        device: torch.device,
     ) -> None:
         self.request_id = request_id
         self.prompt_ids = prompt_ids
@@ -67,8 +72,9 @@ class _Request:
         self.cache: BatchKVCache | None = None
         self.prompt_logprobs: list[TokenLogprob] | None = [TokenLogprob(prompt_ids[0], None)] if params.prompt_logprobs else None
         self.sequences: list[_Sequence] = []
-        self.bias_ids = torch.tensor(list(params.logit_bias), dtype=torch.long)
-        self.bias_values = torch.tensor(list(params.logit_bias.values()), dtype=torch.float32)
+        self.device = device
+        self.bias_ids = torch.tensor(list(params.logit_bias), dtype=torch.long, device=device)
+        self.bias_values = torch.tensor(list(params.logit_bias.values()), dtype=torch.float32, device=device)
         self.wants_logprobs = params.logprobs is not None or params.best_of > params.n
 
     def push(self, item: RequestOutput | BaseException) -> None:
@@ -88,7 +94,7 @@ class _Sequence:
         params = request.params
         self.generator: torch.Generator | None = None
         if not params.greedy:
-            self.generator = torch.Generator()
+            self.generator = torch.Generator(device=request.device)
             if params.seed is not None:
                 self.generator.manual_seed(params.seed + index)
             else:
@@ -267,7 +273,7 @@ class Engine:
             raise EngineNotReady("The model is loading; try again shortly.")
         if not prompt_ids:
             raise ValueError("prompt_ids must not be empty")
-        request = _Request(request_id, list(prompt_ids), params, asyncio.get_running_loop())
+        request = _Request(request_id, list(prompt_ids), params, asyncio.get_running_loop(), self.device)
         with self._lock:
             if len(self._waiting) + len(self._inbox) >= self.config.max_queue:
                 raise EngineOverloaded(
