@@ -18,3 +18,27 @@ def check_secret_key(app_configs, **kwargs) -> list[Error]:
             )
         ]
     return []
+
+
+@register(Tags.compatibility)
+def check_limit_settings(app_configs, **kwargs) -> list[Error]:
+    """The limits' settings: a known fail mode, a Redis URL Redis understands, no negative limits."""
+    errors = []
+    if settings.API_LIMITS_FAIL_MODE not in ("open", "closed"):
+        errors.append(Error(
+            f"API_LIMITS_FAIL_MODE is {settings.API_LIMITS_FAIL_MODE!r}.",
+            hint="Set it to 'open' (serve on, each process counting alone, while Redis is down) or 'closed' (503).",
+            id="completions_site.E002",
+        ))
+    if settings.REDIS_URL and settings.REDIS_URL.partition("://")[0] not in ("redis", "rediss", "unix"):
+        errors.append(Error(
+            "REDIS_URL is not a Redis URL.",
+            hint="Use redis://[:password@]host:port/db, rediss://... for TLS, or unix:///path/to/socket; "
+            "leave it empty to count limits in each process.",
+            id="completions_site.E003",
+        ))
+    for name in ("API_DEFAULT_RPM", "API_DEFAULT_TPM", "API_DEFAULT_MAX_CONCURRENT", "API_DEFAULT_MONTHLY_TOKENS",
+                 "API_LIMITS_REDIS_TIMEOUT", "API_LIMITS_REDIS_RETRY_SECONDS", "API_LIMITS_CONCURRENCY_LEASE_SECONDS"):
+        if getattr(settings, name) < 0:
+            errors.append(Error(f"{name} is negative.", hint="A limit of 0 means none; times are in seconds.", id="completions_site.E004"))
+    return errors

@@ -1,4 +1,4 @@
-"""Admin for API keys (create, inspect, revoke) and a read-only view of usage records.
+"""Admin for API keys (create, inspect, revoke, set limits) and read-only views of usage.
 
 A key's plaintext exists once: when the add form is saved, it appears in the success message
 and nowhere else.  The hash is never shown, and no form can change a key's prefix, hash or
@@ -12,7 +12,7 @@ from django.forms import ModelForm
 from django.http import HttpRequest
 from django.utils.html import format_html
 
-from .models import APIKey, UsageRecord
+from .models import APIKey, DailyUsage, UsageRecord
 
 
 class StatusFilter(admin.SimpleListFilter):
@@ -32,16 +32,23 @@ class StatusFilter(admin.SimpleListFilter):
 
 @admin.register(APIKey)
 class APIKeyAdmin(admin.ModelAdmin):
-    """Keys: the add form asks only name, owner and expiry; everything else is generated."""
+    """Keys: the add form asks name, owner, expiry, limits and models; the secret is generated.
 
-    list_display = ("name", "owner", "prefix", "created_at", "last_used_at", "expires_at", "status")
+    Limits and models stay editable; a change applies to the key's next request on every process
+    (keys are read from the database on each request).
+    """
+
+    list_display = ("name", "owner", "prefix", "created_at", "last_used_at", "expires_at", "status", "limits")
     list_select_related = ("owner",)
     list_filter = (StatusFilter, ("owner", admin.RelatedOnlyFieldListFilter))
     search_fields = ("name", "prefix")
     search_help_text = "Search by name or prefix (the 8 characters after “sk-cs-”)."
     actions = ("revoke_selected",)
-    add_fields = ("name", "owner", "expires_at")
-    change_fields = ("name", "owner", "prefix", "status", "created_at", "last_used_at", "expires_at", "revoked_at")
+    limit_fields = ("rpm_limit", "tpm_limit", "max_concurrent", "monthly_token_quota", "allowed_models")
+    add_fields = ("name", "owner", "expires_at", *limit_fields)
+    change_fields = (
+        "name", "owner", "prefix", "status", "created_at", "last_used_at", "expires_at", "revoked_at", *limit_fields
+    )
     # A key stays with the user it was issued to; prefix, timestamps and revocation are facts.
     change_readonly_fields = ("owner", "prefix", "status", "created_at", "last_used_at", "revoked_at")
 
@@ -57,6 +64,20 @@ class APIKeyAdmin(admin.ModelAdmin):
     @admin.display(description="status")
     def status(self, obj: APIKey) -> str:
         return obj.status
+
+    @admin.display(description="limits")
+    def limits(self, obj: APIKey) -> str:
+        """The key's own limits, e.g. “rpm 10, models: a, b”; “defaults” when it has none."""
+        own = [
+            (label, value)
+            for label, value in (("rpm", obj.rpm_limit), ("tpm", obj.tpm_limit), ("concurrent", obj.max_concurrent),
+                                 ("tokens/month", obj.monthly_token_quota))
+            if value is not None
+        ]
+        parts = [f"{label} {value or 'unlimited'}" for label, value in own]
+        if obj.models:
+            parts.append("models: " + ", ".join(obj.models))
+        return "; ".join(parts) or "defaults"
 
     def save_model(self, request: HttpRequest, obj: APIKey, form: ModelForm, change: bool) -> None:
         """Generate and show the key once on add; a change saves only the editable fields."""
@@ -114,4 +135,37 @@ class UsageRecordAdmin(admin.ModelAdmin):
         return False
 
     def has_delete_permission(self, request: HttpRequest, obj: UsageRecord | None = None) -> bool:
+        return False
+
+
+@admin.register(DailyUsage)
+class DailyUsageAdmin(admin.ModelAdmin):
+    """The daily rollup, read-only: it is derived from the usage records."""
+
+    list_display = (
+        "day",
+        "api_key",
+        "model",
+        "requests",
+        "errors",
+        "rate_limited",
+        "prompt_tokens",
+        "completion_tokens",
+        "average_latency_ms",
+    )
+    list_select_related = ("api_key",)
+    list_filter = ("api_key", "model", "day")
+    date_hierarchy = "day"
+
+    @admin.display(description="average latency (ms)")
+    def average_latency_ms(self, obj: DailyUsage) -> int:
+        return round(obj.latency_ms_sum / obj.requests) if obj.requests else 0
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: DailyUsage | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: DailyUsage | None = None) -> bool:
         return False

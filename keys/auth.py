@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from inference.errors import APIError
 
+from .db import db_call
 from .models import APIKey, parse_prefix
 
 logger = logging.getLogger(__name__)
@@ -67,16 +68,22 @@ async def authenticate(request: HttpRequest) -> APIKey:
     if prefix is None:
         logger.info("API key rejected: malformed token")
         raise incorrect_key_error()
-    try:
-        api_key = await APIKey.objects.select_related("owner").aget(prefix=prefix)
-    except APIKey.DoesNotExist:
+    # Read from the database on every request, never cached: a revocation, a new limit or a
+    # new list of models applies to the next request on every process.
+    api_key = await db_call(_find_key, prefix)
+    if api_key is None:
         logger.info("API key rejected: unknown prefix %s", prefix)
-        raise incorrect_key_error() from None
+        raise incorrect_key_error()
     reason = _rejection_reason(api_key, token)
     if reason:
         logger.info("API key rejected: %s (prefix %s)", reason, prefix)
         raise incorrect_key_error()
     return api_key
+
+
+def _find_key(prefix: str) -> APIKey | None:
+    """The key with ``prefix`` and its owner, in one query; ``None`` if there is none."""
+    return APIKey.objects.select_related("owner").filter(prefix=prefix).first()
 
 
 def _rejection_reason(api_key: APIKey, token: str) -> str | None:
@@ -105,7 +112,7 @@ async def touch_last_used(api_key: APIKey) -> bool:
     if api_key.last_used_at is not None and api_key.last_used_at >= cutoff:
         return False
     stale = Q(last_used_at__isnull=True) | Q(last_used_at__lt=cutoff)
-    updated = await APIKey.objects.filter(stale, pk=api_key.pk).aupdate(last_used_at=now)
+    updated = await db_call(APIKey.objects.filter(stale, pk=api_key.pk).update, last_used_at=now)
     if updated:
         api_key.last_used_at = now
     return bool(updated)

@@ -8,6 +8,10 @@ cost tens of milliseconds on every request (djangorestframework-api-key issue #1
 
 Revocation is one-way: :meth:`APIKey.revoke` sets ``revoked_at`` once and ``save()`` refuses to
 clear it.
+
+Each key may carry its own limits (requests and tokens per minute, concurrent requests, tokens per
+calendar month) and a list of the models it may use; an empty limit means the global default
+(``API_DEFAULT_*`` settings), and 0 means no limit.  ``keys.limits`` enforces them.
 """
 from __future__ import annotations
 
@@ -16,12 +20,15 @@ import hmac
 import re
 import secrets
 import string
-from datetime import datetime
+from datetime import date, datetime
+from typing import Any
+from datetime import timezone as dt_timezone
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.core.validators import RegexValidator
 from django.db import IntegrityError, models, transaction
-from django.db.models import Q
+from django.db.models import F, Q
 from django.utils import timezone
 
 KEY_NAMESPACE = "sk-cs-"
@@ -53,6 +60,21 @@ def hash_key(plaintext: str) -> str:
     return hashlib.sha256(plaintext.encode("utf-8")).hexdigest()
 
 
+_NO_LIMIT = "0: no limit."
+
+
+def parse_model_list(text: str) -> list[str]:
+    """``"a, b,,c"`` → ``["a", "b", "c"]``: the model ids of an ``allowed_models`` value."""
+    return [model.strip() for model in text.split(",") if model.strip()]
+
+
+def validate_model_list(text: str) -> None:
+    """Refuse model ids with spaces inside (a sign of a missing comma)."""
+    for model in parse_model_list(text):
+        if any(char.isspace() for char in model):
+            raise ValidationError(f"“{model}” is not a model id; separate model ids with commas.")
+
+
 def parse_prefix(plaintext: str) -> str | None:
     """The prefix of a well-formed key, or ``None`` when ``plaintext`` is not shaped like a key."""
     match = _KEY_PATTERN.fullmatch(plaintext)
@@ -76,13 +98,16 @@ class APIKeyQuerySet(models.QuerySet):
 class APIKeyManager(models.Manager.from_queryset(APIKeyQuerySet)):
     """Creates keys; the plaintext exists only in the return value of :meth:`create_key`."""
 
-    def create_key(self, *, name: str, owner: models.Model, expires_at: datetime | None = None) -> tuple[APIKey, str]:
+    def create_key(
+        self, *, name: str, owner: models.Model, expires_at: datetime | None = None, **settings: Any
+    ) -> tuple[APIKey, str]:
         """Insert a new key for ``owner`` and return ``(row, plaintext)``.
 
-        The plaintext is not stored anywhere; show it to the user once.  Raises ``IntegrityError``
+        ``settings`` are other fields of the key: its limits and ``allowed_models``.  The
+        plaintext is not stored anywhere; show it to the user once.  Raises ``IntegrityError``
         for database problems other than a (retried) prefix collision.
         """
-        api_key = self.model(name=name, owner=owner, expires_at=expires_at)
+        api_key = self.model(name=name, owner=owner, expires_at=expires_at, **settings)
         return api_key, self.issue(api_key)
 
     def issue(self, api_key: APIKey) -> str:
@@ -125,6 +150,33 @@ class APIKey(models.Model):
     last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
     expires_at = models.DateTimeField(null=True, blank=True, help_text="Leave empty for a key that never expires.")
     revoked_at = models.DateTimeField(null=True, blank=True, editable=False)
+    rpm_limit = models.PositiveIntegerField(
+        "requests per minute", null=True, blank=True, help_text=f"Empty: the default (API_DEFAULT_RPM). {_NO_LIMIT}"
+    )
+    tpm_limit = models.PositiveBigIntegerField(
+        "tokens per minute",
+        null=True,
+        blank=True,
+        help_text=f"Prompt plus completion tokens. Empty: the default (API_DEFAULT_TPM). {_NO_LIMIT}",
+    )
+    max_concurrent = models.PositiveIntegerField(
+        "concurrent requests",
+        null=True,
+        blank=True,
+        help_text=f"Requests in flight at once. Empty: the default (API_DEFAULT_MAX_CONCURRENT). {_NO_LIMIT}",
+    )
+    monthly_token_quota = models.PositiveBigIntegerField(
+        "tokens per calendar month",
+        null=True,
+        blank=True,
+        help_text=f"Empty: the default (API_DEFAULT_MONTHLY_TOKENS). {_NO_LIMIT}",
+    )
+    allowed_models = models.CharField(
+        max_length=1000,
+        blank=True,
+        validators=[validate_model_list],
+        help_text="Comma-separated model ids this key may use, e.g. “smollm2-135m-instruct”. Empty: all models.",
+    )
 
     objects = APIKeyManager()
 
@@ -146,6 +198,16 @@ class APIKey(models.Model):
     @property
     def is_active(self) -> bool:
         return not self.is_revoked and not self.is_expired
+
+    @property
+    def models(self) -> list[str]:
+        """The model ids of ``allowed_models``; an empty list means every model."""
+        return parse_model_list(self.allowed_models)
+
+    def allows_model(self, model: str) -> bool:
+        """Whether this key may use ``model`` (any model when ``allowed_models`` is empty)."""
+        allowed = self.models
+        return not allowed or model in allowed
 
     @property
     def status(self) -> str:
@@ -221,3 +283,99 @@ class UsageRecord(models.Model):
 
     def __str__(self) -> str:
         return self.request_id
+
+
+class DailyUsageQuerySet(models.QuerySet):
+    def add(self, record: UsageRecord) -> None:
+        """Add ``record`` to its day's row (created on first use), with increments, not a read-modify-write.
+
+        Call it inside the transaction that inserts ``record``, so that the rollup and the records
+        never disagree.  Concurrent writers are safe: the UPDATE takes the row lock, and when two
+        writers both create the day's row the loser's INSERT fails on the unique constraint
+        (inside a savepoint) and it falls back to the UPDATE.
+        """
+        if record.api_key_id is None:
+            return
+        row = {"api_key_id": record.api_key_id, "model": record.model, "day": usage_day(record.created_at)}
+        increments = rollup_increments(record)
+        changes = {name: F(name) + value for name, value in increments.items()}
+        if self.filter(**row).update(**changes):
+            return
+        try:
+            with transaction.atomic(using=self.db):
+                self.create(**row, **increments)
+        except IntegrityError:
+            self.filter(**row).update(**changes)
+
+
+class DailyUsage(models.Model):
+    """Usage per key, model and UTC day, kept in step with the usage records.
+
+    Each record adds to its row in the transaction that inserts it (:meth:`DailyUsageQuerySet.add`);
+    ``manage.py rebuild_usage_rollup`` recomputes rows from the records.  Both use
+    :func:`rollup_increments`, and every figure is an integer (latencies are summed in whole
+    milliseconds), so a rebuild reproduces the rows exactly, whatever the order of the records.
+    ``errors`` counts statuses of 400 and above other than 429; 429s are ``rate_limited``.  Rows
+    go with their key (records stay, see :class:`UsageRecord`).
+    """
+
+    api_key = models.ForeignKey(APIKey, on_delete=models.CASCADE, related_name="daily_usage")
+    model = models.CharField(max_length=200)
+    day = models.DateField(help_text="The UTC date of the records.")
+    requests = models.PositiveBigIntegerField(default=0)
+    errors = models.PositiveBigIntegerField(default=0, help_text="Status 400 and above, 429 excepted.")
+    rate_limited = models.PositiveBigIntegerField(default=0, help_text="Status 429: limits and quota.")
+    prompt_tokens = models.PositiveBigIntegerField(default=0)
+    completion_tokens = models.PositiveBigIntegerField(default=0)
+    latency_ms_sum = models.PositiveBigIntegerField(default=0, help_text="Sum of whole milliseconds.")
+    first_token_requests = models.PositiveBigIntegerField(
+        default=0, help_text="Requests with a time to first token (those that produced a token)."
+    )
+    time_to_first_token_ms_sum = models.PositiveBigIntegerField(default=0, help_text="Sum of whole milliseconds.")
+
+    objects = DailyUsageQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = "daily usage"
+        verbose_name_plural = "daily usage"
+        ordering = ["-day", "api_key", "model"]
+        constraints = [models.UniqueConstraint(fields=["api_key", "model", "day"], name="keys_dailyusage_unique_day")]
+
+    def __str__(self) -> str:
+        return f"{self.day} {self.model} key {self.api_key_id}"
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+ROLLUP_FIELDS = (
+    "requests",
+    "errors",
+    "rate_limited",
+    "prompt_tokens",
+    "completion_tokens",
+    "latency_ms_sum",
+    "first_token_requests",
+    "time_to_first_token_ms_sum",
+)
+
+
+def usage_day(moment: datetime) -> date:
+    """The UTC calendar day of ``moment`` (an aware datetime)."""
+    return moment.astimezone(dt_timezone.utc).date()
+
+
+def rollup_increments(record: UsageRecord) -> dict[str, int]:
+    """What one usage record adds to its :class:`DailyUsage` row, field by field."""
+    first_token = record.time_to_first_token_ms
+    return {
+        "requests": 1,
+        "errors": int(record.status_code >= 400 and record.status_code != 429),
+        "rate_limited": int(record.status_code == 429),
+        "prompt_tokens": record.prompt_tokens,
+        "completion_tokens": record.completion_tokens,
+        "latency_ms_sum": round(record.latency_ms),
+        "first_token_requests": int(first_token is not None),
+        "time_to_first_token_ms_sum": 0 if first_token is None else round(first_token),
+    }

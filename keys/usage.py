@@ -1,16 +1,23 @@
-"""Usage accounting: one :class:`UsageRecord` per API request, written by the view in ``finally``."""
+"""Usage accounting: one :class:`UsageRecord` per API request, written by the view in ``finally``.
+
+The record and its day's :class:`DailyUsage` row change in one transaction, so the rollup is
+always the sum of the records (``manage.py rebuild_usage_rollup`` recomputes it from them).
+"""
 from __future__ import annotations
 
+from datetime import date, datetime, time, timedelta
+from datetime import timezone as dt_timezone
 from typing import Any
 
 from django.core.exceptions import FieldDoesNotExist
-from django.db import models
+from django.db import connection, models, transaction
 
-from .models import UsageRecord
+from .db import db_call
+from .models import ROLLUP_FIELDS, DailyUsage, UsageRecord, rollup_increments, usage_day
 
 
 async def record_usage(**fields: Any) -> UsageRecord:
-    """Insert and return the usage record of one request (async ORM, one INSERT).
+    """Insert and return the usage record of one request, and add it to its day's rollup row.
 
     Fields (those of :class:`UsageRecord`):
 
@@ -34,9 +41,16 @@ async def record_usage(**fields: Any) -> UsageRecord:
 
     Text longer than its column is cut to fit, so that a long client-supplied ``user`` can never
     make accounting fail.  Raises ``TypeError`` for an unknown field and ``IntegrityError`` for a
-    reused ``request_id``.
+    reused ``request_id`` (and then neither the record nor the rollup changes).
     """
-    return await UsageRecord.objects.acreate(**_complete(fields))
+    return await db_call(_record, _complete(fields))
+
+
+def _record(fields: dict[str, Any]) -> UsageRecord:
+    with transaction.atomic():
+        record = UsageRecord.objects.create(**fields)
+        DailyUsage.objects.add(record)
+    return record
 
 
 def _complete(fields: dict[str, Any]) -> dict[str, Any]:
@@ -61,3 +75,44 @@ def _clipped(name: str, value: Any) -> Any:
     if isinstance(field, models.CharField) and field.max_length:
         return value[: field.max_length]
     return value
+
+
+def rebuild_daily_usage(first: date | None = None, last: date | None = None) -> int:
+    """Recompute the :class:`DailyUsage` rows of the UTC days ``first``..``last`` from the records.
+
+    Either bound may be ``None`` (no bound).  Runs in one transaction that keeps concurrent
+    writers of the rollup waiting (SQLite's write lock; a table lock on PostgreSQL), so a record
+    written meanwhile is either read here or added after: never lost, never counted twice.
+    Returns the number of rows written.
+    """
+    with transaction.atomic():
+        if connection.vendor == "postgresql":
+            table = connection.ops.quote_name(DailyUsage._meta.db_table)
+            with connection.cursor() as cursor:
+                cursor.execute(f"LOCK TABLE {table} IN SHARE ROW EXCLUSIVE MODE")
+        rows = DailyUsage.objects.all()
+        records = UsageRecord.objects.filter(api_key__isnull=False).order_by()
+        if first is not None:
+            rows = rows.filter(day__gte=first)
+            records = records.filter(created_at__gte=_midnight(first))
+        if last is not None:
+            rows = rows.filter(day__lte=last)
+            records = records.filter(created_at__lt=_midnight(last + timedelta(days=1)))
+        rows.delete()
+        totals: dict[tuple[int, str, date], dict[str, int]] = {}
+        fields = ("api_key_id", "model", "created_at", "status_code", "prompt_tokens", "completion_tokens",
+                  "latency_ms", "time_to_first_token_ms")
+        for record in records.only(*fields).iterator(chunk_size=2000):
+            row = totals.setdefault((record.api_key_id, record.model, usage_day(record.created_at)),
+                                    dict.fromkeys(ROLLUP_FIELDS, 0))
+            for name, value in rollup_increments(record).items():
+                row[name] += value
+        DailyUsage.objects.bulk_create(
+            [DailyUsage(api_key_id=key_id, model=model, day=day, **row) for (key_id, model, day), row in totals.items()],
+            batch_size=1000,
+        )
+    return len(totals)
+
+
+def _midnight(day: date) -> datetime:
+    return datetime.combine(day, time.min, tzinfo=dt_timezone.utc)
