@@ -18,6 +18,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
+from keys import limits
 from keys.auth import authenticate, touch_last_used
 from keys.models import APIKey
 from keys.usage import record_usage
@@ -50,11 +51,13 @@ OWNED_BY = "completions-site"
 @require_POST
 async def completions(request: HttpRequest) -> HttpResponse:
     """``POST /v1/completions`` (``CreateCompletionRequest`` → ``CreateCompletionResponse`` or SSE)."""
+    completion_id = new_completion_id()
     try:
         api_key = await authenticate(request)
     except APIError as error:
-        return error_response(error)
-    completion_id = new_completion_id()
+        response = error_response(error)
+        response["x-request-id"] = completion_id
+        return response
     usage = _Usage(api_key, completion_id)
     try:
         response = await _start_completion(request, usage)
@@ -65,6 +68,9 @@ async def completions(request: HttpRequest) -> HttpResponse:
         await usage.finish(500, error_type="server_error")
         raise
     response["x-request-id"] = completion_id
+    # --- limits: OpenAI's x-ratelimit-* headers on every answer (keys/limits.py) ---
+    for name, value in (await usage.rate_limit_headers()).items():
+        response.setdefault(name, value)
     return response
 
 
@@ -79,14 +85,15 @@ async def _start_completion(request: HttpRequest, usage: _Usage) -> HttpResponse
     parsed = await asyncio.to_thread(parse_completion_request, body)
     usage.model, usage.stream, usage.user = parsed.model, parsed.stream, parsed.user or ""
     engine = get_engine()
-    if parsed.model != engine.model_id:
-        raise model_not_found_error(parsed.model)
+    if parsed.model != engine.model_id or not usage.api_key.allows_model(parsed.model):
+        raise model_not_found_error(parsed.model)  # the same 404 for a model the key may not use
     if not engine.ready:
         raise APIError("The model is loading; try again shortly.", status=503, type="server_error",
                        headers={"Retry-After": "5"})
     run = CompletionRun(engine, parsed, usage.request_id)
     usage.run = run
     await run.prepare()
+    await usage.admit(run)  # limits: count and reserve tokens before the engine sees it, or 429
     run.start()
     if parsed.stream:
         response = StreamingHttpResponse(_stream(run, usage), content_type="text/event-stream")
@@ -132,7 +139,11 @@ async def _events(run: CompletionRun) -> AsyncIterator[bytes]:
 
 
 class _Usage:
-    """Collects one request's accounting and writes its single usage record."""
+    """Collects one request's accounting and writes its single usage record.
+
+    It also holds the request's admission by the per-key limits (:mod:`keys.limits`): the tokens
+    it reserved are settled to the real count in :meth:`finish`, in every path.
+    """
 
     def __init__(self, api_key: APIKey, request_id: str) -> None:
         self.api_key = api_key
@@ -143,13 +154,41 @@ class _Usage:
         self.user = ""
         self.run: CompletionRun | None = None
         self.written = False
+        self.admission: limits.Admission | None = None
+        self.limit_headers: dict[str, str] | None = None
+        self.loop = asyncio.get_running_loop()
+
+    async def admit(self, run: CompletionRun) -> None:
+        """The limits hook: reserve the request's largest cost before the engine sees it, or 429.
+
+        The largest cost is the prompt tokens plus ``max_tokens`` for every candidate of every
+        prompt (``best_of`` candidates, which is ``n`` unless ``best_of`` is sent).
+        """
+        tokens = run.prompt_tokens + run.request.max_tokens * run.params.best_of * len(run.prompts)
+        try:
+            self.admission = await limits.admit(self.api_key, self.request_id, tokens)
+        except APIError as error:
+            self.limit_headers = {k: v for k, v in error.headers.items() if k.startswith("x-ratelimit-")}
+            raise
+        self.limit_headers = self.admission.headers
+
+    async def rate_limit_headers(self) -> dict[str, str]:
+        """The key's ``x-ratelimit-*`` headers, as of this request (read, not counted, if refused early)."""
+        if self.limit_headers is None:
+            self.limit_headers = await limits.current_headers(self.api_key)
+        return self.limit_headers
 
     async def finish(self, status: int, *, error_type: str = "", interrupted: bool = False) -> None:
-        """Write the record once; shielded, so a client's disconnect cannot cancel the write."""
+        """Write the record once and settle the reservation; shielded, so a disconnect cannot cancel them.
+
+        Tokens are recorded only for a request the limits admitted: one they refused never
+        reached the engine, and costs nothing.
+        """
         if self.written:
             return
         self.written = True
-        run = self.run
+        interrupted = interrupted or error_type == "interrupted"
+        run = self.run if self.admission is not None else None
         finish_reason = "interrupted" if interrupted else (run.finish_reasons if run else "")
         if error_type and not interrupted and status >= 500:
             finish_reason = "error"
@@ -169,17 +208,38 @@ class _Usage:
             user=self.user,
         )
         try:
-            await asyncio.shield(_write_usage(self.api_key, fields))
+            await asyncio.shield(_write_usage(self.api_key, fields, self.admission))
         except asyncio.CancelledError:
             pass  # the shielded write goes on
 
+    def __del__(self) -> None:
+        # A streamed response dropped before its first byte (the client left while the middleware
+        # ran) never starts its generator, so no finally of ours runs: account for it here.
+        if self.written or self.loop.is_closed():
+            return
+        if self.run is not None:
+            self.run.abort()
+        self.loop.call_soon_threadsafe(_keep_running, self.finish, 499)
 
-async def _write_usage(api_key: APIKey, fields: dict) -> None:
+
+_finishing: set[asyncio.Task] = set()
+
+
+def _keep_running(finish, status: int) -> None:
+    task = asyncio.ensure_future(finish(status, error_type="interrupted"))
+    _finishing.add(task)  # the loop keeps only weak references to tasks
+    task.add_done_callback(_finishing.discard)
+
+
+async def _write_usage(api_key: APIKey, fields: dict, admission: limits.Admission | None) -> None:
     try:
         await record_usage(**fields)
         await touch_last_used(api_key)
     except Exception:  # noqa: BLE001 - accounting must never break a response
         logger.exception("Could not record usage for %s", fields.get("request_id"))
+    finally:
+        if admission is not None:
+            await admission.settle(fields["prompt_tokens"] + fields["completion_tokens"])
 
 
 def _status_of(error: BaseException) -> int:
@@ -205,22 +265,23 @@ def _as_api_error(error: BaseException) -> APIError:
 
 @require_GET
 async def models(request: HttpRequest) -> HttpResponse:
-    """``GET /v1/models``: ``ListModelsResponse`` with the one served model."""
+    """``GET /v1/models``: ``ListModelsResponse`` with the served model, if the key may use it."""
     try:
-        await authenticate(request)
+        api_key = await authenticate(request)
     except APIError as error:
         return error_response(error)
-    return JsonResponse(model_list([_model()]))
+    served = [_model()] if api_key.allows_model(get_engine().model_id) else []
+    return JsonResponse(model_list(served))
 
 
 @require_GET
 async def model_detail(request: HttpRequest, model: str) -> HttpResponse:
     """``GET /v1/models/{model}``: the ``Model`` object, or 404 ``model_not_found``."""
     try:
-        await authenticate(request)
+        api_key = await authenticate(request)
     except APIError as error:
         return error_response(error)
-    if model != get_engine().model_id:
+    if model != get_engine().model_id or not api_key.allows_model(model):
         return error_response(model_not_found_error(model))
     return JsonResponse(_model())
 
