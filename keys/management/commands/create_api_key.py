@@ -1,16 +1,42 @@
-"""``manage.py create_api_key --name NAME [--user USERNAME]``: issue a key from the shell.
+"""``manage.py create_api_key --name NAME [--user USERNAME] [limits]``: issue a key from the shell.
 
+Limits (each optional; a key without one uses the ``API_DEFAULT_*`` setting, and 0 means no
+limit): ``--rpm``, ``--tpm``, ``--max-concurrent``, ``--monthly-tokens``; ``--models a,b`` keeps
+the key to those models; ``--expires-in 30d`` (``s``, ``m``, ``h``, ``d`` or ``w``) sets an expiry.
 The new key is printed alone on the last line of the output, so scripts can take ``tail -n 1``.
 """
 from __future__ import annotations
 
+import argparse
+import re
+from datetime import timedelta
 from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.base_user import AbstractBaseUser
+from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.utils import timezone
 
-from keys.models import APIKey
+from keys.models import APIKey, parse_model_list, validate_model_list
+
+_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+_DURATION = re.compile(r"(\d+)([smhdw])")
+
+
+def duration(text: str) -> timedelta:
+    """``"30d"`` → 30 days; one number and one unit of ``s m h d w``."""
+    match = _DURATION.fullmatch(text.strip())
+    if not match or int(match[1]) == 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration such as 90m, 12h, 30d or 2w")
+    return timedelta(**{_UNITS[match[2]]: int(match[1])})
+
+
+def limit(text: str) -> int:
+    """A limit: a whole number, 0 for none."""
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number (0 means no limit)")
+    return int(text)
 
 
 class Command(BaseCommand):
@@ -19,10 +45,31 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--name", required=True, help="What the key is for, e.g. “laptop”.")
         parser.add_argument("--user", help="The owner's username (default: the first superuser).")
+        limits = parser.add_argument_group("limits", "Without one, the key uses the API_DEFAULT_* setting; 0 means no limit.")
+        limits.add_argument("--rpm", type=limit, help="Requests per minute.")
+        limits.add_argument("--tpm", type=limit, help="Tokens (prompt plus completion) per minute.")
+        limits.add_argument("--max-concurrent", type=limit, help="Requests in flight at once.")
+        limits.add_argument("--monthly-tokens", type=limit, help="Tokens per calendar month (UTC).")
+        limits.add_argument("--models", default="", help="Comma-separated model ids the key may use (default: all).")
+        limits.add_argument("--expires-in", type=duration, help="Expiry from now, e.g. 30d, 12h, 2w (default: never).")
 
     def handle(self, *args: Any, name: str, user: str | None, **options: Any) -> None:
         owner = find_owner(user)
-        api_key, plaintext = APIKey.objects.create_key(name=name, owner=owner)
+        try:
+            validate_model_list(options["models"])
+        except ValidationError as error:
+            raise CommandError(error.messages[0]) from None
+        expires_in = options["expires_in"]
+        api_key, plaintext = APIKey.objects.create_key(
+            name=name,
+            owner=owner,
+            expires_at=timezone.now() + expires_in if expires_in else None,
+            rpm_limit=options["rpm"],
+            tpm_limit=options["tpm"],
+            max_concurrent=options["max_concurrent"],
+            monthly_token_quota=options["monthly_tokens"],
+            allowed_models=",".join(parse_model_list(options["models"])),
+        )
         self.stdout.write(
             f"Created API key “{api_key.name}” for {owner.get_username()} (prefix {api_key.prefix}). "
             "It is shown only this once; store it now:"
