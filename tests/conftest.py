@@ -4,6 +4,8 @@ Personas: named users and keys that tests ask for by role instead of building th
 """
 from __future__ import annotations
 
+import os
+import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -12,7 +14,17 @@ from django.utils import timezone
 
 from keys.models import APIKey
 
+# Redis for the tests that run the limits on it: REDIS_URL when the suite runs with one (CI's
+# second run), else the local default; they are skipped when it does not answer.
+TEST_REDIS_URL = os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0"
+
 # --- Personas -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def fast_password_hashing(settings):
+    """Personas have passwords; PBKDF2 would spend most of a short test hashing them."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 @dataclass(frozen=True)
@@ -72,6 +84,85 @@ def expired_key(user) -> IssuedKey:
 def other_users_key(other_user) -> IssuedKey:
     """Bob's working key."""
     return issue(other_user, "bob server")
+
+
+@pytest.fixture
+def limited_key(user) -> IssuedKey:
+    """Alice's key for 3 requests and 100 tokens a minute, 2 requests at a time."""
+    return issue(user, "alice limited", rpm_limit=3, tpm_limit=100, max_concurrent=2)
+
+
+@pytest.fixture
+def quota_key(user) -> IssuedKey:
+    """Alice's key with a quota of 30 tokens a month and no per-minute limits."""
+    return issue(user, "alice quota", monthly_token_quota=30, rpm_limit=0, tpm_limit=0)
+
+
+@pytest.fixture
+def restricted_key(user) -> IssuedKey:
+    """Alice's key for the models ``other-model`` and ``third-model`` only."""
+    return issue(user, "alice restricted", allowed_models="other-model,third-model")
+
+
+# --- Limits -------------------------------------------------------------------------------------
+
+
+def redis_reachable(url: str) -> bool:
+    import redis
+
+    try:
+        return bool(redis.Redis.from_url(url, socket_connect_timeout=0.5, socket_timeout=0.5).ping())
+    except (redis.RedisError, OSError):
+        return False
+
+
+@pytest.fixture(autouse=True)
+def separate_limit_counters(settings):
+    """Each test counts from zero: a Redis key prefix of its own, and so a fresh in-process store."""
+    prefix = f"completions-site-test:{uuid.uuid4().hex[:12]}:"
+    settings.API_LIMITS_REDIS_PREFIX = prefix
+    yield prefix
+    if settings.REDIS_URL:
+        import redis
+
+        try:
+            client = redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=0.5, socket_timeout=2)
+            keys = list(client.scan_iter(match=prefix + "*", count=1000))
+            if keys:
+                client.delete(*keys)
+        except (redis.RedisError, OSError):
+            pass  # a test that pointed REDIS_URL at nothing
+
+
+@pytest.fixture(params=["in-process", "redis"])
+def limits_store(request, settings) -> str:
+    """Runs a test twice: counters in this process, then in Redis (skipped if Redis is not there)."""
+    if request.param == "redis":
+        if not redis_reachable(TEST_REDIS_URL):
+            pytest.skip(f"Redis is not reachable at {TEST_REDIS_URL}")
+        settings.REDIS_URL = TEST_REDIS_URL
+    else:
+        settings.REDIS_URL = ""
+    return request.param
+
+
+# --- The API in this process, on the tiny model (fast view-level tests) ---------------------------
+
+
+@pytest.fixture(scope="session")
+def tiny_engine():
+    from tests.engine_helpers import start_tiny_engine
+
+    engine = start_tiny_engine()
+    yield engine
+    engine.stop()
+
+
+@pytest.fixture
+def tiny_api(tiny_engine, monkeypatch):
+    """The real views, serving the tiny random model (``tests.inprocess_api`` sends the requests)."""
+    monkeypatch.setattr("inference.views.get_engine", lambda: tiny_engine)
+    return tiny_engine
 
 
 # --- The live server (end-to-end tests) ---------------------------------------------------------

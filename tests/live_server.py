@@ -14,6 +14,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -88,20 +89,27 @@ def _manage(env: dict, *args: str) -> str:
     return result.stdout
 
 
-def start_server(directory: Path, **settings: str) -> LiveServer:
-    """Migrate a fresh database, create a user and key, start daphne, wait for ``/healthz``."""
+def start_server(directory: Path, *, database_url: str | None = None, key: str | None = None, **settings: str) -> LiveServer:
+    """Start daphne on ``directory``'s SQLite file (or ``database_url``) and wait for ``/healthz``.
+
+    Without ``key`` the database is new: it is migrated and gets a user and a key.  With one, the
+    server joins a database that another server prepared.  Each server counts limits under a Redis
+    prefix of its own (when ``REDIS_URL`` is set) unless ``API_LIMITS_REDIS_PREFIX`` is given.
+    """
     database = directory / "server.sqlite3"
     port = free_port()
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "completions_site.settings",
-        "DATABASE_URL": f"sqlite:///{database}",
+        "DATABASE_URL": database_url or f"sqlite:///{database}",
+        "API_LIMITS_REDIS_PREFIX": f"completions-site-e2e:{uuid.uuid4().hex[:12]}:",
         "PYTHONUNBUFFERED": "1",
         **settings,
     }
-    _manage(env, "migrate", "--noinput", "-v", "0")
-    _manage(env, "shell", "-c", "from django.contrib.auth.models import User; User.objects.create_user('e2e')")
-    key = _manage(env, "create_api_key", "--name", "e2e", "--user", "e2e").strip().splitlines()[-1]
+    if key is None:
+        _manage(env, "migrate", "--noinput", "-v", "0")
+        _manage(env, "shell", "-c", "from django.contrib.auth.models import User; User.objects.create_user('e2e')")
+        key = _manage(env, "create_api_key", "--name", "e2e", "--user", "e2e").strip().splitlines()[-1]
     log = directory / "daphne.log"
     process = subprocess.Popen(
         [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "completions_site.asgi:application"],

@@ -13,7 +13,7 @@ from django.contrib import admin
 from django.urls import path, reverse
 from django.utils import timezone
 
-from keys.models import APIKey, UsageRecord, hash_key
+from keys.models import APIKey, DailyUsage, UsageRecord, hash_key
 
 urlpatterns = [path("admin/", admin.site.urls)]
 pytestmark = [pytest.mark.urls(__name__), pytest.mark.django_db]
@@ -43,10 +43,10 @@ def usage_record(valid_key) -> UsageRecord:
     )
 
 
-def add_key(client, user, name="from the admin"):
+def add_key(client, user, name="from the admin", **fields):
     return client.post(
         reverse("admin:keys_apikey_add"),
-        {"name": name, "owner": user.pk, "expires_at_0": "", "expires_at_1": "", "_save": "Save"},
+        {"name": name, "owner": user.pk, "expires_at_0": "", "expires_at_1": "", "_save": "Save", **fields},
         follow=True,
     )
 
@@ -54,10 +54,21 @@ def add_key(client, user, name="from the admin"):
 # --- Adding a key -------------------------------------------------------------------------------
 
 
-def test_the_add_form_asks_only_name_owner_and_expiry(staff_client):
+LIMIT_FIELDS = ["rpm_limit", "tpm_limit", "max_concurrent", "monthly_token_quota", "allowed_models"]
+
+
+def test_the_add_form_asks_name_owner_expiry_limits_and_models_only(staff_client):
     form = staff_client.get(reverse("admin:keys_apikey_add")).context["adminform"].form
 
-    assert list(form.fields) == ["name", "owner", "expires_at"]
+    assert list(form.fields) == ["name", "owner", "expires_at", *LIMIT_FIELDS]
+
+
+def test_a_key_added_with_limits_keeps_them(staff_client, user):
+    add_key(staff_client, user, rpm_limit="10", tpm_limit="5000", monthly_token_quota="0", allowed_models="a, b")
+
+    api_key = APIKey.objects.get(name="from the admin")
+    assert (api_key.rpm_limit, api_key.tpm_limit, api_key.max_concurrent, api_key.monthly_token_quota) == (10, 5000, None, 0)
+    assert api_key.models == ["a", "b"]
 
 
 def test_adding_a_key_shows_its_plaintext_exactly_once(staff_client, user):
@@ -82,7 +93,7 @@ def test_changing_a_key_never_reveals_its_secret_or_hash(staff_client, valid_key
     saved = staff_client.post(url, edit, follow=True)
 
     form = page.context["adminform"].form
-    assert list(form.fields) == ["name", "expires_at"]  # prefix, owner, hash and times are read-only
+    assert list(form.fields) == ["name", "expires_at", *LIMIT_FIELDS]  # prefix, owner, hash and times are read-only
     for response in (page, saved):
         text = response.content.decode()
         assert valid_key.plaintext.split(".", 1)[1] not in text
@@ -91,6 +102,41 @@ def test_changing_a_key_never_reveals_its_secret_or_hash(staff_client, valid_key
     stored = APIKey.objects.get(pk=valid_key.api_key.pk)
     assert stored.name == "renamed"
     assert (stored.hashed_key, stored.prefix) == (valid_key.api_key.hashed_key, valid_key.api_key.prefix)
+
+
+def test_limits_models_and_expiry_are_editable_on_an_existing_key(staff_client, valid_key):
+    url = reverse("admin:keys_apikey_change", args=[valid_key.api_key.pk])
+    edit = {"name": "alice laptop", "expires_at_0": "2031-01-02", "expires_at_1": "03:04:05", "rpm_limit": "60",
+            "tpm_limit": "", "max_concurrent": "2", "monthly_token_quota": "100000", "allowed_models": "m1,m2",
+            "_save": "Save"}
+
+    staff_client.post(url, edit, follow=True)
+
+    stored = APIKey.objects.get(pk=valid_key.api_key.pk)
+    assert (stored.rpm_limit, stored.tpm_limit, stored.max_concurrent, stored.monthly_token_quota) == (60, None, 2, 100000)
+    assert stored.models == ["m1", "m2"]
+    assert stored.expires_at.year == 2031
+
+
+def test_a_model_list_without_commas_is_refused(staff_client, valid_key):
+    url = reverse("admin:keys_apikey_change", args=[valid_key.api_key.pk])
+    edit = {"name": "alice laptop", "expires_at_0": "", "expires_at_1": "", "allowed_models": "m1 m2", "_save": "Save"}
+
+    response = staff_client.post(url, edit)
+
+    assert "separate model ids with commas" in response.content.decode()
+    assert APIKey.objects.get(pk=valid_key.api_key.pk).allowed_models == ""
+
+
+def test_the_key_list_shows_each_keys_own_limits(staff_client, user):
+    issue_with = APIKey.objects.create_key
+    issue_with(name="limited", owner=user, rpm_limit=10, monthly_token_quota=0, allowed_models="m1")
+    issue_with(name="plain", owner=user)
+
+    text = staff_client.get(reverse("admin:keys_apikey_changelist")).content.decode()
+
+    assert "rpm 10; tokens/month unlimited; models: m1" in text
+    assert ">defaults<" in text
 
 
 # --- Revoking -----------------------------------------------------------------------------------
@@ -185,3 +231,14 @@ def test_usage_records_can_be_searched_by_request_id(staff_client, usage_record,
     found = response.context["cl"].result_list
 
     assert list(found) == [usage_record]
+
+
+def test_the_daily_rollup_is_listed_but_read_only(staff_client, usage_record):
+    DailyUsage.objects.add(usage_record)
+    row = DailyUsage.objects.get()
+
+    listing = staff_client.get(reverse("admin:keys_dailyusage_changelist"))
+
+    assert listing.status_code == 200 and "smollm2-135m-instruct" in listing.content.decode()
+    assert staff_client.get(reverse("admin:keys_dailyusage_add")).status_code == 403
+    assert staff_client.post(reverse("admin:keys_dailyusage_delete", args=[row.pk]), {"post": "yes"}).status_code == 403
