@@ -1,5 +1,8 @@
 """The ASGI entry point served by daphne: ``daphne completions_site.asgi:application``.
 
+HTTP goes to Django (static files included); WebSockets go to the channels routes of
+``dashboard/routing.py``.
+
 Starting the server also starts the engine's worker thread, which loads the model in the
 background (``/healthz`` answers 503 until it is ready).  The system checks run first, so a
 production start with the default secret key refuses to serve.
@@ -13,7 +16,22 @@ from django.core.asgi import get_asgi_application  # noqa: E402
 
 # The admin's CSS and JavaScript come from the apps' static folders through Django's own handler,
 # so a fresh checkout needs no collectstatic and no separate file server.
-application = ASGIStaticFilesHandler(get_asgi_application())
+http_application = ASGIStaticFilesHandler(get_asgi_application())
+
+# --- WebSockets (the dashboard app): the staff dashboard's live engine figures, through channels.
+# Session auth gives the consumer its user; the origin must be one of ALLOWED_HOSTS.
+from channels.auth import AuthMiddlewareStack  # noqa: E402
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+
+from dashboard.routing import websocket_urlpatterns  # noqa: E402
+
+application = ProtocolTypeRouter(
+    {
+        "http": http_application,
+        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+    }
+)
 
 from completions_site.startup import start_server  # noqa: E402
 

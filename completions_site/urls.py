@@ -11,3 +11,9 @@ urlpatterns = [
     path("healthz", views.healthz, name="healthz"),
     path("admin/", admin.site.urls),
 ]
+
+# --- The dashboard app: /v1/usage/completions, /admin/dashboard/ (before the admin's own routes),
+# and /account/.
+from dashboard.urls import account_urlpatterns, admin_urlpatterns, api_urlpatterns  # noqa: E402
+
+urlpatterns = [*api_urlpatterns, *admin_urlpatterns, *account_urlpatterns, *urlpatterns]

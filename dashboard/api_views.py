@@ -1,0 +1,26 @@
+"""``GET /v1/usage/completions``: thin, like the other API views: authenticate, parse, answer."""
+from __future__ import annotations
+
+import math
+import time
+
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.http import require_GET
+
+from inference.errors import APIError, error_response
+from keys.auth import authenticate, touch_last_used
+
+from .usage_api import parse_usage_query, usage_page
+
+
+@require_GET
+async def usage_completions(request: HttpRequest) -> HttpResponse:
+    """OpenAI's ``UsageResponse`` for the calling key's owner (see ``dashboard/usage_api.py``)."""
+    try:
+        api_key = await authenticate(request)
+        # Rounded up: without an end_time, a request made this very second is included.
+        query = parse_usage_query(request.GET, now=math.ceil(time.time()))
+    except APIError as error:
+        return error_response(error)
+    await touch_last_used(api_key)
+    return JsonResponse(await usage_page(query, api_key.owner_id))

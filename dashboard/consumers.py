@@ -1,0 +1,63 @@
+"""The staff dashboard's WebSocket: the engine's live state every second, and new usage records.
+
+The consumer runs in the daphne process that owns the engine, so it reads ``engine.stats()``
+directly.  Only active staff may connect; anyone else is refused before the handshake completes.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+from .live import GROUP
+
+logger = logging.getLogger(__name__)
+
+INTERVAL_SECONDS = 1.0
+
+
+def engine_stats() -> dict[str, Any]:
+    """``{"ready", "running", "waiting", "tokens_per_second"}`` of this process's engine."""
+    from inference.views import get_engine  # the engine module imports torch: only when serving
+
+    engine = get_engine()
+    return {"ready": engine.ready, **engine.stats()}
+
+
+class EngineStatsConsumer(AsyncJsonWebsocketConsumer):
+    """Sends ``{"type": "engine", ...}`` every second and ``{"type": "usage", ...}`` per new record."""
+
+    async def connect(self) -> None:
+        user = self.scope.get("user")
+        if not (user is not None and user.is_active and user.is_staff):
+            await self.close()
+            return
+        if self.channel_layer is not None:
+            await self.channel_layer.group_add(GROUP, self.channel_name)
+        await self.accept()
+        self.ticker = asyncio.create_task(self._tick())
+
+    async def disconnect(self, code: int) -> None:
+        ticker = getattr(self, "ticker", None)
+        if ticker is not None:
+            ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await ticker
+        if self.channel_layer is not None:
+            await self.channel_layer.group_discard(GROUP, self.channel_name)
+
+    async def _tick(self) -> None:
+        while True:
+            try:
+                stats = {"type": "engine", **engine_stats()}
+            except Exception:  # noqa: BLE001 - keep the socket; the page shows the engine as unknown
+                logger.exception("Could not read the engine's stats")
+                stats = {"type": "engine", "ready": False}
+            await self.send_json(stats)
+            await asyncio.sleep(INTERVAL_SECONDS)
+
+    async def usage_recorded(self, event: dict[str, Any]) -> None:
+        await self.send_json({**event, "type": "usage"})
