@@ -74,6 +74,16 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"].setdefault("OPTIONS", {}).update(
         {"timeout": 20, "transaction_mode": "IMMEDIATE", "init_command": "PRAGMA journal_mode=WAL;"}
     )
+elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    # Every request runs its queries in a thread of its own; a pool (psycopg_pool) caps the
+    # connections a process opens, however many requests are in flight.  0 turns it off.
+    _pool_size = env.int("DATABASE_POOL_MAX_SIZE", default=10)
+    if _pool_size:
+        DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+            "min_size": 1,
+            "max_size": _pool_size,
+            "timeout": env.float("DATABASE_POOL_TIMEOUT", default=30.0),
+        }
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
@@ -119,6 +129,23 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = API_MAX_BODY_BYTES
 API_MAX_LOGPROBS = env.int("API_MAX_LOGPROBS", default=5)
 API_MAX_N = env.int("API_MAX_N", default=20)
 API_SSE_KEEPALIVE_SECONDS = env.float("API_SSE_KEEPALIVE_SECONDS", default=15.0)
+
+# --- Per-key limits (keys/limits.py) ------------------------------------------------------------
+# Defaults for keys without their own; 0 means no limit.  A dimension without a limit sends no
+# x-ratelimit-* headers, so the defaults are generous rather than absent.
+API_DEFAULT_RPM = env.int("API_DEFAULT_RPM", default=60_000)
+API_DEFAULT_TPM = env.int("API_DEFAULT_TPM", default=10_000_000)
+API_DEFAULT_MAX_CONCURRENT = env.int("API_DEFAULT_MAX_CONCURRENT", default=0)
+API_DEFAULT_MONTHLY_TOKENS = env.int("API_DEFAULT_MONTHLY_TOKENS", default=0)
+# Shared counters for several processes or machines; empty keeps them in each process.
+REDIS_URL = env.str("REDIS_URL", default="")
+API_LIMITS_REDIS_PREFIX = env.str("API_LIMITS_REDIS_PREFIX", default="completions-site:limits:")
+API_LIMITS_REDIS_TIMEOUT = env.float("API_LIMITS_REDIS_TIMEOUT", default=0.5)
+API_LIMITS_REDIS_RETRY_SECONDS = env.float("API_LIMITS_REDIS_RETRY_SECONDS", default=5.0)
+# When Redis is unreachable: "open" (serve, each process counting alone) or "closed" (503).
+API_LIMITS_FAIL_MODE = env.str("API_LIMITS_FAIL_MODE", default="open")
+# A crashed process cannot free its requests' concurrency slots; they expire after this long.
+API_LIMITS_CONCURRENCY_LEASE_SECONDS = env.int("API_LIMITS_CONCURRENCY_LEASE_SECONDS", default=900)
 
 # --- Dashboard, accounts and the live WebSocket (the dashboard app) ----------------------------
 LOGIN_URL = "account:login"
