@@ -245,11 +245,13 @@ class Engine:
         return [fim_prefix, *encode(prefix), fim_suffix, *encode(suffix), fim_middle]
 
     def _special_token_id(self, token: str) -> int | None:
-        """The id of ``token`` if the vocabulary really has it (not mapped to the unknown token)."""
+        """The id of ``token`` if the vocabulary really has it (not mapped to the unknown token).
+
+        The round trip tells: a missing token maps to the unknown token's id, which maps back to
+        another token.  (``token`` may itself be the unknown token: SmolLM2's is ``<|endoftext|>``.)
+        """
         token_id = self.tokenizer.convert_tokens_to_ids(token)
-        if token_id is None or token_id == self.tokenizer.unk_token_id:
-            return None
-        if self.tokenizer.convert_ids_to_tokens(token_id) != token:
+        if token_id is None or self.tokenizer.convert_ids_to_tokens(token_id) != token:
             return None
         return token_id
 
