@@ -9,6 +9,7 @@ the token counts that usage accounting reads, also when the run is cut short.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ from .protocol import (
     logprobs_dict,
     usage_dict,
 )
-from .text import IncrementalDetokenizer, token_text
+from .text import prompt_text_offsets, token_text
 
 if TYPE_CHECKING:
     from .engine import Engine, RequestStream
@@ -59,7 +60,15 @@ class _Choice:
 
     @property
     def mean_logprob(self) -> float:
-        return self.cumulative_logprob / max(1, self.num_tokens)
+        """The mean log-probability of the tokens returned, what a client can check with ``logprobs``.
+
+        A candidate that returned no token (it ended at once) is scored by the engine's cumulative
+        log-probability, which is then that of the end-of-sequence token.
+        """
+        returned = [entry.logprob for entry in self.logprobs if entry.logprob is not None]
+        if not returned:
+            return self.cumulative_logprob
+        return sum(returned) / len(returned)
 
 
 class CompletionRun:
@@ -78,6 +87,10 @@ class CompletionRun:
         self.id = completion_id
         self.created = int(time.time())
         self.params = request.sampling_params(ignore_eos=ignore_eos)
+        if self.params.best_of > self.params.n and self.params.logprobs is None:
+            # best_of ranks candidates by the mean log-probability of the tokens they return, so
+            # the engine must hand those back even when the client did not ask for logprobs.
+            self.params = dataclasses.replace(self.params, logprobs=0)
         self.prompts: list[_Prompt] = []
         self.streams: list[RequestStream] = []
         self.prompt_tokens = 0
@@ -95,8 +108,19 @@ class CompletionRun:
         return ",".join(sorted(set(self._finish.values())))
 
     async def prepare(self) -> None:
-        """Tokenise every prompt (in a thread: a long prompt must not stall the event loop)."""
+        """Tokenise every prompt (in a thread: a long prompt must not stall the event loop).
+
+        Raises ``APIError`` 400 (``param: "prompt"``) for more prompts than the engine's queue can
+        ever hold: each prompt is one engine request, and such a batch could only ever get a 503.
+        """
         engine, request = self.engine, self.request
+        max_prompts = engine.config.max_queue
+        if len(request.prompts) > max_prompts:
+            raise APIError(
+                f"{len(request.prompts)} prompts is greater than the maximum of {max_prompts} prompts "
+                "in one request - 'prompt'",
+                param="prompt",
+            )
         request.check_token_ids(engine.vocab_size)
         for prompt in request.prompts:
             if request.suffix:
@@ -105,7 +129,8 @@ class CompletionRun:
                 ids = await asyncio.to_thread(engine.encode, prompt) if prompt else []
                 text = prompt
             else:
-                ids, text = list(prompt), engine.decode(prompt)
+                # Echo gives back what was sent: special tokens included, as they are in a text prompt.
+                ids, text = list(prompt), engine.tokenizer.decode(prompt, skip_special_tokens=False)
             if not ids:
                 ids = engine.document_start_ids()
             request.check_context_length(len(ids), engine.max_context)
@@ -215,7 +240,7 @@ class CompletionRun:
         logprobs = None
         if self.request.logprobs is not None:
             plp = prompt_logprobs if self.request.echo else None
-            logprobs = self._logprobs(choice.texts, choice.logprobs, plp, len(prompt.text))
+            logprobs = self._logprobs(choice.texts, choice.logprobs, plp, prompt)
         return completion_choice(index, text, choice.finish_reason, logprobs)
 
     def _logprobs(
@@ -223,24 +248,24 @@ class CompletionRun:
         texts: list[str],
         entries: list[TokenLogprob],
         prompt_logprobs: list[TokenLogprob] | None,
-        offset: int,
+        prompt: _Prompt,
+        offset: int | None = None,
     ) -> dict[str, Any]:
-        """``logprobs`` for ``entries`` (whose texts are ``texts``), the first at character ``offset``.
+        """``logprobs`` for ``entries`` (whose texts are ``texts``), preceded by ``prompt_logprobs`` if given.
 
         OpenAI counts ``text_offset`` from the start of the prompt, so the echoed prompt's tokens
-        start at 0 and the completion's at the prompt's length.
+        start at 0 and the completion's at the prompt's length (or at ``offset``, where a stream
+        has got to).
         """
         tokens: list[str] = []
         token_logprobs: list[float | None] = []
         top_logprobs: list[dict[str, float] | None] = []
         text_offset: list[int] = []
         if prompt_logprobs is not None:
-            detokenizer = IncrementalDetokenizer(self.engine.tokenizer, [])
-            position = 0
             for entry in prompt_logprobs:
                 self._append_logprob(entry, tokens, token_logprobs, top_logprobs)
-                text_offset.append(position)
-                position += len(detokenizer.add(entry.token_id))
+            text_offset.extend(prompt_text_offsets(self.engine.tokenizer, prompt.ids, prompt.text))
+        offset = len(prompt.text) if offset is None else offset
         for entry, text in zip(entries, texts):
             self._append_logprob(entry, tokens, token_logprobs, top_logprobs)
             text_offset.append(offset)
@@ -264,9 +289,13 @@ class CompletionRun:
         n = self.request.n
         include_usage = self.request.include_usage
         offsets: dict[tuple[int, int], int] = {}
+        # The engine sends a prompt's logprobs once; every choice of that prompt echoes them.
+        prompt_logprobs: dict[int, list[TokenLogprob]] = {}
         model = self.engine.model_id
         async for prompt_index, output in self._outputs():
             prompt = self.prompts[prompt_index]
+            if output.prompt_logprobs is not None:
+                prompt_logprobs[prompt_index] = output.prompt_logprobs
             for candidate in output.outputs:
                 self._account(prompt_index, candidate)
                 key = (prompt_index, candidate.index)
@@ -278,8 +307,8 @@ class CompletionRun:
                     if self.request.echo:
                         text = prompt.text + text
                 if self.request.logprobs is not None:
-                    plp = output.prompt_logprobs if first and self.request.echo else None
-                    logprobs = self._logprobs(candidate.texts, candidate.logprobs or [], plp, offsets[key])
+                    plp = prompt_logprobs.get(prompt_index) if first and self.request.echo else None
+                    logprobs = self._logprobs(candidate.texts, candidate.logprobs or [], plp, prompt, offsets[key])
                 offsets[key] += len(candidate.text)
                 choice = completion_choice(prompt_index * n + candidate.index, text, candidate.finish_reason, logprobs)
                 yield completion_chunk(self.id, self.created, model, [choice], include_usage=include_usage)

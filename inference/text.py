@@ -23,26 +23,54 @@ class IncrementalDetokenizer:
 
     ``add(token_id)`` returns the new text that token completes: ``""`` while its bytes are not yet a
     whole UTF-8 character, then the whole character(s) with the token that completes them.
-    Special tokens decode to ``""``.  The concatenated pieces equal ``tokenizer.decode`` of all
-    generated tokens (skipping special tokens).
+    The concatenated pieces equal ``tokenizer.decode`` of all generated tokens.
+
+    Special tokens the model writes (``<|im_start|>``) are text like any other token, as they are
+    in a prompt's: ``logprobs.tokens`` spell the text, and a stop string such as ``"<|im_start|>"``
+    can match.  The end-of-sequence token never gets here: it ends the sequence and is not returned.
+    ``skip_special_tokens=True`` decodes them to ``""`` instead.
     """
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, prompt_ids: Sequence[int]) -> None:
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase, prompt_ids: Sequence[int], skip_special_tokens: bool = False
+    ) -> None:
         self._tokenizer = tokenizer
         self._ids: list[int] = list(prompt_ids[-CONTEXT_TOKENS:])
         self._prefix_offset = 0
         self._read_offset = len(self._ids)
+        self._skip = skip_special_tokens
 
     def add(self, token_id: int) -> str:
         self._ids.append(token_id)
         decode = self._tokenizer.decode
-        prefix_text = decode(self._ids[self._prefix_offset : self._read_offset], skip_special_tokens=True)
-        new_text = decode(self._ids[self._prefix_offset :], skip_special_tokens=True)
+        skip = self._skip
+        prefix_text = decode(self._ids[self._prefix_offset : self._read_offset], skip_special_tokens=skip)
+        new_text = decode(self._ids[self._prefix_offset :], skip_special_tokens=skip)
         if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
             self._prefix_offset = self._read_offset
             self._read_offset = len(self._ids)
             return new_text[len(prefix_text) :]
         return ""
+
+
+def prompt_text_offsets(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int], text: str) -> list[int]:
+    """Each prompt token's ``text_offset`` in ``text``, the prompt as echoed.
+
+    Tokens are decoded in turn with their special tokens (``<|im_start|>`` written in a prompt is
+    in its text).  A special token that ``text`` does not hold at that point takes no room: one the
+    tokenizer adds itself (a BOS), or the document start that stands in for an empty prompt.  Bytes
+    of a character split over several tokens all sit where that character begins.
+    """
+    detokenizer = IncrementalDetokenizer(tokenizer, [])
+    offsets: list[int] = []
+    position = 0
+    for token_id in ids:
+        offsets.append(position)
+        piece = detokenizer.add(token_id)
+        if not text.startswith(piece, position) and tokenizer.decode([token_id], skip_special_tokens=True) == "":
+            continue
+        position += len(piece)
+    return offsets
 
 
 def find_stop(text: str, stops: Sequence[str], start: int = 0) -> int:
