@@ -382,9 +382,9 @@ def _check_rules_beyond_schema(data: dict[str, Any]) -> None:
 def _check_range(value: float, minimum: float, maximum: float, param: str) -> None:
     """jsonschema's wording for bounds the schema does not carry (server caps, int64, bias)."""
     if value < minimum:
-        raise _param_error(f"{value} is less than the minimum of {minimum}", param)
+        raise _param_error(f"{_shorten(str(value))} is less than the minimum of {minimum}", param)
     if value > maximum:
-        raise _param_error(f"{value} is greater than the maximum of {maximum}", param)
+        raise _param_error(f"{_shorten(str(value))} is greater than the maximum of {maximum}", param)
 
 
 def _check_unicode(data: dict[str, Any]) -> None:
