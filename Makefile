@@ -31,8 +31,13 @@ run: migrate
 test: install
 	$(PY) -m pytest
 
-bench: install
-	$(PY) bench/bench_serving.py
+# The serving benchmark (bench/bench_serving.py); e.g. `make bench BENCH_ARGS="--quick --json out.json"`.
+$(VENV)/.bench-installed: bench/requirements.txt $(VENV)/.installed
+	$(PIP) install --quiet -r bench/requirements.txt
+	touch $@
+
+bench: install $(VENV)/.bench-installed
+	$(PY) bench/bench_serving.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache var

@@ -1,0 +1,944 @@
+"""Serving benchmark (issue 4): our server against its peers, over HTTP, on the same workloads.
+
+    make bench                                   # installs bench/requirements.txt, then the full run
+    make bench BENCH_ARGS="--quick --json out.json"
+    .venv/bin/python bench/bench_serving.py --quick             # N = 1 and 8 only, fewer requests
+    .venv/bin/python bench/bench_serving.py --json results.json # also write every figure as JSON
+    .venv/bin/python bench/bench_serving.py --no-peers          # our server only
+
+Each server is started in a subprocess, measured alone, and stopped (also on an error or Ctrl-C):
+
+- ours: daphne with the embedded model (``tests/live_server.py``: its own SQLite database and key),
+  ``DJANGO_DEBUG=false``, every other setting at its default (bfloat16 on this CPU);
+- ``transformers serve`` (the transformers CLI) on the converted copy of the same model, on CPU in
+  bfloat16, as it runs by default: one ``generate()`` at a time, requests queued behind it (its
+  ``--continuous-batching`` mode, paged attention made for GPUs, is left out);
+- llama.cpp's ``llama-server`` on the embedded GGUF file, only when it is on ``PATH``.
+
+Workloads (streamed unless said otherwise; temperature 0; end of sequence suppressed with
+``logit_bias: {"2": -100}``, so that every request makes ``max_tokens`` tokens):
+
+- N = 1, 8, 32 concurrent clients, each sending 16-token prompts for 128 new tokens, back to back
+  (3, 2 and 1 requests per client);
+- time to first token of a 512-token prompt at idle (median of 3, ``max_tokens: 1``);
+- time to first token of new requests (16-token prompts) arriving every 0.5 s while 8 streams run;
+- peak RSS with 32 streams of 512-token contexts (384-token prompts + 128 new tokens);
+- requests/s of non-streamed ``max_tokens: 1`` requests from 16 clients over about 10 s.
+
+Figures:
+
+- *aggregate tok/s*: tokens received by all clients / wall time from the first request to the
+  last token;
+- *per-stream tok/s*: each stream's decode rate, (tokens - 1) / (last token - first token), the
+  mean over streams;
+- *TTFT*: from sending the request to the chunk that carries its first token;
+- *peak RSS*: the server process (and any children), sampled with psutil every 50 ms.
+
+Tokens are counted from the stream: our server sends one chunk per token (verified against the
+usage chunk of ``stream_options: {"include_usage": true}``).  ``transformers serve`` sends one chunk
+per decoded piece of text, so its tokens are read from the usage of its last chunk; it ignores
+``logit_bias``, so it gets the same effect through its own ``generation_config`` field
+(``suppress_tokens: [2]``) and its token counts are checked to be 128 as well.  (Its streams end
+without ``data: [DONE]``; a finish reason ends them.)
+
+Every phase has a deadline (``FULL`` and ``QUICK`` below), and the server is left to go idle for at
+most 8 s after each, so a full run takes about 10 minutes at worst, when every phase runs out.  A request still waiting or streaming at the deadline is cut: the
+tokens it received count, and a first token it never got makes its TTFT unknown, shown as
+``>deadline`` (which bounds the percentile from below).  ``transformers serve`` runs one request at
+a time, so its concurrent phases end at their deadlines and its figures there are censored.
+The machine is shared: the load average at the start and the end is printed with the table.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import os
+import platform
+import random
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from inference.model_loader import converted_gguf_dir, embedded_gguf_path  # noqa: E402
+from tests.live_server import start_server, stop_server  # noqa: E402
+
+EOS = 2  # SmolLM2's <|endoftext|>
+NEW_TOKENS = 128
+SHORT_PROMPT = 16
+LONG_PROMPT = 512
+CONTEXT_PROMPT = 384  # + 128 new tokens = 512-token contexts
+MB = 1_000_000
+
+
+# --- Plan: what each mode runs, and the deadlines --------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Requests per phase and each phase's deadline (s); the peers get ``peer_deadlines`` instead."""
+
+    concurrency: tuple[int, ...]
+    requests_per_client: dict[int, int]
+    idle_ttft_requests: int
+    probes: int
+    context_streams: int  # 0: the 32 x 512 phase is skipped
+    rps_seconds: float
+    deadlines: dict[str, float]
+    peer_deadlines: dict[str, float]
+
+
+FULL = Plan(
+    concurrency=(1, 8, 32),
+    requests_per_client={1: 3, 8: 2, 32: 1},
+    idle_ttft_requests=3,
+    probes=20,
+    context_streams=32,
+    rps_seconds=10.0,
+    deadlines={"n1": 30, "n8": 40, "n32": 50, "idle_ttft": 15, "load_ttft": 30, "context": 70, "rps": 15},
+    peer_deadlines={"n1": 20, "n8": 20, "n32": 20, "idle_ttft": 15, "load_ttft": 20, "context": 20, "rps": 15},
+)
+QUICK = Plan(
+    concurrency=(1, 8),
+    requests_per_client={1: 1, 8: 1},
+    idle_ttft_requests=3,
+    probes=6,
+    context_streams=0,
+    rps_seconds=4.0,
+    deadlines={"n1": 20, "n8": 30, "idle_ttft": 15, "load_ttft": 20, "rps": 10},
+    peer_deadlines={"n1": 15, "n8": 15, "idle_ttft": 10, "load_ttft": 15, "rps": 8},
+)
+
+
+# --- Targets (issue 4) -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Target:
+    """A figure we must reach: ``key`` in the results, ``>=`` or ``<`` ``value``."""
+
+    key: str
+    op: str
+    value: float
+    text: str
+
+    def met(self, figure: float | None) -> bool | None:
+        if figure is None:
+            return None
+        return figure >= self.value if self.op == ">=" else figure < self.value
+
+
+TARGETS = {
+    t.key: t
+    for t in (
+        Target("n1.per_stream_tps", ">=", 30, ">=30"),
+        Target("n8.aggregate_tps", ">=", 150, ">=150"),
+        Target("n32.aggregate_tps", ">=", 300, ">=300"),
+        Target("idle_ttft.median_s", "<", 0.6, "<0.6"),
+        Target("load_ttft.p95_s", "<", 1.0, "<1"),
+        Target("context.peak_rss_mb", "<", 1500, "<1500"),
+        Target("rps.requests_per_s", ">=", 50, ">=50"),
+    )
+}
+
+
+# --- Servers ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Server:
+    """A server under test: where it listens, how to ask it, and how to stop it."""
+
+    name: str
+    base_url: str
+    model: str
+    pid: int
+    stop: Callable[[], None]
+    headers: dict[str, str] = field(default_factory=dict)
+    extra_body: dict[str, Any] = field(default_factory=dict)
+    one_chunk_per_token: bool = False  # else tokens come from the usage of the last chunk
+    sends_done: bool = True  # ends a stream with data: [DONE] (transformers serve does not)
+    health_path: str | None = None  # reports running/waiting requests (ours)
+    log: Path | None = None
+
+    @property
+    def url(self) -> str:
+        return self.base_url + "/v1/completions"
+
+    def body(self, prompt: str, max_tokens: int, stream: bool) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": self.model,
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "logit_bias": {str(EOS): -100},
+        }
+        if stream:
+            body.update(stream=True, stream_options={"include_usage": True})
+        return {**body, **self.extra_body}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_ours(directory: Path) -> Server:
+    """Our daphne server with the embedded model, as the end-to-end tests start it."""
+    live = start_server(directory, DJANGO_DEBUG="false", DJANGO_SECRET_KEY=os.urandom(24).hex(), LOG_LEVEL="WARNING")
+    return Server(
+        name="ours",
+        base_url=live.base_url,
+        model="smollm2-135m-instruct",
+        pid=live.process.pid,
+        stop=lambda: stop_server(live),
+        headers=live.headers(),
+        one_chunk_per_token=True,
+        health_path="/healthz",
+        log=live.log,
+    )
+
+
+def start_process(name: str, argv: list[str], directory: Path, health: str, timeout: float) -> tuple[subprocess.Popen, str, Path]:
+    """Start ``argv`` (whose ``{port}`` is filled in) and wait for ``GET health`` to answer 200."""
+    port = free_port()
+    log = directory / f"{name}.log"
+    process = subprocess.Popen(
+        [arg.replace("{port}", str(port)) for arg in argv],
+        cwd=ROOT,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    base_url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{name} exited with {process.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            if httpx.get(base_url + health, timeout=2).status_code == 200:
+                return process, base_url, log
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.25)
+    terminate(process)
+    raise RuntimeError(f"{name} did not become healthy in {timeout:.0f} s:\n{log.read_text()[-3000:]}")
+
+
+def terminate(process: subprocess.Popen) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=10)
+
+
+def start_transformers(directory: Path, folder: Path) -> Server:
+    """``transformers serve`` pinned to the converted model, bfloat16, CPU, default (sequential) mode."""
+    cli = Path(sys.executable).parent / "transformers"
+    argv = [str(cli), "serve", "--device", "cpu", "--dtype", "bfloat16", "--host", "127.0.0.1", "--port", "{port}"]
+    process, base_url, log = start_process("transformers", [*argv, str(folder)], directory, "/health", 300)
+    return Server(
+        name="transformers",
+        base_url=base_url,
+        model=str(folder),
+        pid=process.pid,
+        stop=lambda: terminate(process),
+        # logit_bias is accepted and ignored; this is its way of never ending a sequence early.
+        extra_body={"generation_config": json.dumps({"suppress_tokens": [EOS]})},
+        sends_done=False,
+        log=log,
+    )
+
+
+def start_llama_server(directory: Path, binary: str) -> Server:
+    """llama.cpp's server on the embedded GGUF file (its completions honour ``logit_bias``)."""
+    argv = [binary, "-m", str(embedded_gguf_path()), "--host", "127.0.0.1", "--port", "{port}", "-np", "32", "-c", "32768"]
+    process, base_url, log = start_process("llama-server", argv, directory, "/health", 300)
+    return Server(name="llama-server", base_url=base_url, model="smollm2", pid=process.pid,
+                  stop=lambda: terminate(process), log=log)
+
+
+# --- Memory ----------------------------------------------------------------------------------------
+
+
+class RssSampler:
+    """Samples a process tree's RSS every 50 ms in a thread; :meth:`take_peak` restarts the peak."""
+
+    def __init__(self, pid: int, interval: float = 0.05) -> None:
+        self.process = psutil.Process(pid)
+        self.interval = interval
+        self.peak = 0
+        self.last = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def rss(self) -> int:
+        total = 0
+        for process in [self.process, *self.process.children(recursive=True)]:
+            with contextlib.suppress(psutil.Error):
+                total += process.memory_info().rss
+        return total
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            with contextlib.suppress(psutil.Error):
+                value = self.rss()
+                with self._lock:
+                    self.last = value
+                    self.peak = max(self.peak, value)
+
+    def take_peak(self) -> int:
+        with self._lock:
+            peak, self.peak = self.peak, self.last
+        return peak
+
+    def __enter__(self) -> RssSampler:
+        self.last = self.peak = self.rss()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+# --- One request -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Stream:
+    """One request's timeline (``time.perf_counter`` seconds) and what came back."""
+
+    sent: float
+    first: float | None = None
+    last: float | None = None
+    chunks: int = 0  # chunks that carried a token (ours) or text (peers)
+    usage_tokens: int | None = None
+    prompt_tokens: int | None = None
+    finish_reason: str | None = None
+    error: str | None = None
+    done: bool = False  # data: [DONE] came
+    cut: bool = False  # the phase's deadline came first
+    max_gap: float = 0.0  # the longest wait between two chunks
+
+    def tokens(self, server: Server) -> int:
+        if server.one_chunk_per_token or self.usage_tokens is None:
+            return self.chunks
+        return self.usage_tokens
+
+    @property
+    def ttft(self) -> float:
+        return self.first - self.sent if self.first is not None else math.inf
+
+
+async def stream_once(client: httpx.AsyncClient, server: Server, prompt: str, max_tokens: int, deadline: float) -> Stream:
+    """POST one streamed request and time its chunks until ``[DONE]`` or ``deadline`` (loop time)."""
+    result = Stream(sent=time.perf_counter())
+    try:
+        async with asyncio.timeout_at(deadline):
+            body = server.body(prompt, max_tokens, stream=True)
+            async with client.stream("POST", server.url, json=body, headers=server.headers) as response:
+                if response.status_code != 200:
+                    text = (await response.aread()).decode(errors="replace")
+                    result.error = f"HTTP {response.status_code}: {text[:160]}"
+                    return result
+                async for line in response.aiter_lines():
+                    if line == "data: [DONE]":
+                        result.done = True
+                    elif line.startswith("data: "):
+                        _read_chunk(server, result, json.loads(line[6:]), time.perf_counter())
+        if result.error is None and not (result.done or not server.sends_done and result.finish_reason):
+            result.error = "the stream ended without data: [DONE]"
+    except TimeoutError:
+        result.cut = True
+    except httpx.HTTPError as error:
+        result.error = f"{type(error).__name__}: {error}"
+    return result
+
+
+def _read_chunk(server: Server, result: Stream, event: dict[str, Any], now: float) -> None:
+    if "error" in event:
+        result.error = f"in-band error: {json.dumps(event['error'])[:160]}"
+        return
+    if event.get("usage"):
+        result.usage_tokens = event["usage"].get("completion_tokens")
+        result.prompt_tokens = event["usage"].get("prompt_tokens")
+    for choice in event.get("choices") or []:
+        result.finish_reason = choice.get("finish_reason") or result.finish_reason
+        if server.one_chunk_per_token:
+            # One chunk per token; only a "stop" by the end-of-sequence token comes without one.
+            carries = bool(choice.get("text")) or choice.get("finish_reason") != "stop"
+        else:
+            carries = bool(choice.get("text"))
+        if carries:
+            result.chunks += 1
+            if result.first is None:
+                result.first = now
+            else:
+                result.max_gap = max(result.max_gap, now - result.last)
+            result.last = now
+
+
+async def post_once(client: httpx.AsyncClient, server: Server, prompt: str, deadline: float) -> tuple[bool, str | None]:
+    """One non-streamed ``max_tokens: 1`` request: ``(ok, error)``."""
+    try:
+        async with asyncio.timeout_at(deadline):
+            response = await client.post(server.url, json=server.body(prompt, 1, stream=False), headers=server.headers)
+    except TimeoutError:
+        return False, None
+    except httpx.HTTPError as error:
+        return False, f"{type(error).__name__}: {error}"
+    if response.status_code != 200:
+        return False, f"HTTP {response.status_code}: {response.text[:160]}"
+    tokens = response.json().get("usage", {}).get("completion_tokens")
+    return (True, None) if tokens == 1 else (False, f"completion_tokens {tokens}, not 1")
+
+
+# --- Prompts ---------------------------------------------------------------------------------------
+
+
+class Prompts:
+    """Prompts of exactly ``length`` tokens by the model's own tokenizer: random single-token words."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        words = []
+        for token in tokenizer.get_vocab():
+            word = token[1:]
+            if token.startswith("Ġ") and word.isascii() and word.isalpha() and word.islower() and 3 <= len(word) <= 8:
+                words.append(word)
+        words.sort()
+        self.words = [w for w in random.Random(0).sample(words, 2000) if self.count(" " + w) == 1 and self.count(w) == 1]
+        self.reset()
+
+    def reset(self) -> None:
+        """Start the sequence of prompts again, so that every server gets the same ones."""
+        self._serial = 0
+
+    def count(self, text: str) -> int:
+        return len(self.tokenizer(text)["input_ids"])
+
+    def make(self, length: int) -> str:
+        """A new prompt (never the same twice in a run) of exactly ``length`` tokens."""
+        self._serial += 1
+        rng = random.Random(self._serial)
+        for _ in range(50):
+            words = rng.choices(self.words, k=length)
+            text = words[0].capitalize() + "".join(" " + w for w in words[1:])
+            if self.count(text) == length:
+                return text
+        raise RuntimeError(f"could not build a {length}-token prompt")
+
+
+# --- Phases ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Bench:
+    """One server's run: its client, sampler, prompts, and the figures gathered so far."""
+
+    server: Server
+    client: httpx.AsyncClient
+    rss: RssSampler
+    prompts: Prompts
+    deadlines: dict[str, float]
+    results: dict[str, dict[str, Any]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def deadline(self, phase: str) -> tuple[float, float]:
+        """``(seconds, loop-time deadline)`` of ``phase``."""
+        seconds = self.deadlines[phase]
+        return seconds, asyncio.get_running_loop().time() + seconds
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Linear-interpolated percentile; ``inf`` (no first token by the deadline) sorts last."""
+    if not values:
+        return None
+    xs = sorted(values)
+    k = (len(xs) - 1) * q
+    lo, hi = math.floor(k), math.ceil(k)
+    if lo == hi:
+        return xs[lo]
+    if math.isinf(xs[hi]):
+        return math.inf
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def summarize(bench: Bench, streams: list[Stream], started: float, seconds: float, expect: int | None,
+              rss: bool = True) -> dict[str, Any]:
+    """The figures of ``streams`` sent from ``started`` on, in a phase of ``seconds``; ``expect``: tokens each."""
+    server = bench.server
+    ends = [s.last for s in streams if s.last is not None]
+    tokens = sum(s.tokens(server) for s in streams)
+    wall = (max(ends) - started) if ends else None
+    rates = [(s.tokens(server) - 1) / (s.last - s.first) for s in streams
+             if s.first is not None and s.last is not None and s.last > s.first and s.tokens(server) > 1]
+    ttfts = [s.ttft for s in streams]
+    finished = [s for s in streams if not s.cut and s.error is None]
+    mismatched = [s for s in finished if server.one_chunk_per_token and s.usage_tokens != s.chunks]
+    short = [s for s in finished if expect is not None and s.tokens(server) != expect]
+    errors = sorted({s.error for s in streams if s.error})
+    return {
+        "requests": len(streams),
+        "finished": len(finished),
+        "cut_at_deadline": sum(s.cut for s in streams),
+        "errors": errors,
+        "tokens": tokens,
+        "aggregate_tps": tokens / wall if wall else 0.0,
+        "per_stream_tps": statistics.mean(rates) if rates else None,
+        "ttft_p50_s": _finite(percentile(ttfts, 0.5)),
+        "ttft_p95_s": _finite(percentile(ttfts, 0.95)),
+        "ttft_censored_at_s": seconds if any(math.isinf(t) for t in ttfts) else None,
+        "max_gap_s": max((s.max_gap for s in streams), default=0.0),
+        "usage_mismatches": len(mismatched),
+        "wrong_token_counts": sorted({s.tokens(server) for s in short}),
+        "peak_rss_mb": bench.rss.take_peak() / MB if rss else None,
+    }
+
+
+def _finite(value: float | None) -> float | None:
+    return None if value is None or math.isinf(value) else value
+
+
+async def run_clients(bench: Bench, clients: int, per_client: int, prompt_tokens: int, max_tokens: int,
+                      deadline: float) -> list[Stream]:
+    """``clients`` concurrent clients, each sending ``per_client`` streamed requests back to back."""
+    prompts = [[bench.prompts.make(prompt_tokens) for _ in range(per_client)] for _ in range(clients)]
+
+    async def client(mine: list[str]) -> list[Stream]:
+        out = []
+        for prompt in mine:
+            if asyncio.get_running_loop().time() >= deadline:
+                break
+            out.append(await stream_once(bench.client, bench.server, prompt, max_tokens, deadline))
+        return out
+
+    done = await asyncio.gather(*(client(mine) for mine in prompts))
+    return [s for streams in done for s in streams]
+
+
+async def phase_concurrency(bench: Bench, n: int, per_client: int) -> None:
+    seconds, deadline = bench.deadline(f"n{n}")
+    bench.rss.take_peak()
+    started = time.perf_counter()
+    streams = await run_clients(bench, n, per_client, SHORT_PROMPT, NEW_TOKENS, deadline)
+    bench.results[f"n{n}"] = summarize(bench, streams, started, seconds, NEW_TOKENS)
+
+
+async def phase_idle_ttft(bench: Bench, requests: int) -> None:
+    seconds, deadline = bench.deadline("idle_ttft")
+    bench.rss.take_peak()
+    streams = []
+    for _ in range(requests):
+        streams.append(await stream_once(bench.client, bench.server, bench.prompts.make(LONG_PROMPT), 1, deadline))
+        await settle(bench, "a 512-token prompt")
+    summary = summarize(bench, streams, streams[0].sent, seconds, 1)
+    summary["median_s"] = _finite(statistics.median(s.ttft for s in streams))
+    summary["ttfts_s"] = [_finite(s.ttft) for s in streams]
+    bench.results["idle_ttft"] = summary
+
+
+async def phase_load_ttft(bench: Bench, probes: int, interval: float = 0.5, streams: int = 8) -> None:
+    """New requests every ``interval`` s while ``streams`` long streams run (restarted as they end)."""
+    seconds, deadline = bench.deadline("load_ttft")
+    loop = asyncio.get_running_loop()
+    bench.rss.take_peak()
+    background: list[Stream] = []
+
+    async def keep_streaming() -> None:
+        while loop.time() < deadline:
+            prompt = bench.prompts.make(SHORT_PROMPT)
+            background.append(await stream_once(bench.client, bench.server, prompt, NEW_TOKENS, deadline))
+
+    runners = [asyncio.create_task(keep_streaming()) for _ in range(streams)]
+    # Let the streams get going (all of them in the running batch), within a bound.
+    ready_by = loop.time() + min(10.0, seconds / 3)
+    if bench.server.health_path:
+        while loop.time() < ready_by and (await health(bench)).get("running", 0) < streams:
+            await asyncio.sleep(0.1)
+    else:
+        await asyncio.sleep(min(3.0, seconds / 6))
+    started = time.perf_counter()
+    probe_tasks = []
+    for _ in range(probes):
+        if loop.time() >= deadline:
+            break
+        prompt = bench.prompts.make(SHORT_PROMPT)
+        probe_tasks.append(asyncio.create_task(stream_once(bench.client, bench.server, prompt, 4, deadline)))
+        await asyncio.sleep(interval)
+    measured = list(await asyncio.gather(*probe_tasks))
+    for runner in runners:  # streams still running are dropped (the disconnect aborts them)
+        runner.cancel()
+    await asyncio.gather(*runners, return_exceptions=True)
+    summary = summarize(bench, measured, started, seconds, 4)
+    summary["p95_s"] = summary["ttft_p95_s"]
+    summary["background"] = summarize(bench, background, started, seconds, NEW_TOKENS, rss=False)
+    bench.results["load_ttft"] = summary
+
+
+async def phase_context(bench: Bench, streams: int) -> None:
+    seconds, deadline = bench.deadline("context")
+    bench.rss.take_peak()
+    started = time.perf_counter()
+    out = await run_clients(bench, streams, 1, CONTEXT_PROMPT, NEW_TOKENS, deadline)
+    bench.results["context"] = summarize(bench, out, started, seconds, NEW_TOKENS)
+
+
+async def phase_rps(bench: Bench, duration: float, clients: int = 16) -> None:
+    """``clients`` clients sending non-streamed ``max_tokens: 1`` requests for ``duration`` s."""
+    seconds, deadline = bench.deadline("rps")
+    loop = asyncio.get_running_loop()
+    bench.rss.take_peak()
+    prompts = [bench.prompts.make(SHORT_PROMPT) for _ in range(64)]
+    cut = 0
+    started = time.perf_counter()
+    stop_sending = loop.time() + duration
+    ok: list[float] = []
+    errors: list[str] = []
+
+    async def client(index: int) -> None:
+        nonlocal cut
+        i = index
+        while loop.time() < stop_sending:
+            success, error = await post_once(bench.client, bench.server, prompts[i % len(prompts)], deadline)
+            i += clients
+            if success:
+                ok.append(time.perf_counter())
+            elif error:
+                errors.append(error)
+            else:
+                cut += 1
+
+    await asyncio.gather(*(client(i) for i in range(clients)))
+    wall = (max(ok) - started) if ok else None
+    bench.results["rps"] = {
+        "requests": len(ok) + len(errors) + cut,
+        "cut_at_deadline": cut,
+        "ok": len(ok),
+        "errors": sorted(set(errors)),
+        "error_count": len(errors),
+        "requests_per_s": len(ok) / wall if wall else 0.0,
+        "peak_rss_mb": bench.rss.take_peak() / MB,
+    }
+
+
+async def health(bench: Bench) -> dict[str, Any]:
+    try:
+        response = await bench.client.get(bench.server.base_url + bench.server.health_path, timeout=5)
+        return response.json()
+    except (httpx.HTTPError, ValueError):
+        return {}
+
+
+async def settle(bench: Bench, after: str, limit: float = 8.0) -> None:
+    """Wait until the server is idle: no running or waiting requests (ours), and its CPU quiet."""
+    loop = asyncio.get_running_loop()
+    until = loop.time() + limit
+    process = psutil.Process(bench.server.pid)
+    quiet = 0
+    while loop.time() < until and quiet < 2:
+        busy = False
+        if bench.server.health_path:
+            stats = await health(bench)
+            busy = stats.get("running", 0) + stats.get("waiting", 0) > 0
+        process.cpu_percent(None)
+        await asyncio.sleep(0.25)
+        busy = busy or process.cpu_percent(None) > 25
+        quiet = 0 if busy else quiet + 1
+    if quiet < 2:
+        stats = await health(bench) if bench.server.health_path else {}
+        bench.notes.append(f"not idle {limit:.0f} s after {after} {stats or ''}".strip())
+
+
+async def warm_up(bench: Bench) -> None:
+    deadline = asyncio.get_running_loop().time() + 30
+    for length in (SHORT_PROMPT, LONG_PROMPT):
+        result = await stream_once(bench.client, bench.server, bench.prompts.make(length), 8, deadline)
+        if result.error or result.cut:
+            raise RuntimeError(f"{bench.server.name}: the warm-up request failed: {result.error or 'timed out'}")
+        if bench.server.one_chunk_per_token and result.chunks != 8:
+            raise RuntimeError(f"{bench.server.name}: the warm-up made {result.chunks} tokens, not 8")
+        if result.prompt_tokens not in (None, length):
+            raise RuntimeError(f"{bench.server.name}: a {length}-token prompt counted {result.prompt_tokens} tokens")
+
+
+async def run_server(server: Server, plan: Plan, prompts: Prompts, deadlines: dict[str, float]) -> dict[str, Any]:
+    """Every phase of ``plan`` against ``server``; the figures, with notes on anything odd."""
+    limits = httpx.Limits(max_connections=128, max_keepalive_connections=128)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(None), limits=limits) as client:
+        with RssSampler(server.pid) as rss:
+            bench = Bench(server, client, rss, prompts, deadlines)
+            started = time.perf_counter()
+            await warm_up(bench)
+            await settle(bench, "the warm-up")
+            idle_rss = rss.rss() / MB
+            phases: list[tuple[str, Callable[[], Any]]] = [
+                (f"N={n}", lambda n=n: phase_concurrency(bench, n, plan.requests_per_client[n])) for n in plan.concurrency
+            ]
+            phases += [
+                ("TTFT 512 idle", lambda: phase_idle_ttft(bench, plan.idle_ttft_requests)),
+                ("TTFT under load", lambda: phase_load_ttft(bench, plan.probes)),
+            ]
+            if plan.context_streams:
+                phases.append(("32x512 contexts", lambda: phase_context(bench, plan.context_streams)))
+            phases.append(("req/s", lambda: phase_rps(bench, plan.rps_seconds)))
+            for label, phase in phases:
+                t0 = time.perf_counter()
+                await phase()
+                print(f"  {server.name}: {label} done in {time.perf_counter() - t0:.1f} s", flush=True)
+                await settle(bench, label)
+            final = await health(bench) if server.health_path else {}
+            bench.results["idle"] = {"rss_start_mb": idle_rss, "rss_end_mb": rss.rss() / MB,
+                                     "seconds": time.perf_counter() - started, "health_end": final}
+    bench.notes.extend(odd_things(bench))
+    return {"results": bench.results, "notes": bench.notes}
+
+
+def odd_things(bench: Bench) -> list[str]:
+    """Errors, cut requests, token counts, long stalls and RSS growth seen in the figures."""
+    notes = []
+    phases = dict(bench.results)
+    if "background" in phases.get("load_ttft", {}):
+        phases["load_ttft.background"] = phases["load_ttft"]["background"]
+    for phase, figures in phases.items():
+        for key, label in (("errors", "errors"), ("wrong_token_counts", "finished with token counts")):
+            if figures.get(key):
+                notes.append(f"{phase}: {label} {figures[key]}")
+        if figures.get("cut_at_deadline") and phase != "load_ttft.background":  # cut by design
+            notes.append(f"{phase}: {figures['cut_at_deadline']} of {figures['requests']} requests cut at the "
+                         f"{bench.deadlines[phase.split('.')[0]]:.0f} s deadline")
+        if figures.get("usage_mismatches"):
+            notes.append(f"{phase}: {figures['usage_mismatches']} streams whose chunk count differs from usage")
+        if figures.get("max_gap_s", 0) > 1.0:
+            notes.append(f"{phase}: a stream waited {figures['max_gap_s']:.1f} s between two tokens")
+    idle = bench.results.get("idle", {})
+    if idle and idle["rss_end_mb"] - idle["rss_start_mb"] > 100:
+        notes.append(f"RSS at idle grew from {idle['rss_start_mb']:.0f} MB to {idle['rss_end_mb']:.0f} MB over the run")
+    stats = idle.get("health_end") or {}
+    if stats.get("running") or stats.get("waiting"):
+        notes.append(f"after the run /healthz still shows {stats}")
+    if bench.server.log is not None and bench.server.log.exists():
+        text = bench.server.log.read_text(errors="replace")
+        bad = [line for line in text.splitlines()
+               if ("Traceback" in line or " ERROR " in line or "Exception" in line)
+               and "Service Unavailable: /healthz" not in line]  # polled while the model loads
+        if bad:
+            notes.append(f"server log: {len(bad)} error lines, first: {bad[0][:200]}")
+    return notes
+
+
+# --- The table -------------------------------------------------------------------------------------
+
+# (label, key, unit format, lower is better)
+ROWS = [
+    ("aggregate tok/s, N={n}", "n{n}.aggregate_tps", "{:.1f}", False),
+    ("per-stream tok/s (mean), N={n}", "n{n}.per_stream_tps", "{:.1f}", False),
+    ("TTFT p50 s, N={n}", "n{n}.ttft_p50_s", "{:.3f}", True),
+    ("TTFT p95 s, N={n}", "n{n}.ttft_p95_s", "{:.3f}", True),
+    ("peak RSS MB, N={n}", "n{n}.peak_rss_mb", "{:.0f}", True),
+]
+EXTRA_ROWS = [
+    ("TTFT 512-token prompt, idle (median of 3) s", "idle_ttft.median_s", "{:.3f}", True),
+    ("TTFT p95 s, new requests while 8 stream", "load_ttft.p95_s", "{:.3f}", True),
+    ("peak RSS MB, 32 streams x 512-token contexts", "context.peak_rss_mb", "{:.0f}", True),
+    ("aggregate tok/s, 32 x 512-token contexts", "context.aggregate_tps", "{:.1f}", False),
+    ("req/s, max_tokens 1, 16 clients", "rps.requests_per_s", "{:.1f}", False),
+]
+
+
+def lookup(results: dict[str, Any], key: str) -> tuple[float | None, float | None]:
+    """``(value, censored_at)``: a TTFT that is None with ``censored_at`` set means ``> censored_at`` s."""
+    phase, name = key.split(".")
+    figures = results.get(phase) or {}
+    value = figures.get(name)
+    is_ttft = "ttft" in key
+    return value, figures.get("ttft_censored_at_s") if value is None and is_ttft else None
+
+
+def cell(value: float | None, censored: float | None, fmt: str) -> str:
+    if value is not None:
+        return fmt.format(value)
+    return f">{censored:.0f}" if censored else "-"
+
+
+def ratio(ours: tuple[float | None, float | None], theirs: tuple[float | None, float | None]) -> str:
+    (a, _), (b, b_censored) = ours, theirs
+    if a is None:
+        return "-"
+    if b is None:
+        return f"<{a / b_censored:.3f}x" if b_censored else "-"
+    return f"{a / b:.2f}x" if b else "-"
+
+
+def met_cell(target: Target | None, figure: tuple[float | None, float | None], results: dict[str, Any], key: str) -> str:
+    """``yes`` or ``NO``, with ``*`` when some requests of the phase were cut at its deadline."""
+    if target is None:
+        return ""
+    value, censored = figure
+    met = target.met(value)
+    if met is None and censored:  # more than the deadline: a "<" target is missed
+        met = target.met(censored)
+    if met is None:
+        return "-"
+    cut = (results.get(key.split(".")[0]) or {}).get("cut_at_deadline")
+    return ("yes" if met else "NO") + ("*" if cut else "")
+
+
+def table(report: dict[str, Any], plan: Plan) -> str:
+    servers = report["servers"]
+    ours = servers.get("ours", {}).get("results", {})
+    peers = [name for name in servers if name != "ours"]
+    rows = [(label.format(n=n), key.format(n=n), fmt, low) for n in plan.concurrency for label, key, fmt, low in ROWS]
+    rows += [row for row in EXTRA_ROWS if not (row[1].startswith("context") and not plan.context_streams)]
+    head = f"{'figure':48} {'ours':>9} {'target':>7} {'met':>4}"
+    for peer in peers:
+        head += f" {peer:>13} {'ours/' + peer[:6]:>12}"
+    lines = [head, "-" * len(head)]
+    for label, key, fmt, low in rows:
+        mine = lookup(ours, key)
+        target = TARGETS.get(key)
+        line = f"{label:48} {cell(*mine, fmt):>9} {target.text if target else '':>7} {met_cell(target, mine, ours, key):>4}"
+        for peer in peers:
+            theirs = lookup(servers[peer].get("results", {}), key)
+            line += f" {cell(*theirs, fmt):>13} {ratio(mine, theirs):>12}"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+# --- Main ------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="N = 1 and 8 only, fewer requests, no 32 x 512 phase")
+    parser.add_argument("--json", type=Path, metavar="PATH", help="write every figure to PATH")
+    parser.add_argument("--no-peers", action="store_true", help="measure our server only")
+    args = parser.parse_args(argv)
+    plan = QUICK if args.quick else FULL
+    # A SIGTERM (a CI timeout, say) unwinds like Ctrl-C so that every server is stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+    started = time.perf_counter()
+    load_start = os.getloadavg()
+    from transformers import AutoTokenizer, __version__ as transformers_version
+
+    folder = converted_gguf_dir(embedded_gguf_path(), ROOT / ".cache" / "models")
+    prompts = Prompts(AutoTokenizer.from_pretrained(folder))
+    report: dict[str, Any] = {
+        "mode": "quick" if args.quick else "full",
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+                    "load_average_start": load_start},
+        "transformers": transformers_version,
+        "servers": {},
+        "skipped": [],
+    }
+    starters: list[tuple[str, Callable[[Path], Server]]] = [("ours", start_ours)]
+    if not args.no_peers:
+        starters.append(("transformers", lambda d: start_transformers(d, folder)))
+        binary = shutil.which("llama-server")
+        if binary:
+            starters.append(("llama-server", lambda d: start_llama_server(d, binary)))
+        else:
+            report["skipped"].append("llama-server: not on PATH")
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench-serving-") as tmp:
+            for name, start in starters:
+                directory = Path(tmp) / name
+                directory.mkdir()
+                print(f"starting {name} ...", flush=True)
+                prompts.reset()
+                report["servers"][name] = measure(name, start, directory, plan, prompts)
+    finally:
+        stop_children()
+    report["machine"]["load_average_end"] = os.getloadavg()
+    report["seconds"] = time.perf_counter() - started
+    print()
+    print(render(report, plan))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2, default=str) + "\n")
+        print(f"\nwrote {args.json}")
+    return 0
+
+
+def stop_children() -> None:
+    """Stop any server this process started and did not stop (an interrupted start, say)."""
+    children = psutil.Process().children(recursive=True)
+    for child in children:
+        with contextlib.suppress(psutil.Error):
+            child.terminate()
+    _, alive = psutil.wait_procs(children, timeout=10)
+    for child in alive:
+        with contextlib.suppress(psutil.Error):
+            child.kill()
+
+
+def measure(name: str, start: Callable[[Path], Server], directory: Path, plan: Plan, prompts: Prompts) -> dict[str, Any]:
+    """Start the server, run every phase, stop it whatever happens; a failure is noted, not raised."""
+    t0 = time.perf_counter()
+    try:
+        server = start(directory)
+    except Exception as error:  # noqa: BLE001 - a peer that does not start is reported, not fatal
+        return {"results": {}, "notes": [f"did not start: {error}"[:600]]}
+    startup = time.perf_counter() - t0
+    try:
+        deadlines = plan.deadlines if name == "ours" else plan.peer_deadlines
+        outcome = asyncio.run(run_server(server, plan, prompts, deadlines))
+    except Exception as error:  # noqa: BLE001
+        outcome = {"results": {}, "notes": [f"the run failed: {type(error).__name__}: {error}"[:600]]}
+    finally:
+        server.stop()
+    outcome["startup_s"] = startup
+    return outcome
+
+
+def render(report: dict[str, Any], plan: Plan) -> str:
+    machine = report["machine"]
+    load = lambda key: "/".join(f"{x:.1f}" for x in machine[key])  # noqa: E731
+    lines = [
+        f"Serving benchmark ({report['mode']}): SmolLM2-135M-Instruct, bfloat16, CPU ({machine['cpus']} cores); "
+        f"load average {load('load_average_start')} at the start, {load('load_average_end')} at the end; "
+        f"{report['seconds']:.0f} s in all",
+        f"16-token prompts, {NEW_TOKENS} new tokens, temperature 0, EOS suppressed; transformers "
+        f"{report['transformers']} serve runs one request at a time.",
+        "'>X': a request had no first token by the X s deadline of its phase; met*: some requests of that phase "
+        "were cut at its deadline.",
+        "ours/peer: above 1 is better for tok/s and req/s, below 1 for TTFT and RSS. MB = 10^6 bytes.",
+        "",
+        table(report, plan),
+    ]
+    for name, outcome in report["servers"].items():
+        idle = outcome.get("results", {}).get("idle")
+        head = f"{name}: started in {outcome.get('startup_s', 0):.1f} s"
+        if idle:
+            head += f", idle RSS {idle['rss_start_mb']:.0f} MB before the phases, {idle['rss_end_mb']:.0f} MB after"
+        lines += ["", head]
+        lines += [f"  - {note}" for note in outcome.get("notes", [])] or ["  - nothing odd"]
+    lines += [f"skipped {item}" for item in report["skipped"]]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
