@@ -341,8 +341,11 @@ class LocalStore(Store):
         counters = self._keys[key_id]
         while counters.requests and counters.requests[0][0] <= cutoff:
             counters.requests.popleft()
-        for expired in [rid for rid, (ms, _) in counters.tokens.items() if ms <= cutoff]:
-            counters.token_sum -= counters.tokens.pop(expired)[1]
+        while counters.tokens:  # oldest first: stop at the first still in the window
+            oldest = next(iter(counters.tokens))
+            if counters.tokens[oldest][0] > cutoff:
+                break
+            counters.token_sum -= counters.tokens.pop(oldest)[1]
         for ended in [rid for rid, end in counters.in_flight.items() if end <= now]:
             del counters.in_flight[ended]
         month_tokens = self._months.get((key_id, month))
