@@ -35,7 +35,7 @@ from .outputs import (  # noqa: F401  (re-exported: the engine's API)
     TokenLogprob,
 )
 from .sampling import SamplingParams
-from .text import IncrementalDetokenizer, find_stop, stop_holdback
+from .text import IncrementalDetokenizer, StopMatcher
 
 logger = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ class _Sequence:
         self.texts: list[str] = []
         self.logprobs: list[TokenLogprob] = []
         self.text = ""
-        self.checked = 0  # characters of text already searched for stop strings
+        self.stop_matcher = StopMatcher(request.params.stop)
         self.cut: int | None = None  # where a stop string begins, once found
         self.released_tokens = 0
         self.released_chars = 0
@@ -324,6 +324,9 @@ class Engine:
                 eos.add(source)
             elif source:
                 eos.update(source)
+        document_end = self._special_token_id("<|endoftext|>")
+        if document_end is not None:
+            eos.add(document_end)  # the GPT-style document separator ends a text, as on OpenAI
         self.eos_token_ids = frozenset(eos)
 
     def _loop_once(self) -> None:
@@ -402,8 +405,6 @@ class Engine:
             logits_to_keep=1,
         )
         logits = output.logits[:, -1].float()  # [group, vocab]
-        for _ in group:
-            self._waiting.popleft()
         sources: list[int] = []
         sequences: list[_Sequence] = []
         for row, request in enumerate(group):
@@ -412,6 +413,9 @@ class Engine:
             sequences.extend(alive)
         if sequences:
             self._join(cache, mask, sources, sequences)
+        # Only now, so that a failure above still reaches these requests through _fail_all.
+        for _ in group:
+            self._waiting.popleft()
 
     def _prefill_chunk(self, request: _Request) -> None:
         """Run the next chunk of one request's prompt; after the last one, join the batch."""
@@ -433,12 +437,12 @@ class Engine:
             self._add_prompt_logprobs(request, logits, ids[start + 1 : end + 1])
         if end < len(ids):
             return
-        self._waiting.popleft()
         alive = self._start_sequences(request, logits[-1:])
         cache, request.cache = request.cache, None
         if alive:
             mask = torch.ones(1, len(ids), dtype=torch.long, device=self.device)
             self._join(cache, mask, [0] * len(alive), alive)
+        self._waiting.popleft()
 
     def _add_prompt_logprobs(self, request: _Request, logits: torch.Tensor, targets: list[int]) -> None:
         """Log-probabilities of each next prompt token under the raw distribution (no temperature)."""
@@ -532,7 +536,10 @@ class Engine:
             if seq.counts is not None:
                 params = request.params
                 logits[row] -= seq.counts * params.frequency_penalty + (seq.counts > 0) * params.presence_penalty
-        temperature = torch.tensor([seq.request.params.temperature for seq in sequences], device=logits.device)
+        temperature = torch.tensor(
+            [0.0 if seq.request.params.greedy else seq.request.params.temperature for seq in sequences],
+            device=logits.device,
+        )
         sampling.apply_temperature(logits, temperature)
         wants = [row for row, seq in enumerate(sequences) if seq.request.wants_logprobs]
         logprobs = torch.log_softmax(logits[wants], dim=-1) if wants else None
@@ -578,8 +585,7 @@ class Engine:
             seq.logprobs.append(logprob)
         seq.text += piece
         if params.stop and piece:
-            index = find_stop(seq.text, params.stop, seq.checked)
-            seq.checked = len(seq.text)
+            index = seq.stop_matcher.feed(piece)
             if index != -1:
                 seq.cut = index
                 seq.finish_reason = "stop"
@@ -591,7 +597,8 @@ class Engine:
         """The tokens and text of ``seq`` that can be shown now, or None if nothing changed.
 
         While running, a tail of text that could still become a stop string is held back, and
-        tokens are released whole.  At a stop string, tokens that begin before it are released,
+        tokens are released whole (a token whose bytes end mid-character waits for the token that
+        completes the character).  At a stop string, tokens that begin before it are released,
         the last one cut short where the stop string begins.
         """
         if seq.cut is not None:
@@ -599,20 +606,22 @@ class Engine:
         elif seq.finished:
             end = len(seq.text)
         else:
-            end = len(seq.text) - stop_holdback(seq.text, seq.request.params.stop)
+            end = len(seq.text) - seq.stop_matcher.holdback
         position = seq.released_chars
         first = seq.released_tokens
         texts: list[str] = []
         for piece in seq.texts[first:]:
-            fits = position + len(piece) <= end
             if seq.cut is not None:
-                if position >= end and piece:
+                if position >= end:
                     break
-                piece = piece[: max(0, end - position)]
-            elif not fits:
+                piece = piece[: end - position]
+            elif position + len(piece) > end:
                 break
             texts.append(piece)
             position += len(piece)
+        if not seq.finished:
+            while texts and not texts[-1]:
+                texts.pop()
         if not texts and not seq.finished:
             return None
         last = first + len(texts)

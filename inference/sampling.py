@@ -22,6 +22,9 @@ from dataclasses import dataclass, field
 import torch
 
 
+MIN_TEMPERATURE = 1e-5
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """What one request asks of the sampler; the engine's view of ``CreateCompletionRequest``.
@@ -48,7 +51,9 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        """Temperature 0 is greedy, and so is any temperature below :data:`MIN_TEMPERATURE`, where
+        dividing the logits by it would overflow float32 (OpenAI accepts such values)."""
+        return self.temperature < MIN_TEMPERATURE
 
     @property
     def needs_penalties(self) -> bool:

@@ -2,7 +2,7 @@
 
 Streaming text must never split a UTF-8 character and never take text back.  The detokenizer
 holds back a token's bytes until they decode to whole characters (the approach of vLLM's and
-llama.cpp's servers), and :func:`stop_holdback` says how much of the end of the text could still
+llama.cpp's servers), and :class:`StopMatcher` says how much of the end of the text could still
 become a stop string, so that part is not released yet.
 """
 from __future__ import annotations
@@ -73,33 +73,59 @@ def prompt_text_offsets(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int], 
     return offsets
 
 
-def find_stop(text: str, stops: Sequence[str], start: int = 0) -> int:
-    """The index in ``text`` where the earliest stop string begins, or -1.
+class StopMatcher:
+    """Finds stop strings in text fed to it piece by piece, in time linear in the text.
 
-    Only matches that end at or after ``start`` are new, so callers pass the length already checked
-    minus the longest stop string, keeping the check linear over a generation.
+    Each stop string has a Knuth-Morris-Pratt automaton (Knuth, Morris, Pratt 1977) whose state
+    is the length of the longest prefix of that stop string ending the text so far; so
+    :attr:`holdback`, the longest tail of the text that could still become a stop string, is
+    the largest state.  :meth:`feed` returns where the first completed stop string begins.
     """
-    best = -1
-    for stop in stops:
-        index = text.find(stop, max(0, start - len(stop) + 1))
-        if index != -1 and (best == -1 or index < best):
-            best = index
-    return best
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self.stops = [stop for stop in stops if stop]
+        self._failure = [_prefix_function(stop) for stop in self.stops]
+        self._states = [0] * len(self.stops)
+        self._length = 0  # characters fed so far
+
+    @property
+    def holdback(self) -> int:
+        return max(self._states, default=0)
+
+    def feed(self, piece: str) -> int:
+        """Feed the next ``piece`` of text; return the index (in all text fed) where the first stop
+        string to complete begins, or -1.  Of several completing at the same character, the
+        earliest-beginning one wins."""
+        for char in piece:
+            self._length += 1
+            found = -1
+            for i, stop in enumerate(self.stops):
+                state, failure = self._states[i], self._failure[i]
+                while state and stop[state] != char:
+                    state = failure[state - 1]
+                if stop[state] == char:
+                    state += 1
+                if state == len(stop):
+                    start = self._length - len(stop)
+                    found = start if found == -1 else min(found, start)
+                    state = failure[state - 1]
+                self._states[i] = state
+            if found != -1:
+                return found
+        return -1
 
 
-def stop_holdback(text: str, stops: Sequence[str]) -> int:
-    """How many characters at the end of ``text`` could still be the start of a stop string.
-
-    That tail is held back while streaming: it is released once it can no longer become a stop
-    string, or dropped if it does.
-    """
-    longest = 0
-    for stop in stops:
-        for size in range(min(len(stop) - 1, len(text)), longest, -1):
-            if text.endswith(stop[:size]):
-                longest = size
-                break
-    return longest
+def _prefix_function(pattern: str) -> list[int]:
+    """``failure[i]``: the length of the longest proper prefix of ``pattern[:i + 1]`` that is also its suffix."""
+    failure = [0] * len(pattern)
+    k = 0
+    for i in range(1, len(pattern)):
+        while k and pattern[i] != pattern[k]:
+            k = failure[k - 1]
+        if pattern[i] == pattern[k]:
+            k += 1
+        failure[i] = k
+    return failure
 
 
 def token_text(tokenizer: PreTrainedTokenizerBase, token_id: int) -> str:

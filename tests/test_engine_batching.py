@@ -105,3 +105,11 @@ def test_a_full_queue_refuses_new_requests_at_once():
 def test_max_tokens_zero_scores_the_prompt_without_generating(engine):
     results = asyncio.run(run(engine, "abc", SamplingParams(max_tokens=0, logprobs=0, prompt_logprobs=True)))
     assert results[0].text == "" and results[0].num_tokens == 0 and results[0].finish_reason == "length"
+
+
+def test_a_vanishing_temperature_is_greedy_and_harms_no_neighbour(engine):
+    greedy = run_one(engine, PROMPTS[0], max_tokens=12, temperature=0, ignore_eos=True).text
+    results = run_many(engine, [(PROMPTS[0], {"max_tokens": 12, "temperature": 1e-40, "ignore_eos": True}),
+                                (PROMPTS[1], {"max_tokens": 12, "temperature": 0, "ignore_eos": True})])
+    assert results[0].text == greedy
+    assert results[1].finish_reason == "length"

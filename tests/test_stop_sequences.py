@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from inference.text import find_stop, stop_holdback
+from inference.text import StopMatcher
 from tests.engine_helpers import run_one, start_tiny_engine
 
 PROMPT = "Hello, world!"
@@ -16,20 +16,48 @@ def engine():
     engine.stop()
 
 
+def feed_pieces(stops: list[str], pieces: list[str]) -> tuple[int, int]:
+    """Feed ``pieces`` one by one; return (where the first stop begins or -1, the final holdback)."""
+    matcher = StopMatcher(stops)
+    for piece in pieces:
+        found = matcher.feed(piece)
+        if found != -1:
+            return found, matcher.holdback
+    return -1, matcher.holdback
+
+
 @pytest.mark.parametrize(
-    ("text", "stops", "expected"),
-    [("abcdef", ["cd"], 2), ("abcdef", ["x", "ef", "bc"], 1), ("abc", ["abcd"], -1), ("", ["a"], -1)],
+    ("pieces", "stops", "expected"),
+    [
+        (["abcdef"], ["cd"], 2),
+        (["ab", "cd", "ef"], ["x", "ef", "bc"], 1),
+        (["a", "b", "c"], ["abcd"], -1),
+        ([""], ["a"], -1),
+        (["aaab", "a"], ["aaba"], 1),  # a partial match that fails must still find the later one
+        (["xx", "abab", "ac"], ["ababac"], 2),
+    ],
 )
-def test_find_stop_returns_where_the_earliest_stop_begins(text, stops, expected):
-    assert find_stop(text, stops) == expected
+def test_the_first_stop_to_complete_is_found_whatever_the_piece_boundaries(pieces, stops, expected):
+    assert feed_pieces(stops, pieces)[0] == expected
 
 
 @pytest.mark.parametrize(
     ("text", "stops", "expected"),
-    [("hello wor", ["world"], 3), ("hello", ["world"], 0), ("abcab", ["abc"], 2), ("xa", ["ab", "a"], 1)],
+    [("hello wor", ["world"], 3), ("hello", ["world"], 0), ("xyab", ["abc"], 2), ("xa", ["ab", "a"], 0),
+     ("aaa", ["aab"], 2)],
 )
-def test_stop_holdback_is_the_longest_tail_that_could_still_become_a_stop(text, stops, expected):
-    assert stop_holdback(text, stops) == expected
+def test_holdback_is_the_longest_tail_that_could_still_become_a_stop(text, stops, expected):
+    found, holdback = feed_pieces(stops, list(text))
+    assert found == -1 or expected == 0
+    if found == -1:
+        assert holdback == expected
+
+
+def test_a_long_stop_string_costs_linear_time():
+    matcher = StopMatcher(["a" * 100_000 + "b"])
+    assert matcher.feed("a" * 200_000) == -1
+    assert matcher.holdback == 100_000
+    assert matcher.feed("b") == 100_000
 
 
 def test_text_with_a_stop_equals_the_text_without_it_cut_before_the_stop(engine):
