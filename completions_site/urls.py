@@ -1,6 +1,6 @@
 """URL routes: the OpenAI-compatible API under /v1, the health check, and the admin."""
 from django.contrib import admin
-from django.urls import path
+from django.urls import path, re_path
 
 from inference import views
 
@@ -17,3 +17,6 @@ urlpatterns = [
 from dashboard.urls import account_urlpatterns, admin_urlpatterns, api_urlpatterns  # noqa: E402
 
 urlpatterns = [*api_urlpatterns, *admin_urlpatterns, *account_urlpatterns, *urlpatterns]
+
+# Any other /v1 URL gets OpenAI's JSON 404, after every real /v1 route above.
+urlpatterns.append(re_path(r"^v1/(?P<path>.*)$", views.not_found))

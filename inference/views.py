@@ -16,7 +16,6 @@ from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
-from django.views.decorators.http import require_GET, require_POST
 
 from keys import limits
 from keys.auth import authenticate, touch_last_used
@@ -44,11 +43,31 @@ def get_engine():
 
     return get_engine()
 
+
 OWNED_BY = "completions-site"
 
 
-@csrf_exempt
-@require_POST
+def api_view(*methods: str):
+    """An API view: CSRF-exempt (keys, not cookies, authenticate it) and answering any other HTTP
+    method with OpenAI's JSON error and a 405, not Django's empty HTML one."""
+
+    def decorate(view):
+        async def wrapper(request: HttpRequest, *args, **kwargs) -> HttpResponse:
+            if request.method not in methods:
+                response = error_response(
+                    APIError(f"Invalid method for URL ({request.method} {request.path})", status=405)
+                )
+                response["Allow"] = ", ".join(methods)
+                return response
+            return await view(request, *args, **kwargs)
+
+        wrapper.__doc__, wrapper.__name__ = view.__doc__, view.__name__
+        return csrf_exempt(wrapper)
+
+    return decorate
+
+
+@api_view("POST")
 async def completions(request: HttpRequest) -> HttpResponse:
     """``POST /v1/completions`` (``CreateCompletionRequest`` → ``CreateCompletionResponse`` or SSE)."""
     completion_id = new_completion_id()
@@ -64,8 +83,8 @@ async def completions(request: HttpRequest) -> HttpResponse:
     except APIError as error:
         await usage.finish(error.status, error_type=error.type)
         response = error_response(error)
-    except BaseException:
-        await usage.finish(500, error_type="server_error")
+    except BaseException as error:  # a disconnect (CancelledError) or a bug
+        await usage.finish(_status_of(error), error_type=_type_of(error))
         raise
     response["x-request-id"] = completion_id
     # --- limits: OpenAI's x-ratelimit-* headers on every answer (keys/limits.py) ---
@@ -114,7 +133,7 @@ async def _start_completion(request: HttpRequest, usage: _Usage) -> HttpResponse
 
 async def _stream(run: CompletionRun, usage: _Usage) -> AsyncIterator[bytes]:
     """The SSE body. A disconnect aborts the generation; the usage record is written either way."""
-    status, error_type = 200, ""
+    error_type = ""
     try:
         async for chunk in sse.with_keepalive(_events(run), settings.API_SSE_KEEPALIVE_SECONDS):
             yield chunk
@@ -124,12 +143,13 @@ async def _stream(run: CompletionRun, usage: _Usage) -> AsyncIterator[bytes]:
     except Exception as error:  # noqa: BLE001 - after the first byte errors go in-band
         logger.exception("Stream %s failed", run.id)
         api_error = _as_api_error(error)
-        status, error_type = api_error.status, api_error.type
+        error_type = api_error.type  # the status stays 200: it was sent with the first byte
         yield sse.event(api_error.to_dict())
         yield sse.DONE
     finally:
         run.abort()
-        await usage.finish(status, error_type=error_type, interrupted=error_type == "interrupted")
+        # 200 whatever happened after the first byte: that is the status the client received.
+        await usage.finish(200, error_type=error_type, interrupted=error_type == "interrupted")
 
 
 async def _events(run: CompletionRun) -> AsyncIterator[bytes]:
@@ -190,7 +210,7 @@ class _Usage:
         interrupted = interrupted or error_type == "interrupted"
         run = self.run if self.admission is not None else None
         finish_reason = "interrupted" if interrupted else (run.finish_reasons if run else "")
-        if error_type and not interrupted and status >= 500:
+        if error_type == "server_error" and not interrupted:
             finish_reason = "error"
         first = run.first_token_at if run else None
         fields = dict(
@@ -246,7 +266,7 @@ def _status_of(error: BaseException) -> int:
     if isinstance(error, APIError):
         return error.status
     if isinstance(error, (asyncio.CancelledError, GeneratorExit)):
-        return 499
+        return 499  # nginx's "client closed request"
     return getattr(error, "status", 500)
 
 
@@ -263,7 +283,7 @@ def _as_api_error(error: BaseException) -> APIError:
                     status=_status_of(error), type="server_error")
 
 
-@require_GET
+@api_view("GET")
 async def models(request: HttpRequest) -> HttpResponse:
     """``GET /v1/models``: ``ListModelsResponse`` with the served model, if the key may use it."""
     try:
@@ -274,7 +294,7 @@ async def models(request: HttpRequest) -> HttpResponse:
     return JsonResponse(model_list(served))
 
 
-@require_GET
+@api_view("GET")
 async def model_detail(request: HttpRequest, model: str) -> HttpResponse:
     """``GET /v1/models/{model}``: the ``Model`` object, or 404 ``model_not_found``."""
     try:
@@ -289,6 +309,12 @@ async def model_detail(request: HttpRequest, model: str) -> HttpResponse:
 def _model() -> dict:
     engine = get_engine()
     return model_object(engine.model_id, engine.created, OWNED_BY)
+
+
+@csrf_exempt
+async def not_found(request: HttpRequest, path: str = "") -> HttpResponse:
+    """Any other ``/v1`` URL: OpenAI's JSON 404 (``Invalid URL (METHOD /path)``)."""
+    return error_response(APIError(f"Invalid URL ({request.method} {request.path})", status=404))
 
 
 async def healthz(request: HttpRequest) -> HttpResponse:

@@ -77,3 +77,18 @@ def test_suffix_on_a_model_without_fill_in_the_middle_tokens_is_a_400_that_says_
     response = server.post({"model": MODEL, "prompt": "def f(", "suffix": "return x"})
     error = assert_error(response, 400, param="suffix")
     assert "fill-in-the-middle" in error["message"]
+
+
+@pytest.mark.parametrize(("method", "path"), [("GET", "/completions"), ("PUT", "/completions"),
+                                              ("DELETE", "/completions"), ("POST", "/models")])
+def test_a_wrong_method_is_a_json_405(server, method, path):
+    response = httpx.request(method, server.api_url + path, headers=server.headers(), json={})
+    assert_error(response, 405)
+    assert response.headers["allow"]
+
+
+@pytest.mark.parametrize("path", ["/nope", "/completions/", "/engines/davinci/completions"])
+def test_an_unknown_v1_url_is_a_json_404(server, path):
+    response = httpx.post(server.api_url + path, headers=server.headers(), json={})
+    error = assert_error(response, 404)
+    assert error["message"] == f"Invalid URL (POST /v1{path})"
