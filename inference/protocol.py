@@ -205,8 +205,8 @@ class CompletionRequest:
             return
         raise APIError(
             f"This model's maximum context length is {context_length} tokens, however you requested "
-            f"{requested} tokens ({prompt_tokens} in your prompt; {self.max_tokens} for the completion). "
-            "Please reduce your prompt; or completion length.",
+            f"{_shorten(str(requested))} tokens ({prompt_tokens} in your prompt; {_shorten(str(self.max_tokens))} "
+            "for the completion). Please reduce your prompt; or completion length.",
             param="prompt" if prompt_tokens >= context_length else "max_tokens",
             code="context_length_exceeded",
         )
