@@ -673,12 +673,20 @@ async def settle(bench: Bench, after: str, limit: float = 8.0) -> None:
         bench.notes.append(f"not idle {limit:.0f} s after {after} {stats or ''}".strip())
 
 
-async def warm_up(bench: Bench) -> None:
-    deadline = asyncio.get_running_loop().time() + 30
+async def warm_up(bench: Bench, limit: float = 40.0) -> None:
+    """A short and a 512-token request, so that first-call costs stay out of the figures.
+
+    Raises when the server answers wrongly (an error, wrong token counts); running out of time on a
+    busy machine is only noted.
+    """
+    deadline = asyncio.get_running_loop().time() + limit
     for length in (SHORT_PROMPT, LONG_PROMPT):
         result = await stream_once(bench.client, bench.server, bench.prompts.make(length), 8, deadline)
-        if result.error or result.cut:
-            raise RuntimeError(f"{bench.server.name}: the warm-up request failed: {result.error or 'timed out'}")
+        if result.cut:
+            bench.notes.append(f"the warm-up ran out of its {limit:.0f} s")
+            return
+        if result.error:
+            raise RuntimeError(f"{bench.server.name}: the warm-up request failed: {result.error}")
         if bench.server.one_chunk_per_token and result.chunks != 8:
             raise RuntimeError(f"{bench.server.name}: the warm-up made {result.chunks} tokens, not 8")
         if result.prompt_tokens not in (None, length):
