@@ -67,7 +67,11 @@ def test_the_dashboard_draws_charts_with_the_real_completions(admin_page, server
         assert sums["Requests"] >= 3 and sums["Input tokens"] > 0 and sums["Output tokens"] >= 7 and sums["Errors"] >= 1
         assert _painted_pixels(admin_page, chart, (79, 127, 217)) > 20  # the input-token bars are drawn
     assert int(admin_page.inner_text("#total-requests").replace(",", "")) >= 3
-    assert "Export CSV" in admin_page.inner_text("#export-csv")
+
+    export = admin_page.request.get(server.base_url + admin_page.locator("#export-csv").get_attribute("href"))
+    lines = export.text().splitlines()
+    assert export.status == 200 and export.headers["content-type"].startswith("text/csv")
+    assert lines[0].startswith("created_at,request_id,username,api_key_prefix") and len(lines) >= 4
 
 
 def test_a_live_figure_changes_over_the_websocket_while_a_completion_runs(admin_page, server):
