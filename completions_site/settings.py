@@ -128,6 +128,7 @@ API_MAX_BODY_BYTES = env.int("API_MAX_BODY_BYTES", default=4 * 1024 * 1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = API_MAX_BODY_BYTES
 API_MAX_LOGPROBS = env.int("API_MAX_LOGPROBS", default=5)
 API_MAX_N = env.int("API_MAX_N", default=20)
+API_MAX_PROMPTS = env.int("API_MAX_PROMPTS", default=64)  # prompts in one request's array
 API_SSE_KEEPALIVE_SECONDS = env.float("API_SSE_KEEPALIVE_SECONDS", default=15.0)
 
 # --- Per-key limits (keys/limits.py) ------------------------------------------------------------

@@ -47,6 +47,8 @@ INVALID_JSON_MESSAGE = (
     "HTTP library correctly. The API expects a JSON payload, but what was sent was not valid JSON.)"
 )
 DEFAULT_MAX_N = 20
+DEFAULT_MAX_PROMPTS = 64
+MAX_TOKEN_ID_DIGITS = 18  # any real vocabulary's ids fit; longer strings would not even fit an int64
 DEFAULT_MAX_LOGPROBS = 5
 LOGIT_BIAS_RANGE = (-100, 100)  # the spec's description: "an associated bias value from -100 to 100"
 INT64_RANGE = (-(2**63), 2**63 - 1)  # seed is ``format: int64`` in the spec
@@ -314,13 +316,23 @@ def _check_prompt(prompt: Prompt | None) -> Prompt:
         # The spec's array-of-strings form has no minItems, but an empty batch asks for nothing.
         raise _param_error("[] should be non-empty", "prompt")
     if all(isinstance(item, str) for item in prompt):
-        return prompt
+        return _check_prompt_count(prompt)
     if all(_is_integer(token) for token in prompt):
         return _token_ids(prompt)
     if all(isinstance(ids, list) and ids and all(_is_integer(token) for token in ids) for ids in prompt):
-        return [_token_ids(ids) for ids in prompt]
+        return _check_prompt_count([_token_ids(ids) for ids in prompt])
     # jsonschema's words for the spec's ``oneOf``, without walking the list four times.
     raise _param_error(f"{_short_repr(prompt)} is not valid under any of the given schemas", "prompt")
+
+
+def _check_prompt_count(prompts: list) -> list:
+    """A batch of prompts, at most ``settings.API_MAX_PROMPTS`` of them (each is one engine request:
+    more than the engine's queue holds could never be served, so it is a 400, not a 503)."""
+    limit = getattr(settings, "API_MAX_PROMPTS", DEFAULT_MAX_PROMPTS)
+    if len(prompts) > limit:
+        raise APIError(f"Too many prompts: {len(prompts)} were sent, at most {limit} are allowed per request.",
+                       param="prompt")
+    return prompts
 
 
 def _token_ids(ids: list[int | float]) -> list[int]:
@@ -338,7 +350,7 @@ def _check_logit_bias(logit_bias: dict[str, Any]) -> dict[str, int]:
     """
     checked: dict[str, int] = {}
     for key, bias in logit_bias.items():
-        if not (key.isascii() and key.isdigit()):
+        if not (key.isascii() and key.isdigit()) or len(key) > MAX_TOKEN_ID_DIGITS:
             message = f"{_short_repr(key)} is not a token id (keys must be integer strings)"
             raise _param_error(message, "logit_bias")
         if not _is_integer(bias):

