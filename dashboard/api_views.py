@@ -5,15 +5,15 @@ import math
 import time
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.views.decorators.http import require_GET
 
 from inference.errors import APIError, error_response
+from inference.views import api_view
 from keys.auth import authenticate, touch_last_used
 
 from .usage_api import parse_usage_query, usage_page
 
 
-@require_GET
+@api_view("GET")
 async def usage_completions(request: HttpRequest) -> HttpResponse:
     """OpenAI's ``UsageResponse`` for the calling key's owner (see ``dashboard/usage_api.py``)."""
     try:
