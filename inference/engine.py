@@ -48,7 +48,7 @@ class EngineConfig:
 
     max_batch_size: int = 32
     max_queue: int = 256
-    prefill_chunk: int = 512
+    prefill_chunk: int = 256
     num_threads: int = 0
 
 
