@@ -66,23 +66,23 @@ def test_penalties_lower_a_generated_tokens_logit_by_count_times_frequency_plus_
                 assert after[other] - after[third] == pytest.approx(before[other] - before[third], abs=2e-3)
 
 
-def test_frequency_penalty_reduces_repetition(server):
-    repetitive = {"prompt": "apple apple apple apple apple apple apple", "max_tokens": 12, "temperature": 0,
-                  "logprobs": 0, "logit_bias": NO_EOS}
-
-    def repeats(frequency_penalty: float) -> int:
-        tokens = complete(server, **repetitive, frequency_penalty=frequency_penalty)["choices"][0]["logprobs"]["tokens"]
-        return len(tokens) - len(set(tokens))
-
-    assert repeats(2.0) < repeats(0.0)
+REPETITIVE = {"prompt": "apple apple apple apple apple apple apple", "max_tokens": 10, "temperature": 0,
+              "logprobs": 0, "logit_bias": NO_EOS}
 
 
-def test_presence_penalty_reduces_repetition(server):
-    repetitive = {"prompt": "apple apple apple apple apple apple apple", "max_tokens": 12, "temperature": 0,
-                  "logprobs": 0, "logit_bias": NO_EOS}
-    tokens = complete(server, **repetitive, presence_penalty=2.0)["choices"][0]["logprobs"]["tokens"]
-    plain = complete(server, **repetitive)["choices"][0]["logprobs"]["tokens"]
-    assert len(tokens) - len(set(tokens)) < len(plain) - len(set(plain))
+def _repeats(answer: dict) -> int:
+    tokens = answer["choices"][0]["logprobs"]["tokens"]
+    return len(tokens) - len(set(tokens))
+
+
+@pytest.fixture(scope="module")
+def unpenalised_repeats(server) -> int:
+    return _repeats(complete(server, **REPETITIVE))
+
+
+@pytest.mark.parametrize("penalty", ["frequency_penalty", "presence_penalty"])
+def test_a_penalty_of_2_reduces_repetition_on_a_repetitive_greedy_prompt(server, unpenalised_repeats, penalty):
+    assert _repeats(complete(server, **REPETITIVE, **{penalty: 2.0})) < unpenalised_repeats
 
 
 @pytest.mark.parametrize(
