@@ -139,6 +139,23 @@ def stop_server(server: LiveServer) -> None:
         server.process.wait(timeout=20)
     except subprocess.TimeoutExpired:
         server.process.kill()
+    forget_limit_counters(server.env)
+
+
+def forget_limit_counters(env: dict) -> None:
+    """Delete a stopped server's limit counters from Redis (a month's counter would stay 40 days)."""
+    url, prefix = env.get("REDIS_URL"), env.get("API_LIMITS_REDIS_PREFIX")
+    if not url or not prefix:
+        return
+    import redis
+
+    try:
+        client = redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=5)
+        keys = list(client.scan_iter(match=prefix + "*", count=1000))
+        if keys:
+            client.delete(*keys)
+    except (redis.RedisError, OSError):
+        pass  # Redis went away first: nothing to tidy
 
 
 @pytest.fixture(scope="session")

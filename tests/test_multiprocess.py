@@ -97,19 +97,9 @@ def cluster(tmp_path_factory) -> Cluster:
         yield Cluster(servers, database_url, prefix)
     finally:
         for server in servers:
-            stop_server(server)
+            stop_server(server)  # which deletes the shared prefix's counters too
         with psycopg.connect(POSTGRES_URL, autocommit=True) as admin:
             admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-        _forget_redis_keys(prefix)
-
-
-def _forget_redis_keys(prefix: str) -> None:
-    import redis
-
-    client = redis.Redis.from_url(TEST_REDIS_URL)
-    keys = list(client.scan_iter(match=prefix + "*", count=1000))
-    if keys:
-        client.delete(*keys)
 
 
 def test_a_key_with_rpm_10_gets_exactly_10_successes_out_of_30_requests_over_both_processes(cluster):
