@@ -3,7 +3,8 @@
 transformers' ``DynamicLayer`` concatenates every step, copying the whole cache once per token
 (at 32 rows of 512 tokens that is hundreds of megabytes a step).  :class:`GrowingLayer` keeps each
 layer's keys and values in a buffer with spare columns and writes a step's new column in place;
-it copies only when the buffer is full (growing by half) or when rows join or leave the batch.
+it copies only when the buffer is full (growing by a fixed number of columns, so memory stays
+close to what the rows use) or when rows join or leave the batch.
 
 Rows are left-padded: every row's last token is in the same column, so a decode step appends one
 column for all rows.  The engine keeps the matching ``attention_mask`` (0 on padding).
@@ -14,7 +15,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-MIN_SPARE_COLUMNS = 64
+SPARE_COLUMNS = 128  # a full buffer is copied once per this many decode steps
 
 
 class GrowingLayer(DynamicLayer):
@@ -54,7 +55,7 @@ class GrowingLayer(DynamicLayer):
 
     def _reserve(self, like: torch.Tensor, columns: int) -> None:
         """Grow the buffers to at least ``columns`` plus spare room, keeping the used columns."""
-        capacity = columns + max(MIN_SPARE_COLUMNS, columns // 2)
+        capacity = columns + SPARE_COLUMNS
         batch, heads, _, dim = like.shape
         key_buffer = like.new_zeros(batch, heads, capacity, dim)
         value_buffer = like.new_zeros(batch, heads, capacity, dim)
