@@ -537,11 +537,11 @@ class Engine:
         """Pick each sequence's next token from its row of ``logits`` ``[batch, vocab]`` (float32)."""
         for row, seq in enumerate(sequences):
             request = seq.request
-            if request.params.logit_bias:
-                logits[row].index_add_(0, request.bias_ids, request.bias_values)
+            params = request.params
+            if params.logit_bias:
+                sampling.apply_logit_bias(logits[row], request.bias_ids, request.bias_values)
             if seq.counts is not None:
-                params = request.params
-                logits[row] -= seq.counts * params.frequency_penalty + (seq.counts > 0) * params.presence_penalty
+                sampling.apply_penalties(logits[row], seq.counts, params.presence_penalty, params.frequency_penalty)
         temperature = torch.tensor(
             [0.0 if seq.request.params.greedy else seq.request.params.temperature for seq in sequences],
             device=logits.device,

@@ -60,23 +60,21 @@ class SamplingParams:
         return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
 
-def apply_logit_bias(logits: torch.Tensor, rows: torch.Tensor, token_ids: torch.Tensor, bias: torch.Tensor) -> None:
-    """Add ``bias[k]`` to ``logits[rows[k], token_ids[k]]`` in place.
+def apply_logit_bias(logits: torch.Tensor, token_ids: torch.Tensor, bias: torch.Tensor) -> None:
+    """Add ``bias[k]`` to ``logits[token_ids[k]]`` in place.
 
-    ``logits``: ``[batch, vocab]`` float32; ``rows``, ``token_ids``: ``[k]`` int64; ``bias``: ``[k]``.
+    ``logits``: one row, ``[vocab]`` float32; ``token_ids``: ``[k]`` int64; ``bias``: ``[k]`` float32.
     """
-    logits.index_put_((rows, token_ids), bias, accumulate=True)
+    logits.index_add_(0, token_ids, bias)
 
 
-def apply_penalties(
-    logits: torch.Tensor, counts: torch.Tensor, presence: torch.Tensor, frequency: torch.Tensor
-) -> None:
-    """OpenAI's presence and frequency penalties, in place.
+def apply_penalties(logits: torch.Tensor, counts: torch.Tensor, presence: float, frequency: float) -> None:
+    """OpenAI's presence and frequency penalties, in place, on one row.
 
-    ``logits``, ``counts``: ``[batch, vocab]`` (``counts`` are how often each token was generated
-    so far in that row); ``presence``, ``frequency``: ``[batch]``.
+    ``logits``, ``counts``: ``[vocab]`` (``counts``: how often each token was generated so far):
+    ``logits[j] -= counts[j] * frequency + (counts[j] > 0) * presence``.
     """
-    logits -= counts * frequency[:, None] + (counts > 0).to(logits.dtype) * presence[:, None]
+    logits -= counts * frequency + (counts > 0).to(logits.dtype) * presence
 
 
 def apply_temperature(logits: torch.Tensor, temperature: torch.Tensor) -> None:
