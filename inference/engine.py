@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import itertools
 import logging
 import threading
 import time
@@ -41,6 +40,7 @@ logger = logging.getLogger(__name__)
 
 FIM_TOKENS = ("<fim_prefix>", "<fim_suffix>", "<fim_middle>")
 IDLE_PREFILL_CHUNK = 2048
+RATE_WINDOW_SECONDS = 10.0  # the window of stats()'s tokens_per_second
 
 
 @dataclass(frozen=True)
@@ -217,13 +217,13 @@ class Engine:
         """Live figures: ``running`` and ``waiting`` requests, ``tokens_per_second`` over 10 s."""
         now = time.monotonic()
         with self._lock:
-            recent = [(t, n) for t, n in self._recent_tokens if now - t <= 10.0]
+            tokens = sum(n for t, n in self._recent_tokens if now - t <= RATE_WINDOW_SECONDS)
             running = len({id(s.request) for s in self._running})
             waiting = len(self._waiting) + len(self._inbox)
         return {
             "running": running,
             "waiting": waiting,
-            "tokens_per_second": round(sum(n for _, n in recent) / 10.0, 1),
+            "tokens_per_second": round(tokens / RATE_WINDOW_SECONDS, 1),
         }
 
     def encode(self, text: str) -> list[int]:
@@ -646,17 +646,14 @@ class Engine:
     def _publish(self, sequences: list[_Sequence]) -> None:
         """Send each request its sequences' released outputs for this step."""
         by_request: dict[int, tuple[_Request, list[CompletionOutput]]] = {}
-        produced = 0
         for seq in sequences:
             output = self._release(seq)
-            produced += 1
-            if output is None:
-                continue
-            by_request.setdefault(id(seq.request), (seq.request, []))[1].append(output)
+            if output is not None:
+                by_request.setdefault(id(seq.request), (seq.request, []))[1].append(output)
         now = time.monotonic()
         with self._lock:
-            self._recent_tokens.append((now, produced))
-            while self._recent_tokens and now - self._recent_tokens[0][0] > 10.0:
+            self._recent_tokens.append((now, len(sequences)))  # one token sampled per sequence
+            while self._recent_tokens and now - self._recent_tokens[0][0] > RATE_WINDOW_SECONDS:
                 self._recent_tokens.popleft()
         for request, outputs in by_request.values():
             prompt_logprobs, request.prompt_logprobs = request.prompt_logprobs, None
@@ -666,7 +663,7 @@ class Engine:
     def _fail_all(self, error: EngineError) -> None:
         """Fail every running and waiting request with ``error`` and reset the batch."""
         requests = {id(seq.request): seq.request for seq in self._running}
-        requests.update({id(r): r for r in itertools.chain(self._waiting)})
+        requests.update({id(r): r for r in self._waiting})
         with self._lock:
             requests.update({id(r): r for r in self._inbox})
             self._inbox.clear()
