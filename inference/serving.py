@@ -81,12 +81,12 @@ class CompletionRun:
     time for accounting.
     """
 
-    def __init__(self, engine: Engine, request: CompletionRequest, completion_id: str, ignore_eos: bool = False) -> None:
+    def __init__(self, engine: Engine, request: CompletionRequest, completion_id: str) -> None:
         self.engine = engine
         self.request = request
         self.id = completion_id
         self.created = int(time.time())
-        self.params = request.sampling_params(ignore_eos=ignore_eos)
+        self.params = request.sampling_params()
         if self.params.best_of > self.params.n and self.params.logprobs is None:
             # best_of ranks candidates by the mean log-probability of the tokens they return, so
             # the engine must hand those back even when the client did not ask for logprobs.
