@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import sampling
+from . import memory, sampling
 from .kv_cache import BatchKVCache
 from .model_loader import ModelConfig, load_model
 from .outputs import (  # noqa: F401  (re-exported: the engine's API)
@@ -187,6 +187,7 @@ class Engine:
         self._recent_tokens: collections.deque[tuple[float, int]] = collections.deque()
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self._trimmed = False  # whether memory.trim() ran since the batch last emptied
 
     # --- the asyncio side ----------------------------------------------------------------------
 
@@ -318,7 +319,7 @@ class Engine:
         self.tokenizer = tokenizer
         config = model.config.get_text_config(decoder=True)
         self.max_context = int(getattr(config, "max_position_embeddings", 0) or tokenizer.model_max_length)
-        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.vocab_size = int(model.get_output_embeddings().out_features)
         eos = set()
         for source in (model.generation_config.eos_token_id, tokenizer.eos_token_id):
             if isinstance(source, int):
@@ -333,9 +334,13 @@ class Engine:
     def _loop_once(self) -> None:
         self._take_inbox()
         if not self._running and not self._waiting:
+            if not self._trimmed:  # the batch just emptied: its freed memory goes back to the system
+                memory.trim()
+                self._trimmed = True
             self._wakeup.wait(timeout=1.0)
             self._wakeup.clear()
             return
+        self._trimmed = False
         try:
             if self._waiting and self._has_room_for(self._waiting[0]):
                 self._prefill()

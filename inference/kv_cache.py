@@ -15,7 +15,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-SPARE_COLUMNS = 128  # a full buffer is copied once per this many decode steps
+SPARE_COLUMNS = 32  # a full buffer is copied once per this many decode steps
 
 
 class GrowingLayer(DynamicLayer):

@@ -1,6 +1,7 @@
 """End to end: several clients at once each get complete answers; a slow reader stalls nobody."""
 from __future__ import annotations
 
+import json
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -30,7 +31,8 @@ def test_concurrent_clients_each_get_a_complete_answer(openai_client):
 
 def test_concurrent_streams_each_end_with_done(server):
     def stream_one(prompt: str) -> list[str]:
-        body = {"model": MODEL, "prompt": prompt, "max_tokens": 10, "stream": True, "logit_bias": {"2": -100}}
+        body = {"model": MODEL, "prompt": prompt, "max_tokens": 10, "stream": True, "logit_bias": {"2": -100},
+                "stream_options": {"include_usage": True}}
         with httpx.stream("POST", server.api_url + "/completions", json=body, headers=server.headers(), timeout=120) as r:
             return [line for line in r.iter_lines() if line.startswith("data: ")]
 
@@ -38,7 +40,12 @@ def test_concurrent_streams_each_end_with_done(server):
         streams = list(pool.map(stream_one, PROMPTS[:4]))
     for lines in streams:
         assert lines[-1] == "data: [DONE]"
-        assert len(lines) == 11  # ten tokens, then [DONE]
+        chunks = [json.loads(line[len("data: "):]) for line in lines[:-1]]
+        assert chunks[-1]["usage"]["completion_tokens"] == 10
+        # One chunk per token, except that a token ending inside a UTF-8 character waits for the next.
+        text_chunks = chunks[:-1]
+        assert 1 <= len(text_chunks) <= 10
+        assert text_chunks[-1]["choices"][0]["finish_reason"] == "length"
 
 
 def test_a_client_that_does_not_read_does_not_stall_the_others(server):
