@@ -1,7 +1,8 @@
 """The ASGI entry point served by daphne: ``daphne completions_site.asgi:application``.
 
-HTTP goes to Django (static files included); WebSockets go to the channels routes of
-``dashboard/routing.py``.
+HTTP goes to Django: ``/v1/...`` and ``/healthz`` through a handler without the browser
+middleware, every other path (the admin, the dashboard, static files) through the full one;
+WebSockets go to the channels routes of ``dashboard/routing.py``.
 
 Starting the server also starts the engine's worker thread, which loads the model in the
 background (``/healthz`` answers 503 until it is ready).  The system checks run first, so a
@@ -14,9 +15,13 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "completions_site.settings")
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 from django.core.asgi import get_asgi_application  # noqa: E402
 
+from completions_site.handlers import APIHandler, route  # noqa: E402
+
 # The admin's CSS and JavaScript come from the apps' static folders through Django's own handler,
-# so a fresh checkout needs no collectstatic and no separate file server.
-http_application = ASGIStaticFilesHandler(get_asgi_application())
+# so a fresh checkout needs no collectstatic and no separate file server.  The API's paths skip
+# the browser middleware (completions_site/handlers.py).
+site_application = ASGIStaticFilesHandler(get_asgi_application())
+http_application = route(APIHandler(), site_application)
 
 # --- WebSockets (the dashboard app): the staff dashboard's live engine figures, through channels.
 # Session auth gives the consumer its user; the origin must be one of ALLOWED_HOSTS.
