@@ -1,14 +1,20 @@
 """The engine: one per process, owning the model, the tokenizer, a worker thread and its queue.
 
 Requests are scheduled with continuous batching (iteration-level scheduling, Yu et al. 2022,
-"Orca"): every loop of the worker runs one chunk of prefill for the oldest waiting request, then
-one decode step for every running sequence of the model.  New sequences join the running batch
-after their prefill; finished and aborted ones leave it before the next step.  The running batch's
-``past_key_values`` are one left-padded ``DynamicCache``: joining pads the shorter side on the
-left, leaving selects rows and trims columns that are padding in every row.
+"Orca"): every loop of the worker runs one prefill pass (several short prompts together, or one
+chunk of a long one), then one decode step for every running sequence of the model.  New
+sequences join the running batch after their prefill; finished and aborted ones leave it before
+the next step.  The running batch's ``past_key_values`` are one left-padded cache
+(:class:`~inference.kv_cache.BatchKVCache`): joining pads the shorter side on the left, leaving
+selects rows and trims columns that are padding in every row.
 
-Torch runs only in the worker thread.  The asyncio side calls :meth:`Engine.generate`, an async
-iterator of :class:`RequestOutput`, fed from the worker with ``loop.call_soon_threadsafe``.
+transformers' own continuous batching (``generation/continuous_batching``) was the first choice;
+it takes per-request temperature, top-k and top-p only (no per-request ``logit_bias``,
+penalties, seeded generators, top logprobs or stop strings), so the engine schedules itself.
+
+Torch runs only in the worker thread.  The asyncio side calls :meth:`Engine.submit`, which returns
+a :class:`RequestStream` (an async iterator of :class:`RequestOutput`) fed from the worker with
+``loop.call_soon_threadsafe``.
 """
 from __future__ import annotations
 
