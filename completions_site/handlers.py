@@ -9,19 +9,25 @@ cookies).  :class:`APIHandler` serves ``/v1/...`` and ``/healthz`` with none of 
 """
 from __future__ import annotations
 
-from django.core.handlers.asgi import ASGIHandler
+import logging
+
+from django.core.exceptions import DisallowedHost
+from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.core.handlers.exception import convert_exception_to_response
 
-API_PATH_PREFIXES = ("/v1/", "/healthz")
+from inference.errors import APIError, error_response
+
+security_logger = logging.getLogger("django.security.DisallowedHost")
 
 
 class APIHandler(ASGIHandler):
     """``ASGIHandler`` with an empty middleware chain (what ``MIDDLEWARE = []`` would build).
 
     The views still get Django's request, URL routing, exception handling and the request
-    signals (which close stale database connections).  Responses gain
-    ``X-Content-Type-Options: nosniff``, the one header of ``SecurityMiddleware`` that an API
-    answer needs.
+    signals (which close stale database connections).  Of the middleware's work the API keeps
+    two parts: the ``Host`` header must be in ``ALLOWED_HOSTS`` (``CommonMiddleware`` checked it;
+    here a refusal is OpenAI's JSON 400), and responses carry ``X-Content-Type-Options: nosniff``
+    (``SecurityMiddleware``).
     """
 
     def load_middleware(self, is_async: bool = False) -> None:
@@ -29,21 +35,32 @@ class APIHandler(ASGIHandler):
         self._middleware_chain = convert_exception_to_response(self._get_response_async)
 
     async def get_response_async(self, request):
-        response = await super().get_response_async(request)
+        try:
+            request.get_host()
+        except DisallowedHost as error:
+            security_logger.warning("%s", error)
+            response = error_response(APIError("Invalid Host header.", status=400))
+        else:
+            response = await super().get_response_async(request)
         response.headers.setdefault("X-Content-Type-Options", "nosniff")
         return response
 
 
-def is_api_path(path: str) -> bool:
-    """Whether an HTTP path is served by :class:`APIHandler` (``/v1``, ``/v1/...``, ``/healthz``)."""
-    return path == "/v1" or path.startswith(API_PATH_PREFIXES)
+def is_api_path(path_info: str) -> bool:
+    """Whether a request's path, below the script prefix, is the API's (``/v1/...``, ``/healthz``)."""
+    return path_info.startswith("/v1/") or path_info == "/healthz"
 
 
 def route(api_application, site_application):
-    """An ASGI app sending HTTP requests for API paths to ``api_application``, the rest to ``site_application``."""
+    """An ASGI app sending HTTP requests for API paths to ``api_application``, the rest to ``site_application``.
+
+    It decides on the path Django routes on: the request's path without its script prefix
+    (``root_path``, which a proxy may set with daphne's ``Daphne-Root-Path`` header), so that no
+    path reaches a non-API view through the API's handler.
+    """
 
     async def application(scope, receive, send):
-        if scope["type"] == "http" and is_api_path(scope["path"]):
+        if scope["type"] == "http" and is_api_path(scope["path"].removeprefix(get_script_prefix(scope))):
             return await api_application(scope, receive, send)
         return await site_application(scope, receive, send)
 

@@ -53,7 +53,10 @@ class FusedProjections:
     Each original layer is replaced by a :class:`ProjectionSlice`.  The first slice called with an
     input computes every projection of it; the others, called with the same tensor, take their
     columns of that result, which is then dropped once every slice has taken its part.  A slice
-    called with another input computes anew, so any calling order stays correct.
+    called with another input computes anew, so any calling order stays correct.  (The input is
+    matched by identity: a model that changed it in place between two slices' calls would get
+    the earlier result, and inference tensors keep no version counter to tell.  The attention
+    and MLP blocks of transformers' models pass one unchanged tensor to all of them.)
     """
 
     def __init__(self, linears: list[torch.nn.Linear]) -> None:

@@ -1,20 +1,42 @@
 """The API's paths skip the browser middleware; the admin keeps all of it (completions_site/handlers.py)."""
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 import pytest
 
-from completions_site.handlers import is_api_path
+from completions_site.handlers import is_api_path, route
 from tests.live_server import MODEL
 
 
 @pytest.mark.parametrize(
     ("path", "api"),
-    [("/v1", True), ("/v1/completions", True), ("/v1/models/x", True), ("/healthz", True),
-     ("/admin/", False), ("/v1completions", False), ("/account/", False), ("/static/x.css", False), ("/", False)],
+    [("/v1/completions", True), ("/v1/models/x", True), ("/v1/", True), ("/healthz", True),
+     ("/v1", False), ("/healthz/", False), ("/healthzadmin", False), ("/admin/", False),
+     ("/v1completions", False), ("/account/", False), ("/static/x.css", False), ("/", False)],
 )
 def test_which_paths_the_api_handler_serves(path, api):
     assert is_api_path(path) is api
+
+
+@pytest.mark.parametrize(
+    ("path", "root_path", "served_by"),
+    [("/v1/completions", "", "api"), ("/api/v1/completions", "/api", "api"),
+     # A script prefix (daphne takes it from a Daphne-Root-Path header) is not part of the routed path.
+     ("/v1/admin/", "/v1", "site"), ("/healthz/admin/login/", "/healthz", "site"), ("/admin/", "", "site")],
+)
+def test_route_decides_on_the_path_django_routes_on(path, root_path, served_by):
+    calls = []
+
+    def app(name):
+        async def application(scope, receive, send):
+            calls.append(name)
+
+        return application
+
+    asyncio.run(route(app("api"), app("site"))({"type": "http", "path": path, "root_path": root_path}, None, None))
+    assert calls == [served_by]
 
 
 @pytest.mark.e2e
@@ -36,3 +58,19 @@ def test_the_admin_still_runs_the_full_middleware(server):
     assert response.status_code == 200
     assert response.headers["X-Frame-Options"] == "DENY"
     assert "csrftoken" in response.cookies
+
+
+@pytest.mark.e2e
+def test_a_script_prefix_header_cannot_take_a_site_page_through_the_api_handler(server):
+    response = httpx.get(server.base_url + "/v1/admin/", headers={"Daphne-Root-Path": "/v1"})
+    assert response.status_code == 302  # the admin's login redirect: its middleware ran
+    assert response.headers["X-Frame-Options"] == "DENY"
+
+
+@pytest.mark.e2e
+def test_a_host_outside_allowed_hosts_gets_a_json_400_on_the_api(server):
+    response = httpx.get(server.api_url + "/models", headers={**server.headers(), "Host": "evil.example"})
+    assert response.status_code == 400
+    assert response.json() == {"error": {"message": "Invalid Host header.", "type": "invalid_request_error",
+                                         "param": None, "code": None}}
+    assert httpx.get(server.base_url + "/healthz", headers={"Host": "evil.example"}).status_code == 400
