@@ -20,3 +20,8 @@ urlpatterns = [*api_urlpatterns, *admin_urlpatterns, *account_urlpatterns, *urlp
 
 # Any other /v1 URL gets OpenAI's JSON 404, after every real /v1 route above.
 urlpatterns.append(re_path(r"^v1/(?P<path>.*)$", views.not_found))
+
+# Errors Django raises before any view answers (a 400 for too many fields, an uncaught 500) are
+# OpenAI's JSON on the API's paths.
+handler400 = views.bad_request
+handler500 = views.server_error

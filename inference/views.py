@@ -15,7 +15,10 @@ from collections.abc import AsyncIterator
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.views import defaults
 from django.views.decorators.csrf import csrf_exempt
+
+from completions_site.handlers import is_api_path
 
 from keys import limits
 from keys.auth import authenticate, touch_last_used
@@ -315,6 +318,23 @@ def _model() -> dict:
 async def not_found(request: HttpRequest, path: str = "") -> HttpResponse:
     """Any other ``/v1`` URL: OpenAI's JSON 404 (``Invalid URL (METHOD /path)``)."""
     return error_response(APIError(f"Invalid URL ({request.method} {request.path})", status=404))
+
+
+def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
+    """``handler400``: a request Django refuses before any view (too many query fields, say) gets
+    OpenAI's JSON 400 on the API's paths and Django's page elsewhere.  (With ``DEBUG`` on, Django
+    shows its technical page instead.)"""
+    if is_api_path(request.path_info):
+        return error_response(APIError(str(exception) or "Bad request.", status=400))
+    return defaults.bad_request(request, exception)
+
+
+def server_error(request: HttpRequest) -> HttpResponse:
+    """``handler500``: OpenAI's JSON 500 on the API's paths, Django's page elsewhere."""
+    if is_api_path(request.path_info):
+        return error_response(APIError("The server had an error while processing your request.", status=500,
+                                       type="server_error"))
+    return defaults.server_error(request)
 
 
 async def healthz(request: HttpRequest) -> HttpResponse:

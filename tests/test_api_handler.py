@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import httpx
 import pytest
@@ -74,3 +75,25 @@ def test_a_host_outside_allowed_hosts_gets_a_json_400_on_the_api(server):
     assert response.json() == {"error": {"message": "Invalid Host header.", "type": "invalid_request_error",
                                          "param": None, "code": None}}
     assert httpx.get(server.base_url + "/healthz", headers={"Host": "evil.example"}).status_code == 400
+
+
+@pytest.mark.parametrize(("path", "api"), [("/v1/usage/completions", True), ("/admin/", False)])
+def test_django_refusals_before_any_view_are_openai_json_on_api_paths(path, api):
+    from django.core.exceptions import TooManyFieldsSent
+    from django.test import RequestFactory
+
+    from completions_site import urls
+    from inference import views
+
+    assert (urls.handler400, urls.handler500) == (views.bad_request, views.server_error)
+    request = RequestFactory().get(path)
+    refused = views.bad_request(request, TooManyFieldsSent("The number of GET/POST parameters exceeded 1000."))
+    failed = views.server_error(request)
+    assert (refused.status_code, failed.status_code) == (400, 500)
+    if api:
+        assert json.loads(refused.content)["error"] == {
+            "message": "The number of GET/POST parameters exceeded 1000.", "type": "invalid_request_error",
+            "param": None, "code": None}
+        assert json.loads(failed.content)["error"]["type"] == "server_error"
+    else:
+        assert refused["Content-Type"].startswith("text/html") and failed["Content-Type"].startswith("text/html")
