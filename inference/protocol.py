@@ -48,6 +48,7 @@ INVALID_JSON_MESSAGE = (
 )
 DEFAULT_MAX_N = 20
 DEFAULT_MAX_PROMPTS = 64
+DEFAULT_MAX_QUEUE = 256  # ENGINE_MAX_QUEUE's default
 MAX_TOKEN_ID_DIGITS = 18  # any real vocabulary's ids fit; longer strings would not even fit an int64
 DEFAULT_MAX_LOGPROBS = 5
 LOGIT_BIAS_RANGE = (-100, 100)  # the spec's description: "an associated bias value from -100 to 100"
@@ -326,9 +327,11 @@ def _check_prompt(prompt: Prompt | None) -> Prompt:
 
 
 def _check_prompt_count(prompts: list) -> list:
-    """A batch of prompts, at most ``settings.API_MAX_PROMPTS`` of them (each is one engine request:
-    more than the engine's queue holds could never be served, so it is a 400, not a 503)."""
-    limit = getattr(settings, "API_MAX_PROMPTS", DEFAULT_MAX_PROMPTS)
+    """A batch of prompts, at most ``settings.API_MAX_PROMPTS`` of them, and never more than the
+    engine's queue holds (``ENGINE_MAX_QUEUE``): each prompt is one engine request, so a larger
+    batch could only ever get a 503; it is a 400."""
+    limit = min(getattr(settings, "API_MAX_PROMPTS", DEFAULT_MAX_PROMPTS),
+                getattr(settings, "ENGINE_MAX_QUEUE", DEFAULT_MAX_QUEUE))
     if len(prompts) > limit:
         raise APIError(f"Too many prompts: {len(prompts)} were sent, at most {limit} are allowed per request.",
                        param="prompt")

@@ -108,19 +108,8 @@ class CompletionRun:
         return ",".join(sorted(set(self._finish.values())))
 
     async def prepare(self) -> None:
-        """Tokenise every prompt (in a thread: a long prompt must not stall the event loop).
-
-        Raises ``APIError`` 400 (``param: "prompt"``) for more prompts than the engine's queue can
-        ever hold: each prompt is one engine request, and such a batch could only ever get a 503.
-        """
+        """Tokenise every prompt (in a thread: a long prompt must not stall the event loop)."""
         engine, request = self.engine, self.request
-        max_prompts = engine.config.max_queue
-        if len(request.prompts) > max_prompts:
-            raise APIError(
-                f"{len(request.prompts)} prompts is greater than the maximum of {max_prompts} prompts "
-                "in one request - 'prompt'",
-                param="prompt",
-            )
         request.check_token_ids(engine.vocab_size)
         for prompt in request.prompts:
             if request.suffix:
