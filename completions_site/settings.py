@@ -154,11 +154,11 @@ LOGIN_REDIRECT_URL = "account:overview"
 LOGOUT_REDIRECT_URL = "account:login"
 # The dashboard's WebSocket joins a channel-layer group: in-process by default; with REDIS_URL
 # (e.g. redis://localhost:6379/0) the Redis layer carries events between server processes.
-if env.str("REDIS_URL", default=""):
+if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [env.str("REDIS_URL")]},
+            "CONFIG": {"hosts": [REDIS_URL]},
         }
     }
 else:

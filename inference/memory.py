@@ -8,11 +8,13 @@ Elsewhere (musl, macOS) both functions do nothing.
 from __future__ import annotations
 
 import ctypes
+import functools
 import sys
 
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number (malloc.h)
 
 
+@functools.cache
 def _libc() -> ctypes.CDLL | None:
     if sys.platform != "linux":
         return None

@@ -136,4 +136,3 @@ def load_model(config: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenize
         "Loaded %s (%s, %s on %s) in %.1f s", config.model_id, source, dtype, device, time.perf_counter() - started
     )
     return model, tokenizer, device
-

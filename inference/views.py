@@ -152,7 +152,7 @@ async def _stream(run: CompletionRun, usage: _Usage) -> AsyncIterator[bytes]:
     finally:
         run.abort()
         # 200 whatever happened after the first byte: that is the status the client received.
-        await usage.finish(200, error_type=error_type, interrupted=error_type == "interrupted")
+        await usage.finish(200, error_type=error_type)
 
 
 async def _events(run: CompletionRun) -> AsyncIterator[bytes]:
@@ -201,7 +201,7 @@ class _Usage:
             self.limit_headers = await limits.current_headers(self.api_key)
         return self.limit_headers
 
-    async def finish(self, status: int, *, error_type: str = "", interrupted: bool = False) -> None:
+    async def finish(self, status: int, *, error_type: str = "") -> None:
         """Write the record once and settle the reservation; shielded, so a disconnect cannot cancel them.
 
         Tokens are recorded only for a request the limits admitted: one they refused never
@@ -210,7 +210,7 @@ class _Usage:
         if self.written:
             return
         self.written = True
-        interrupted = interrupted or error_type == "interrupted"
+        interrupted = error_type == "interrupted"
         run = self.run if self.admission is not None else None
         finish_reason = "interrupted" if interrupted else (run.finish_reasons if run else "")
         if error_type == "server_error" and not interrupted:
