@@ -123,8 +123,7 @@ def chart_data(buckets: list[dict[str, Any]], unit: str) -> dict[str, list]:
     """Bucket lists as Chart.js wants them: one label list and one list per figure."""
     label = "%H:00" if unit == "hour" else "%b %d"
     data: dict[str, list] = {"labels": [bucket["start"].strftime(label) for bucket in buckets]}
-    data["starts"] = [bucket["start"].isoformat() for bucket in buckets]
-    for name in ("requests", "input_tokens", "output_tokens", "tokens", "errors", "rate_limited"):
+    for name in ("requests", "input_tokens", "output_tokens", "tokens", "errors"):
         data[name] = [bucket[name] for bucket in buckets]
     return data
 

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from django.conf import settings
 from django.contrib import messages
 from django.contrib.admin.models import ADDITION, CHANGE, LogEntry
 from django.contrib.auth import get_user_model, login
@@ -27,6 +26,7 @@ from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_POST
 
+from keys.limits import Limits
 from keys.models import APIKey
 
 from . import stats
@@ -34,14 +34,13 @@ from .forms import CreateKeyForm, SignupForm
 from .models import AccountSettings
 
 USAGE_DAYS = 30
-# The per-key limits of keys.models.APIKey: (label, field, setting of the default).  They are read
-# with getattr so that this page also works with a model that lacks them.  A key's empty limit
-# means the default; 0 means no limit.
+# The per-key limits shown: (label, keys.models.APIKey field, keys.limits.Limits attribute).  A
+# key's empty limit means the default; 0 means no limit.
 LIMITS = (
-    ("Requests/min", "rpm_limit", "API_DEFAULT_RPM"),
-    ("Tokens/min", "tpm_limit", "API_DEFAULT_TPM"),
-    ("Concurrent", "max_concurrent", "API_DEFAULT_MAX_CONCURRENT"),
-    ("Tokens/month", "monthly_token_quota", "API_DEFAULT_MONTHLY_TOKENS"),
+    ("Requests/min", "rpm_limit", "rpm"),
+    ("Tokens/min", "tpm_limit", "tpm"),
+    ("Concurrent", "max_concurrent", "max_concurrent"),
+    ("Tokens/month", "monthly_token_quota", "monthly_tokens"),
 )
 
 
@@ -175,28 +174,19 @@ def key_limits(api_key: APIKey) -> list[dict[str, Any]]:
 
     ``default`` says the key has no limit of its own and the site's default applies.
     """
+    in_force = Limits.of(api_key)
     found = []
-    for label, field, setting in LIMITS:
-        value = getattr(api_key, field, None)
-        default = value is None
-        if default:
-            value = getattr(settings, setting, None)
-        if value is None:
-            continue
+    for label, field, attribute in LIMITS:
+        value = getattr(in_force, attribute)
+        default = getattr(api_key, field) is None
         found.append({"label": label, "value": "no limit" if value == 0 else f"{value:,}", "default": default})
-    models = getattr(api_key, "allowed_models", None)
-    if models is not None:
-        names = [name.strip() for name in str(models).split(",") if name.strip()]
-        found.append({"label": "Models", "value": ", ".join(names) or "all", "default": False})
+    found.append({"label": "Models", "value": ", ".join(api_key.models) or "all", "default": False})
     return found
 
 
 def monthly_quota(api_key: APIKey) -> int | None:
     """The key's tokens per month in force (its own or the default), ``None`` without a limit."""
-    value = getattr(api_key, "monthly_token_quota", None)
-    if value is None:
-        value = getattr(settings, "API_DEFAULT_MONTHLY_TOKENS", None)
-    return value or None
+    return Limits.of(api_key).monthly_tokens or None
 
 
 def _for(account: Account) -> str:
