@@ -63,7 +63,6 @@ import platform
 import random
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -82,7 +81,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from inference.model_loader import converted_gguf_dir, embedded_gguf_path  # noqa: E402
-from tests.live_server import start_server, stop_server  # noqa: E402
+from tests.live_server import MODEL, free_port, start_server, stop_server  # noqa: E402
 
 EOS = 2  # SmolLM2's <|endoftext|>
 NEW_TOKENS = 128
@@ -199,19 +198,13 @@ class Server:
         return {**body, **self.extra_body}
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def start_ours(directory: Path) -> Server:
     """Our daphne server with the embedded model, as the end-to-end tests start it."""
     live = start_server(directory, DJANGO_DEBUG="false", DJANGO_SECRET_KEY=os.urandom(24).hex(), LOG_LEVEL="WARNING")
     return Server(
         name="ours",
         base_url=live.base_url,
-        model="smollm2-135m-instruct",
+        model=MODEL,
         pid=live.process.pid,
         stop=lambda: stop_server(live),
         headers=live.headers(),

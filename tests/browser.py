@@ -49,8 +49,10 @@ def why_no_browser() -> str | None:
 requires_browser = pytest.mark.skipif(why_no_browser() is not None, reason=why_no_browser() or "")
 
 
-def launch_browser() -> Iterator:
-    """A started Playwright and its Chromium, or ``pytest.skip`` with the reason they cannot run."""
+@pytest.fixture(scope="module")
+def browser() -> Iterator:
+    """A started Playwright and its Chromium for a test module, or ``pytest.skip`` with the reason
+    they cannot run."""
     reason = why_no_browser()
     if reason is not None:
         pytest.skip(reason)

@@ -122,16 +122,7 @@ def separate_limit_counters(settings):
     prefix = f"completions-site-test:{uuid.uuid4().hex[:12]}:"
     settings.API_LIMITS_REDIS_PREFIX = prefix
     yield prefix
-    if settings.REDIS_URL:
-        import redis
-
-        try:
-            client = redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=0.5, socket_timeout=2)
-            keys = list(client.scan_iter(match=prefix + "*", count=1000))
-            if keys:
-                client.delete(*keys)
-        except (redis.RedisError, OSError):
-            pass  # a test that pointed REDIS_URL at nothing
+    forget_limit_counters(settings.REDIS_URL, prefix)
 
 
 @pytest.fixture(params=["in-process", "redis"])
@@ -167,4 +158,4 @@ def tiny_api(tiny_engine, monkeypatch):
 
 # --- The live server (end-to-end tests) ---------------------------------------------------------
 
-from tests.live_server import openai_client, server  # noqa: E402,F401  (session fixtures)
+from tests.live_server import forget_limit_counters, openai_client, server  # noqa: E402,F401  (session fixtures)

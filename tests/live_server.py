@@ -139,12 +139,12 @@ def stop_server(server: LiveServer) -> None:
         server.process.wait(timeout=20)
     except subprocess.TimeoutExpired:
         server.process.kill()
-    forget_limit_counters(server.env)
+    forget_limit_counters(server.env.get("REDIS_URL"), server.env.get("API_LIMITS_REDIS_PREFIX"))
 
 
-def forget_limit_counters(env: dict) -> None:
-    """Delete a stopped server's limit counters from Redis (a month's counter would stay 40 days)."""
-    url, prefix = env.get("REDIS_URL"), env.get("API_LIMITS_REDIS_PREFIX")
+def forget_limit_counters(url: str | None, prefix: str | None) -> None:
+    """Delete the limit counters under ``prefix`` from the Redis at ``url`` (a month's counter would
+    stay 40 days); nothing without both, or when Redis is gone."""
     if not url or not prefix:
         return
     import redis

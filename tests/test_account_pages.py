@@ -1,7 +1,6 @@
 """Self-service accounts under /account/: a user's own keys and usage, created and revoked by them."""
 from __future__ import annotations
 
-import re
 from datetime import timedelta
 
 import pytest
@@ -11,11 +10,10 @@ from django.utils import timezone
 
 from dashboard.models import AccountSettings
 from keys.models import APIKey, hash_key
-from tests.usage_helpers import add_usage
+from tests.usage_helpers import KEY_IN_TEXT, add_usage
 
 pytestmark = pytest.mark.django_db
 
-KEY_IN_TEXT = re.compile(r"sk-cs-[A-Za-z0-9]{8}\.[A-Za-z0-9_-]{43}")
 OVERVIEW = "/account/"
 
 

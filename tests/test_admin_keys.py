@@ -5,7 +5,6 @@ test the admin and nothing else.
 """
 from __future__ import annotations
 
-import re
 from datetime import timedelta
 
 import pytest
@@ -14,11 +13,10 @@ from django.urls import path, reverse
 from django.utils import timezone
 
 from keys.models import APIKey, DailyUsage, UsageRecord, hash_key
+from tests.usage_helpers import KEY_IN_TEXT
 
 urlpatterns = [path("admin/", admin.site.urls)]
 pytestmark = [pytest.mark.urls(__name__), pytest.mark.django_db]
-
-KEY_IN_TEXT = re.compile(r"sk-cs-[A-Za-z0-9]{8}\.[A-Za-z0-9_-]{43}")
 
 
 @pytest.fixture

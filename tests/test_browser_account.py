@@ -1,26 +1,20 @@
 """In a real browser, as a plain user: log in, create and revoke a key, see only one's own usage."""
 from __future__ import annotations
 
-import re
 import time
 
 import httpx
 import pytest
 
-from tests.browser import PHONE, create_users, issue_key, key_id, launch_browser, log_in, new_page, requires_browser
+from tests.browser import PHONE, browser, create_users, issue_key, key_id, log_in, new_page, requires_browser
+from tests.completion_helpers import NO_EOS
 from tests.live_server import MODEL
+from tests.usage_helpers import KEY_IN_TEXT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser, requires_browser]
 
-KEY_IN_TEXT = re.compile(r"sk-cs-[A-Za-z0-9]{8}\.[A-Za-z0-9_-]{43}")
-NO_EOS = {"2": -100}  # <|im_end|> never comes: a request makes exactly max_tokens tokens
 ALICE = ("alice-browser", "alice-browser-pass-1")
 BOB = ("bob-browser", "bob-browser-pass-1")
-
-
-@pytest.fixture(scope="module")
-def browser():
-    yield from launch_browser()
 
 
 @pytest.fixture(scope="module")

@@ -1,25 +1,19 @@
 """In a real browser, as staff: the admin's key creation, the dashboard's charts and its live figures."""
 from __future__ import annotations
 
-import re
 import threading
 
 import httpx
 import pytest
 
-from tests.browser import create_users, launch_browser, log_in, new_page, requires_browser
+from tests.browser import browser, create_users, log_in, new_page, requires_browser
+from tests.completion_helpers import NO_EOS
 from tests.live_server import MODEL
+from tests.usage_helpers import KEY_IN_TEXT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser, requires_browser]
 
-KEY_IN_TEXT = re.compile(r"sk-cs-[A-Za-z0-9]{8}\.[A-Za-z0-9_-]{43}")
-NO_EOS = {"2": -100}  # <|im_end|> never comes: a request makes exactly max_tokens tokens
 STAFF = ("sam-browser", "sam-browser-pass-1")
-
-
-@pytest.fixture(scope="module")
-def browser():
-    yield from launch_browser()
 
 
 @pytest.fixture(scope="module")

@@ -6,13 +6,13 @@ import time
 import httpx
 import pytest
 
+from tests.completion_helpers import NO_EOS
 from tests.live_server import MODEL
 from tests.sse_client import stream
 
 pytestmark = pytest.mark.e2e
 
 PROMPT = "Write a long story about a dragon."
-NO_EOS = {"2": -100}  # <|im_end|>: every request makes exactly max_tokens tokens
 
 
 def test_a_completion_leaves_a_record_with_its_usage(server):

@@ -1,12 +1,14 @@
-"""Usage records for tests of the dashboard, the account pages and the usage API."""
+"""Usage records and key patterns for tests of the dashboard, the admin, the account pages and the usage API."""
 from __future__ import annotations
 
 import itertools
+import re
 from datetime import datetime
 
 from keys.models import APIKey, UsageRecord
 
 MODEL = "smollm2-135m-instruct"
+KEY_IN_TEXT = re.compile(r"sk-cs-[A-Za-z0-9]{8}\.[A-Za-z0-9_-]{43}")  # a plaintext key in a page
 _ids = itertools.count(1)
 
 
