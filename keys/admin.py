@@ -104,8 +104,21 @@ class APIKeyAdmin(admin.ModelAdmin):
         self.message_user(request, f"Revoked {len(revoked)} of {queryset.count()} selected keys.", messages.SUCCESS)
 
 
+class ReadOnlyModelAdmin(admin.ModelAdmin):
+    """An admin that shows rows and never adds, changes or deletes them (derived or audit data)."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+
 @admin.register(UsageRecord)
-class UsageRecordAdmin(admin.ModelAdmin):
+class UsageRecordAdmin(ReadOnlyModelAdmin):
     """Usage records are an audit trail: viewable, never added, changed or deleted here."""
 
     list_display = (
@@ -128,18 +141,10 @@ class UsageRecordAdmin(admin.ModelAdmin):
     date_hierarchy = "created_at"
     search_fields = ("request_id", "user")
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: UsageRecord | None = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: UsageRecord | None = None) -> bool:
-        return False
 
 
 @admin.register(DailyUsage)
-class DailyUsageAdmin(admin.ModelAdmin):
+class DailyUsageAdmin(ReadOnlyModelAdmin):
     """The daily rollup, read-only: it is derived from the usage records."""
 
     list_display = (
@@ -161,11 +166,3 @@ class DailyUsageAdmin(admin.ModelAdmin):
     def average_latency_ms(self, obj: DailyUsage) -> int:
         return round(obj.latency_ms_sum / obj.requests) if obj.requests else 0
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: DailyUsage | None = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: DailyUsage | None = None) -> bool:
-        return False

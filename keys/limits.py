@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import math
 import threading
@@ -292,8 +293,6 @@ class Store:
     """Where counters live. Both stores implement the same rules; ``tests/test_rate_limits.py`` runs
     one specification against both."""
 
-    name = "store"
-
     async def acquire(self, key_id: int, request_id: str, limits: Limits, tokens: int, month: str,
                       dry_run: bool) -> Decision:
         """Check every limit and, unless refused (or ``dry_run``), count the request and reserve
@@ -310,7 +309,7 @@ class Store:
 
 @dataclass
 class _KeyCounters:
-    requests: collections.deque = field(default_factory=collections.deque)  # (ms, request_id)
+    requests: collections.deque = field(default_factory=collections.deque)  # admission times, ms
     tokens: dict[str, list[int]] = field(default_factory=dict)  # request_id -> [ms, tokens], oldest first
     token_sum: int = 0
     in_flight: dict[str, int] = field(default_factory=dict)  # request_id -> lease end, ms
@@ -318,8 +317,6 @@ class _KeyCounters:
 
 class LocalStore(Store):
     """Counters in this process's memory, for one process alone (or while Redis is down)."""
-
-    name = "local"
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -339,7 +336,7 @@ class LocalStore(Store):
         now = self._now()
         cutoff = now - WINDOW_MS
         counters = self._keys[key_id]
-        while counters.requests and counters.requests[0][0] <= cutoff:
+        while counters.requests and counters.requests[0] <= cutoff:
             counters.requests.popleft()
         while counters.tokens:  # oldest first: stop at the first still in the window
             oldest = next(iter(counters.tokens))
@@ -356,7 +353,7 @@ class LocalStore(Store):
             refusal, retry = self._refusal(counters, limits, tokens, month_tokens, now)
         if refusal is None and not dry_run:
             if limits.rpm:
-                counters.requests.append((now, request_id))
+                counters.requests.append(now)
             if limits.tpm:
                 counters.tokens[request_id] = [now, tokens]
                 counters.token_sum += tokens
@@ -364,7 +361,7 @@ class LocalStore(Store):
                 counters.in_flight[request_id] = now + settings.API_LIMITS_CONCURRENCY_LEASE_SECONDS * 1000
             month_tokens += tokens
             self._months[(key_id, month)] = month_tokens
-        newest_request = counters.requests[-1][0] if counters.requests else None
+        newest_request = counters.requests[-1] if counters.requests else None
         newest_tokens = next(reversed(counters.tokens.values()))[0] if counters.tokens else None
         return Decision(
             refusal=refusal,
@@ -386,7 +383,7 @@ class LocalStore(Store):
         if limits.max_concurrent and len(counters.in_flight) >= limits.max_concurrent:
             return CONCURRENCY, 1000
         if limits.rpm and len(counters.requests) >= limits.rpm:
-            freeing = counters.requests[len(counters.requests) - limits.rpm][0]
+            freeing = counters.requests[len(counters.requests) - limits.rpm]
             return REQUESTS, max(1, freeing + WINDOW_MS - now)
         if limits.tpm and counters.token_sum + tokens > limits.tpm:
             needed = counters.token_sum + tokens - limits.tpm
@@ -536,8 +533,6 @@ class RedisStore(Store):
     A key's counters share the hash tag ``{<key id>}`` so that they stay on one Redis Cluster node.
     """
 
-    name = "redis"
-
     def __init__(self, url: str, prefix: str, timeout: float) -> None:
         self.url = url
         self.prefix = prefix
@@ -659,25 +654,19 @@ def _redacted(url: str) -> str:
     return scheme + sep + rest
 
 
-_limiter: Limiter | None = None
-_limiter_lock = threading.Lock()
 _SETTINGS = {"REDIS_URL", "API_LIMITS_REDIS_PREFIX", "API_LIMITS_REDIS_TIMEOUT", "API_LIMITS_FAIL_MODE",
              "API_LIMITS_REDIS_RETRY_SECONDS"}
 
 
+@functools.cache
 def limiter() -> Limiter:
-    """The process's :class:`Limiter`, built from the settings on first use."""
-    global _limiter
-    with _limiter_lock:
-        if _limiter is None:
-            _limiter = Limiter()
-        return _limiter
+    """The process's :class:`Limiter`, built from the settings on first use (from the event loop,
+    the only thread that calls it)."""
+    return Limiter()
 
 
 @receiver(setting_changed)
 def _forget_limiter(*, setting: str, **kwargs: Any) -> None:
     """A changed limiter setting (tests) gets a fresh limiter, with fresh local counters."""
-    global _limiter
     if setting in _SETTINGS:
-        with _limiter_lock:
-            _limiter = None
+        limiter.cache_clear()

@@ -99,15 +99,15 @@ class APIKeyManager(models.Manager.from_queryset(APIKeyQuerySet)):
     """Creates keys; the plaintext exists only in the return value of :meth:`create_key`."""
 
     def create_key(
-        self, *, name: str, owner: models.Model, expires_at: datetime | None = None, **settings: Any
+        self, *, name: str, owner: models.Model, expires_at: datetime | None = None, **fields: Any
     ) -> tuple[APIKey, str]:
         """Insert a new key for ``owner`` and return ``(row, plaintext)``.
 
-        ``settings`` are other fields of the key: its limits and ``allowed_models``.  The
+        ``fields`` are other fields of the key: its limits and ``allowed_models``.  The
         plaintext is not stored anywhere; show it to the user once.  Raises ``IntegrityError``
         for database problems other than a (retried) prefix collision.
         """
-        api_key = self.model(name=name, owner=owner, expires_at=expires_at, **settings)
+        api_key = self.model(name=name, owner=owner, expires_at=expires_at, **fields)
         return api_key, self.issue(api_key)
 
     def issue(self, api_key: APIKey) -> str:
@@ -343,10 +343,6 @@ class DailyUsage(models.Model):
 
     def __str__(self) -> str:
         return f"{self.day} {self.model} key {self.api_key_id}"
-
-    @property
-    def total_tokens(self) -> int:
-        return self.prompt_tokens + self.completion_tokens
 
 
 ROLLUP_FIELDS = (

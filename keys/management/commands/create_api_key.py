@@ -18,7 +18,7 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
-from keys.models import APIKey, parse_model_list, validate_model_list
+from keys.models import APIKey, parse_model_list
 
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
 _DURATION = re.compile(r"(\d+)([smhdw])")
@@ -55,12 +55,8 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, name: str, user: str | None, **options: Any) -> None:
         owner = find_owner(user)
-        try:
-            validate_model_list(options["models"])
-        except ValidationError as error:
-            raise CommandError(error.messages[0]) from None
         expires_in = options["expires_in"]
-        api_key, plaintext = APIKey.objects.create_key(
+        api_key = APIKey(
             name=name,
             owner=owner,
             expires_at=timezone.now() + expires_in if expires_in else None,
@@ -70,6 +66,11 @@ class Command(BaseCommand):
             monthly_token_quota=options["monthly_tokens"],
             allowed_models=",".join(parse_model_list(options["models"])),
         )
+        try:  # the model's own validation, as in the admin (allowed_models' ids, field lengths)
+            api_key.full_clean(exclude=["prefix", "hashed_key"])
+        except ValidationError as error:
+            raise CommandError("; ".join(error.messages)) from None
+        plaintext = APIKey.objects.issue(api_key)
         self.stdout.write(
             f"Created API key “{api_key.name}” for {owner.get_username()} (prefix {api_key.prefix}). "
             "It is shown only this once; store it now:"
