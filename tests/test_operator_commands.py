@@ -74,6 +74,7 @@ def test_expires_in_sets_the_expiry_from_now(user, text, expected):
     (["--rpm", "-1"], "not a whole number"),
     (["--tpm", "ten"], "not a whole number"),
     (["--models", "a b"], "separate model ids with commas"),
+    (["--models", "m" * 1001], "at most 1000 characters"),
 ])
 def test_bad_settings_are_refused_and_create_nothing(user, args, message):
     with pytest.raises(CommandError, match=message):
