@@ -19,7 +19,7 @@ from dashboard.urls import account_urlpatterns, admin_urlpatterns, api_urlpatter
 urlpatterns = [*api_urlpatterns, *admin_urlpatterns, *account_urlpatterns, *urlpatterns]
 
 # Any other /v1 URL gets OpenAI's JSON 404, after every real /v1 route above.
-urlpatterns.append(re_path(r"^v1/(?P<path>.*)$", views.not_found))
+urlpatterns.append(re_path(r"^v1/(?P<path>[\s\S]*)$", views.not_found))  # newlines too
 
 # Errors Django raises before any view answers (a 400 for too many fields, an uncaught 500) are
 # OpenAI's JSON on the API's paths.

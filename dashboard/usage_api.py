@@ -78,6 +78,9 @@ class UsageQuery:
     page_start: int  # the aligned start of this page's first bucket
 
 
+LAST_TIME = 253_370_764_800  # 9999-01-01T00:00:00Z, in Unix seconds
+
+
 def parse_usage_query(params: QueryDict, now: int) -> UsageQuery:
     """Validate the query string; raises ``APIError`` (400, naming the ``param``) on a bad value."""
     start_time = _integer(params, "start_time", required=True)
@@ -85,6 +88,9 @@ def parse_usage_query(params: QueryDict, now: int) -> UsageQuery:
     end_time = now if end_time is None else end_time
     if start_time < 0:
         raise _invalid("start_time", f"Invalid value for 'start_time': {start_time} is before 1970.")
+    for name, value in (("start_time", start_time), ("end_time", end_time)):
+        if value >= LAST_TIME:  # Python's datetimes end with the year 9999
+            raise _invalid(name, f"Invalid value for '{name}': it is after the year 9998.")
     if end_time <= start_time:
         raise _invalid("end_time", "Invalid value for 'end_time': it must be after 'start_time'.")
     width_name = params.get("bucket_width") or "1d"

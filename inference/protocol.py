@@ -208,7 +208,7 @@ class CompletionRequest:
             return
         raise APIError(
             f"This model's maximum context length is {context_length} tokens, however you requested "
-            f"{_shorten(str(requested))} tokens ({prompt_tokens} in your prompt; {_shorten(str(self.max_tokens))} "
+            f"{_integer_text(requested)} tokens ({prompt_tokens} in your prompt; {_integer_text(self.max_tokens)} "
             "for the completion). Please reduce your prompt; or completion length.",
             param="prompt" if prompt_tokens >= context_length else "max_tokens",
             code="context_length_exceeded",
@@ -458,6 +458,14 @@ def _short_repr(value: Any) -> str:
 
 def _shorten(text: str) -> str:
     return text if len(text) <= MAX_REPR_CHARS else text[:MAX_REPR_CHARS] + "..."
+
+
+def _integer_text(value: int) -> str:
+    """``value`` in digits, shortened; one too long for ``str`` (over Python's 4300 digits) by its size."""
+    try:
+        return _shorten(str(value))
+    except ValueError:
+        return f"a {value.bit_length()}-bit number of"
 
 
 def _token_out_of_range(token: int, vocab_size: int, where: str) -> str:

@@ -116,3 +116,10 @@ def test_month_to_date_counts_each_key_since_the_first_of_the_month(valid_key):
 
 def test_percentile_of_one_value_is_that_value():
     assert stats.percentile([7.0], 95) == 7.0
+
+
+def test_thousands_keeps_large_integers_exact():
+    from dashboard.templatetags.dashboard_format import thousands
+
+    assert thousands(9_223_372_036_854_775_807) == "9,223,372,036,854,775,807"
+    assert (thousands(None), thousands(1234.6)) == ("0", "1,235")

@@ -87,8 +87,8 @@ def test_a_wrong_method_is_a_json_405(server, method, path):
     assert response.headers["allow"]
 
 
-@pytest.mark.parametrize("path", ["/nope", "/completions/", "/engines/davinci/completions"])
+@pytest.mark.parametrize("path", ["/nope", "/completions/", "/engines/davinci/completions", "/completions\n"])
 def test_an_unknown_v1_url_is_a_json_404(server, path):
-    response = httpx.post(server.api_url + path, headers=server.headers(), json={})
+    response = httpx.post(server.api_url + path.replace("\n", "%0A"), headers=server.headers(), json={})
     error = assert_error(response, 404)
     assert error["message"] == f"Invalid URL (POST /v1{path})"

@@ -75,6 +75,8 @@ def test_expires_in_sets_the_expiry_from_now(user, text, expected):
     (["--tpm", "ten"], "not a whole number"),
     (["--models", "a b"], "separate model ids with commas"),
     (["--models", "m" * 1001], "at most 1000 characters"),
+    (["--expires-in", "3000000d"], "before the year 10000"),
+    (["--expires-in", "99999999999d"], "before the year 10000"),
 ])
 def test_bad_settings_are_refused_and_create_nothing(user, args, message):
     with pytest.raises(CommandError, match=message):

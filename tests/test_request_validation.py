@@ -400,6 +400,14 @@ def test_logit_bias_token_beyond_the_vocabulary_is_a_400_naming_logit_bias() -> 
     assert "49152" in caught.value.message
 
 
+def test_a_max_tokens_too_long_to_print_is_still_a_context_length_400() -> None:
+    request = parse_completion_request(body(max_tokens=int("9" * 4300)))  # json's largest integer
+    with pytest.raises(APIError) as caught:
+        request.check_context_length(prompt_tokens=1, context_length=2048)
+    assert (caught.value.status, caught.value.code) == (400, "context_length_exceeded")
+    assert "bit number of tokens" in caught.value.message
+
+
 def test_prompt_plus_max_tokens_beyond_the_context_is_a_400_like_openai() -> None:
     request = parse_completion_request(body(max_tokens=100))
     request.check_context_length(prompt_tokens=1948, context_length=2048)

@@ -117,6 +117,8 @@ def test_models_and_api_key_ids_filter(client, valid_key, usage):
         ({"start_time": T0, "bucket_width": "1d", "limit": 32}, "limit"),
         ({"start_time": T0, "limit": 0}, "limit"),
         ({"start_time": T0, "page": "page_garbage"}, "page"),
+        ({"start_time": 253402300800, "end_time": 253402400800}, "start_time"),  # the year 10000
+        ({"start_time": T0, "end_time": 253402300800}, "end_time"),
     ],
 )
 def test_bad_parameters_are_400s_in_openais_error_shape(client, valid_key, params, param):

@@ -24,5 +24,5 @@ def ms(value: float | None) -> str:
 
 @register.filter
 def thousands(value: int | float | None) -> str:
-    """``1234567`` → ``"1,234,567"``; ``None`` → ``"0"``."""
-    return f"{value or 0:,.0f}"
+    """``1234567`` → ``"1,234,567"``; ``None`` → ``"0"``.  Integers stay exact (no float on the way)."""
+    return f"{round(value or 0):,}"

@@ -29,7 +29,12 @@ def duration(text: str) -> timedelta:
     match = _DURATION.fullmatch(text.strip())
     if not match or int(match[1]) == 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a duration such as 90m, 12h, 30d or 2w")
-    return timedelta(**{_UNITS[match[2]]: int(match[1])})
+    try:
+        span = timedelta(**{_UNITS[match[2]]: int(match[1])})
+        timezone.now() + span  # an expiry past the year 9999 has no date
+    except OverflowError:
+        raise argparse.ArgumentTypeError(f"{text!r} is too long: an expiry must fall before the year 10000") from None
+    return span
 
 
 def limit(text: str) -> int:
