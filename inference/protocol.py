@@ -23,7 +23,7 @@ from __future__ import annotations
 import copy
 import json
 import secrets
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -350,7 +350,7 @@ def _check_prompt(prompt: Prompt | None) -> Prompt:
     raise invalid_type_error("prompt[0]", ["a string", "an integer", "an array of integers"], first)
 
 
-def _check_items(items: list, path: list, accepts: Any, expected: str) -> None:
+def _check_items(items: list, path: list, accepts: Callable[[Any], bool], expected: str) -> None:
     """``invalid_type`` naming the first item of ``items`` that ``accepts`` refuses (``prompt[3]``)."""
     for index, item in enumerate(items):
         if not accepts(item):

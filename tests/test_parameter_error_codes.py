@@ -277,16 +277,16 @@ def test_the_mapping_is_not_tied_to_the_completion_schema(case) -> None:
     ("request_", "message"),
     [
         ({**CHAT_BASE, "messages": [{"role": "user", "content": "x" * 21}]},
-         "Invalid 'messages[0].content': string too long. Expected a string with maximum length 20, "
-         "but got a string with length 21 instead."),
+         ("Invalid 'messages[0].content': string too long. Expected a string with maximum length 20, "
+          "but got a string with length 21 instead.")),
         ({**CHAT_BASE, "messages": [{"role": "robot", "content": "hi"}]},
          "Invalid value for 'messages[0].role': 'robot'. Supported values are: 'system', 'user', and 'assistant'."),
         ({**CHAT_BASE, "messages": [{"role": "user"}]}, "Missing required parameter: 'messages[0].content'."),
         ({**CHAT_BASE, "messages": []},
          "Invalid 'messages': empty array. Expected an array with minimum length 1, but got an empty array instead."),
         ({**CHAT_BASE, "pair": ["a"]},
-         "Invalid 'pair': array too short. Expected an array with minimum length 2, but got an array with length 1 "
-         "instead."),
+         ("Invalid 'pair': array too short. Expected an array with minimum length 2, but got an array with "
+          "length 1 instead.")),
         ({**CHAT_BASE, "temperature": "hot"},
          "Invalid type for 'temperature': expected a decimal, but got a string instead."),
     ],
