@@ -827,7 +827,7 @@ def table(report: dict[str, Any], plan: Plan) -> str:
     for peer in peers:
         head += f" {peer:>13} {'ours/' + peer[:6]:>12}"
     lines = [head, "-" * len(head)]
-    for label, key, fmt, low in rows:
+    for label, key, fmt, _low in rows:
         mine = lookup(ours, key)
         target = TARGETS.get(key)
         line = f"{label:48} {cell(*mine, fmt):>9} {target.text if target else '':>7} {met_cell(target, mine, ours, key):>4}"
@@ -853,7 +853,8 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.perf_counter()
     load_start = os.getloadavg()
-    from transformers import AutoTokenizer, __version__ as transformers_version
+    from transformers import AutoTokenizer
+    from transformers import __version__ as transformers_version
 
     folder = converted_gguf_dir(embedded_gguf_path(), ROOT / ".cache" / "models")
     prompts = Prompts(AutoTokenizer.from_pretrained(folder))

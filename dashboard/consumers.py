@@ -53,7 +53,7 @@ class EngineStatsConsumer(AsyncJsonWebsocketConsumer):
         while True:
             try:
                 stats = {"type": "engine", **engine_stats()}
-            except Exception:  # noqa: BLE001 - keep the socket; the page shows the engine as unknown
+            except Exception:
                 logger.exception("Could not read the engine's stats")
                 stats = {"type": "engine", "ready": False}
             await self.send_json(stats)

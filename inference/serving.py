@@ -15,8 +15,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .outputs import CompletionOutput, EngineError, RequestOutput, TokenLogprob
 from .errors import APIError
+from .outputs import CompletionOutput, EngineError, RequestOutput, TokenLogprob
 from .protocol import (
     CompletionRequest,
     completion_choice,

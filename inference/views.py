@@ -19,7 +19,6 @@ from django.views import defaults
 from django.views.decorators.csrf import csrf_exempt
 
 from completions_site.handlers import is_api_path
-
 from keys import limits
 from keys.auth import authenticate, touch_last_used
 from keys.models import APIKey
@@ -143,7 +142,7 @@ async def _stream(run: CompletionRun, usage: _Usage) -> AsyncIterator[bytes]:
     except (asyncio.CancelledError, GeneratorExit):
         error_type = "interrupted"
         raise
-    except Exception as error:  # noqa: BLE001 - after the first byte errors go in-band
+    except Exception as error:
         logger.exception("Stream %s failed", run.id)
         api_error = _as_api_error(error)
         error_type = api_error.type  # the status stays 200: it was sent with the first byte
@@ -258,7 +257,7 @@ async def _write_usage(api_key: APIKey, fields: dict, admission: limits.Admissio
     try:
         await record_usage(**fields)
         await touch_last_used(api_key)
-    except Exception:  # noqa: BLE001 - accounting must never break a response
+    except Exception:
         logger.exception("Could not record usage for %s", fields.get("request_id"))
     finally:
         if admission is not None:

@@ -135,7 +135,7 @@ class Admission:
         self.settled = True
         try:
             await self.store.settle(self.key_id, self.request_id, self.month, self.reserved, used_tokens)
-        except Exception:  # noqa: BLE001 - the response is already decided; the slot's lease frees it
+        except Exception:
             logger.exception("Could not settle the reservation of %s", self.request_id)
 
 
@@ -576,7 +576,7 @@ class RedisStore(Store):
 
         try:
             return await self._client()[script_index](keys=keys, args=args)
-        except (RedisError, OSError, asyncio.TimeoutError) as error:
+        except (TimeoutError, RedisError, OSError) as error:
             raise StoreUnavailable(f"{type(error).__name__}: {error}") from error
 
     async def acquire(self, key_id, request_id, limits, tokens, month, dry_run):
@@ -600,7 +600,7 @@ class RedisStore(Store):
         try:
             await self._client()[0].set(self.key_names(key_id, month)["month"], tokens, nx=True,
                                         ex=_MONTH_TTL_SECONDS)
-        except (RedisError, OSError, asyncio.TimeoutError) as error:
+        except (TimeoutError, RedisError, OSError) as error:
             raise StoreUnavailable(f"{type(error).__name__}: {error}") from error
 
     async def settle(self, key_id, request_id, month, reserved, used):

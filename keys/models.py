@@ -21,8 +21,8 @@ import re
 import secrets
 import string
 from datetime import date, datetime
-from typing import Any
 from datetime import timezone as dt_timezone
+from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError

@@ -51,7 +51,7 @@ def test_missing_key_is_a_401(server):
 def test_wrong_key_is_a_401_that_never_echoes_the_key(server):
     wrong = "sk-cs-AAAAAAAA.this-is-not-a-real-secret"
     response = server.post({"model": MODEL, "prompt": "x"}, key=wrong)
-    error = assert_error(response, 401, code="invalid_api_key")
+    assert_error(response, 401, code="invalid_api_key")
     assert "this-is-not" not in response.text and "AAAAAAAA" not in response.text
 
 

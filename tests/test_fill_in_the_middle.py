@@ -1,7 +1,6 @@
 """suffix: fill-in-the-middle prompts for tokenizers with FIM tokens, a 400 for the others."""
 from __future__ import annotations
 
-import pytest
 from transformers import AddedToken
 
 from tests.engine_helpers import start_tiny_engine

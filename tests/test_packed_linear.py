@@ -4,7 +4,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inference.packed import FusedProjections, PackedLinear, ProjectionSlice, onednn_linear_available, prepack_linear_layers
+from inference.packed import (
+    FusedProjections,
+    PackedLinear,
+    ProjectionSlice,
+    onednn_linear_available,
+    prepack_linear_layers,
+)
 from tests.tiny_model import tiny_model
 
 pytestmark = pytest.mark.skipif(not onednn_linear_available(), reason="this torch/CPU has no oneDNN bf16 linear")

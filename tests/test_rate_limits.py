@@ -15,7 +15,7 @@ from asgiref.sync import async_to_sync
 
 from inference.errors import APIError
 from keys import limits
-from keys.limits import Limits, LimitExceeded, format_duration
+from keys.limits import LimitExceeded, Limits, format_duration
 from keys.models import UsageRecord
 from tests.inprocess_api import body, post, post_many
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.completion_helpers import NO_EOS, complete, stream_events, merge_stream
+from tests.completion_helpers import NO_EOS, complete, merge_stream, stream_events
 
 pytestmark = pytest.mark.e2e
 
