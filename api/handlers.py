@@ -15,7 +15,7 @@ from django.core.exceptions import DisallowedHost
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.core.handlers.exception import convert_exception_to_response
 
-from inference.errors import APIError, error_response
+from api.errors import APIError, error_response
 
 security_logger = logging.getLogger("django.security.DisallowedHost")
 

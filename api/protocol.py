@@ -1,14 +1,14 @@
 """The request and response schemas of ``/v1/completions`` and ``/v1/models``, in one module.
 
 Views stay thin: they hand the raw body to :func:`parse_completion_request`, which returns a
-:class:`CompletionRequest` or raises :class:`~inference.errors.APIError` (400, with ``param``);
+:class:`CompletionRequest` or raises :class:`~api.errors.APIError` (400, with ``param``);
 :meth:`CompletionRequest.sampling_params` turns it into the engine's
 :class:`~inference.sampling.SamplingParams`; the builders at the bottom produce response bodies as
 plain dicts whose keys are in OpenAI's order, so ``json.dumps`` matches OpenAI's output in shape.
 
 The source of truth is OpenAI's OpenAPI spec (``CreateCompletionRequest``,
 ``CreateCompletionResponse``, ``CompletionUsage``, ``Model``, ``ListModelsResponse``, ``Error``),
-vendored as JSON Schema 2020-12 in ``inference/openai_schema.json`` by
+vendored as JSON Schema 2020-12 in ``api/openai_schema.json`` by
 ``tools/vendor_openai_schema.py``.  Schema violations are reported the way OpenAI reports them
 (OpenAI validates with Python's jsonschema too): ``"<jsonschema message> - '<param>'"``, e.g.
 ``"2.5 is greater than the maximum of 2 - 'temperature'"``.  The rules the schema cannot express
@@ -32,7 +32,7 @@ from django.conf import settings
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError, best_match
 
-from inference.errors import APIError
+from api.errors import APIError
 
 if TYPE_CHECKING:
     from inference.sampling import SamplingParams
@@ -62,7 +62,7 @@ MAX_REPR_CHARS = 200  # a 4 MB prompt must not come back inside an error message
 
 @cache
 def _spec_document() -> dict[str, Any]:
-    """``inference/openai_schema.json``: ``{"$schema", "$comment", "$defs": {name: schema}}``."""
+    """``api/openai_schema.json``: ``{"$schema", "$comment", "$defs": {name: schema}}``."""
     return json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
 
 
@@ -70,7 +70,7 @@ def _spec_document() -> dict[str, Any]:
 def spec_validator(schema_name: str) -> Draft202012Validator:
     """A validator for one of the spec's schemas, exactly as vendored (e.g. ``"Model"``).
 
-    Raises ``KeyError`` for a name that is not in ``inference/openai_schema.json``.
+    Raises ``KeyError`` for a name that is not in ``api/openai_schema.json``.
     """
     document = _spec_document()
     if schema_name not in document["$defs"]:  # fail here, not with a reference error later

@@ -15,8 +15,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from inference.outputs import CompletionOutput, EngineError, RequestOutput, TokenLogprob
+from inference.text import prompt_text_offsets, token_text
+
 from .errors import APIError
-from .outputs import CompletionOutput, EngineError, RequestOutput, TokenLogprob
 from .protocol import (
     CompletionRequest,
     completion_choice,
@@ -25,10 +27,9 @@ from .protocol import (
     logprobs_dict,
     usage_dict,
 )
-from .text import prompt_text_offsets, token_text
 
 if TYPE_CHECKING:
-    from .engine import Engine, RequestStream
+    from inference.engine import Engine, RequestStream
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """The usage API's protocol: OpenAI's ``GET /v1/organization/usage/completions``, for one owner.
 
-Served at ``GET /v1/usage/completions`` (see ``dashboard/api_views.py``).  The caller's key decides
+Served at ``GET /v1/usage/completions`` (see ``api/usage_views.py``).  The caller's key decides
 the scope: the figures are those of every key of the key's owner, never anyone else's.
 
 Query parameters (as in OpenAI's spec):
@@ -19,7 +19,7 @@ Array parameters may be repeated (``group_by=model&group_by=api_key_id``), writt
 (``group_by[]=model``, as OpenAI's client sends them) or comma-separated.
 
 ``num_model_requests`` counts the requests that reached the model (see
-``dashboard.stats.MODEL_REQUEST``), and the token sums are over the same requests.
+``keys.usage.MODEL_REQUEST``), and the token sums are over the same requests.
 """
 from __future__ import annotations
 
@@ -33,10 +33,9 @@ from django.db.models import Count, Func, Sum
 from django.db.models.functions import Coalesce, TruncDay, TruncHour, TruncMinute
 from django.http import QueryDict
 
-from inference.errors import APIError
+from api.errors import APIError
 from keys.models import UsageRecord
-
-from .stats import MODEL_REQUEST
+from keys.usage import MODEL_REQUEST
 
 RESULT_OBJECT = "organization.usage.completions.result"
 API_KEY_ID_PREFIX = "key_"

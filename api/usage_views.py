@@ -6,16 +6,16 @@ import time
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
-from inference.errors import APIError, error_response
-from inference.views import api_view
 from keys.auth import authenticate, touch_last_used
 
+from .errors import APIError, error_response
 from .usage_api import parse_usage_query, usage_page
+from .views import api_view
 
 
 @api_view("GET")
 async def usage_completions(request: HttpRequest) -> HttpResponse:
-    """OpenAI's ``UsageResponse`` for the calling key's owner (see ``dashboard/usage_api.py``)."""
+    """OpenAI's ``UsageResponse`` for the calling key's owner (see ``api/usage_api.py``)."""
     try:
         api_key = await authenticate(request)
         # Rounded up: without an end_time, a request made this very second is included.

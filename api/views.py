@@ -18,14 +18,15 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 from django.views import defaults
 from django.views.decorators.csrf import csrf_exempt
 
-from completions_site.handlers import is_api_path
 from keys import limits
 from keys.auth import authenticate, touch_last_used
 from keys.models import APIKey
 from keys.usage import record_usage
 
 from . import sse
+from .engine import get_engine
 from .errors import APIError, error_response
+from .handlers import is_api_path
 from .protocol import (
     body_too_large_error,
     model_list,
@@ -37,13 +38,6 @@ from .protocol import (
 from .serving import CompletionRun
 
 logger = logging.getLogger(__name__)
-
-
-def get_engine():
-    """The process's engine; imported here, not at module level, so torch loads only to serve."""
-    from .engine import get_engine
-
-    return get_engine()
 
 
 OWNED_BY = "completions-site"

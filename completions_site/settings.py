@@ -33,7 +33,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "completions_site.apps.CompletionsSiteConfig",
     "keys",
-    "inference",
+    "api",  # the OpenAI HTTP surface; the engine (inference/) is no Django app
     "dashboard",  # issue 6: staff dashboard, accounts, usage API
 ]
 

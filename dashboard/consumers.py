@@ -21,7 +21,7 @@ INTERVAL_SECONDS = 1.0
 
 def engine_stats() -> dict[str, Any]:
     """``{"ready", "running", "waiting", "tokens_per_second"}`` of this process's engine."""
-    from inference.views import get_engine  # the engine module imports torch: only when serving
+    from api.engine import get_engine  # torch loads on the first call: only when serving
 
     engine = get_engine()
     return {"ready": engine.ready, **engine.stats()}

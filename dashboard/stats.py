@@ -22,9 +22,6 @@ DAY = timedelta(days=1)
 # Percentiles read at most this many rows (the newest of the window): enough for a stable p95
 # without loading a busy month into memory.
 PERCENTILE_SAMPLE = 20_000
-# A request "reached the model" when it succeeded or consumed tokens (an interrupted stream
-# did; a 400 before generation did not).  The usage API counts these as num_model_requests.
-MODEL_REQUEST = Q(status_code__lt=400) | Q(total_tokens__gt=0)
 
 _TRUNC = {"hour": TruncHour, "day": TruncDay}
 _STEP = {"hour": HOUR, "day": DAY}

@@ -1,6 +1,5 @@
 """Routes of the app, mounted by ``completions_site/urls.py``.
 
-- ``api_urlpatterns``: ``/v1/usage/completions`` (Bearer key).
 - ``admin_urlpatterns``: ``/admin/dashboard/...``, staff only through ``admin.site.admin_view``;
   they come before the admin's own routes, so ``/admin/dashboard/`` (otherwise this app's index
   in the admin) is the dashboard.
@@ -13,11 +12,7 @@ from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.urls import include, path
 
-from . import admin_views, api_views, views
-
-api_urlpatterns = [
-    path("v1/usage/completions", api_views.usage_completions, name="usage-completions"),
-]
+from . import admin_views, views
 
 _staff = admin.site.admin_view
 _admin = [

@@ -14,7 +14,7 @@ from django.db.models import Q
 from django.http import HttpRequest
 from django.utils import timezone
 
-from inference.errors import APIError
+from api.errors import APIError
 
 from .db import db_call
 from .models import APIKey, parse_prefix

@@ -43,7 +43,7 @@ from django.core.signals import setting_changed
 from django.db.models import Sum
 from django.dispatch import receiver
 
-from inference.errors import APIError
+from api.errors import APIError
 
 from .db import db_call
 from .models import APIKey, DailyUsage

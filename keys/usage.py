@@ -15,6 +15,10 @@ from django.db import connection, models, transaction
 from .db import db_call
 from .models import ROLLUP_FIELDS, DailyUsage, UsageRecord, rollup_increments, usage_day
 
+# A request "reached the model" when it succeeded or consumed tokens (an interrupted stream
+# did; a 400 before generation did not).  The usage API counts these as num_model_requests.
+MODEL_REQUEST = models.Q(status_code__lt=400) | models.Q(total_tokens__gt=0)
+
 
 async def record_usage(**fields: Any) -> UsageRecord:
     """Insert and return the usage record of one request, and add it to its day's rollup row.

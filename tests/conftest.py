@@ -152,7 +152,7 @@ def tiny_engine():
 @pytest.fixture
 def tiny_api(tiny_engine, monkeypatch):
     """The real views, serving the tiny random model (``tests.inprocess_api`` sends the requests)."""
-    monkeypatch.setattr("inference.views.get_engine", lambda: tiny_engine)
+    monkeypatch.setattr("api.views.get_engine", lambda: tiny_engine)
     return tiny_engine
 
 

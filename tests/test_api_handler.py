@@ -1,4 +1,4 @@
-"""The API's paths skip the browser middleware; the admin keeps all of it (completions_site/handlers.py)."""
+"""The API's paths skip the browser middleware; the admin keeps all of it (api/handlers.py)."""
 from __future__ import annotations
 
 import asyncio
@@ -7,7 +7,7 @@ import json
 import httpx
 import pytest
 
-from completions_site.handlers import is_api_path, route
+from api.handlers import is_api_path, route
 from tests.live_server import MODEL
 
 
@@ -82,8 +82,8 @@ def test_django_refusals_before_any_view_are_openai_json_on_api_paths(path, api)
     from django.core.exceptions import TooManyFieldsSent
     from django.test import RequestFactory
 
+    from api import views
     from completions_site import urls
-    from inference import views
 
     assert (urls.handler400, urls.handler500) == (views.bad_request, views.server_error)
     request = RequestFactory().get(path)

@@ -14,7 +14,7 @@ from asgiref.sync import async_to_sync
 from django.test import AsyncRequestFactory
 from django.utils import timezone
 
-from inference.errors import APIError, error_response
+from api.errors import APIError, error_response
 from keys.auth import authenticate, touch_last_used
 from keys.models import APIKey
 

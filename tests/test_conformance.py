@@ -1,7 +1,7 @@
 """Every answer of the live server conforms to OpenAI's spec, field by field, over a matrix of requests.
 
 The requests go through raw HTTP and through the official ``openai`` client.  Each body is validated
-with jsonschema against the vendored spec (``inference/openai_schema.json``): responses against
+with jsonschema against the vendored spec (``api/openai_schema.json``): responses against
 ``CreateCompletionResponse``, stream chunks against it too, errors against ``ErrorResponse``, and
 ``/v1/models`` against ``ListModelsResponse`` and ``Model``.  The schemas are *closed* here
 (``additionalProperties: false`` on every object the spec lists properties for), so a key the spec
@@ -30,7 +30,7 @@ import pytest
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
-from inference.protocol import SCHEMA_PATH
+from api.protocol import SCHEMA_PATH
 from tests.completion_helpers import NO_EOS, complete, merge_stream, stream_events
 from tests.live_server import MODEL
 

@@ -10,7 +10,7 @@ from django.core.management import CommandError, call_command
 from django.test import AsyncRequestFactory
 from django.utils import timezone
 
-from inference.errors import APIError
+from api.errors import APIError
 from keys.auth import authenticate
 from keys.limits import Limits
 from keys.models import APIKey

@@ -1,4 +1,4 @@
-"""The response builders of ``inference.protocol`` produce what OpenAI's spec describes, keys in its order.
+"""The response builders of ``api.protocol`` produce what OpenAI's spec describes, keys in its order.
 
 Each builder's output is checked against the vendored spec (``tests.openai_schema.validate``); the two
 places where OpenAI's real stream departs from its own spec (``finish_reason: null`` mid-stream,
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from jsonschema import Draft202012Validator
 
-from inference.errors import APIError
-from inference.protocol import (
+from api.errors import APIError
+from api.protocol import (
     SCHEMA_PATH,
     body_too_large_error,
     completion_choice,

@@ -13,7 +13,7 @@ import time
 import pytest
 from asgiref.sync import async_to_sync
 
-from inference.errors import APIError
+from api.errors import APIError
 from keys import limits
 from keys.limits import LimitExceeded, Limits, format_duration
 from keys.models import UsageRecord

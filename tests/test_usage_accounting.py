@@ -120,7 +120,7 @@ def test_a_retried_request_is_counted_once_per_attempt(tiny_api, valid_key):
 
 
 def test_finishing_an_attempt_twice_writes_one_record_and_settles_once(tiny_api, limited_key):
-    from inference.views import _Usage
+    from api.views import _Usage
     from keys import limits
 
     async def scenario():
