@@ -6,8 +6,9 @@ import time
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
-from keys.auth import authenticate, touch_last_used
+from keys.auth import touch_last_used
 
+from .auth import authenticate
 from .errors import APIError, error_response
 from .usage_api import parse_usage_query, usage_page
 from .views import api_view

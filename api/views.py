@@ -19,11 +19,12 @@ from django.views import defaults
 from django.views.decorators.csrf import csrf_exempt
 
 from keys import limits
-from keys.auth import authenticate, touch_last_used
+from keys.auth import touch_last_used
 from keys.models import APIKey
 from keys.usage import record_usage
 
 from . import sse
+from .auth import admission_headers, admit, authenticate, current_headers
 from .engine import get_engine
 from .errors import APIError, error_response
 from .handlers import is_api_path
@@ -83,7 +84,7 @@ async def completions(request: HttpRequest) -> HttpResponse:
         await usage.finish(_status_of(error), error_type=_type_of(error))
         raise
     response["x-request-id"] = completion_id
-    # --- limits: OpenAI's x-ratelimit-* headers on every answer (keys/limits.py) ---
+    # --- limits: OpenAI's x-ratelimit-* headers on every answer (keys/limits/, api/translate.py) ---
     for name, value in (await usage.rate_limit_headers()).items():
         response.setdefault(name, value)
     return response
@@ -182,16 +183,16 @@ class _Usage:
         """
         tokens = run.prompt_tokens + run.request.max_tokens * run.params.best_of * len(run.prompts)
         try:
-            self.admission = await limits.admit(self.api_key, self.request_id, tokens)
+            self.admission = await admit(self.api_key, self.request_id, tokens)
         except APIError as error:
             self.limit_headers = {k: v for k, v in error.headers.items() if k.startswith("x-ratelimit-")}
             raise
-        self.limit_headers = self.admission.headers
+        self.limit_headers = admission_headers(self.admission)
 
     async def rate_limit_headers(self) -> dict[str, str]:
         """The key's ``x-ratelimit-*`` headers, as of this request (read, not counted, if refused early)."""
         if self.limit_headers is None:
-            self.limit_headers = await limits.current_headers(self.api_key)
+            self.limit_headers = await current_headers(self.api_key)
         return self.limit_headers
 
     async def finish(self, status: int, *, error_type: str = "") -> None:

@@ -15,10 +15,9 @@ from django.db.models import Count, F, Q, QuerySet, Sum
 from django.db.models.functions import Coalesce, TruncDay, TruncHour
 from django.utils import timezone
 
-from keys.models import UsageRecord
+from keys.models import ERROR_STATUS, RATE_LIMITED_STATUS, UsageRecord
+from keys.periods import DAY, HOUR, month_start
 
-HOUR = timedelta(hours=1)
-DAY = timedelta(days=1)
 # Percentiles read at most this many rows (the newest of the window): enough for a stable p95
 # without loading a busy month into memory.
 PERCENTILE_SAMPLE = 20_000
@@ -33,19 +32,6 @@ class Window:
 
     start: datetime
     end: datetime
-
-
-def floor_hour(moment: datetime) -> datetime:
-    return moment.replace(minute=0, second=0, microsecond=0)
-
-
-def floor_day(moment: datetime) -> datetime:
-    return moment.replace(hour=0, minute=0, second=0, microsecond=0)
-
-
-def month_start(moment: datetime | None = None) -> datetime:
-    """Midnight UTC on the first of ``moment``'s month (default: now)."""
-    return floor_day(moment or timezone.now()).replace(day=1)
 
 
 def records(
@@ -73,13 +59,14 @@ def _totals() -> dict[str, Any]:
         "input_tokens": Coalesce(Sum("prompt_tokens"), 0),
         "output_tokens": Coalesce(Sum("completion_tokens"), 0),
         "tokens": Coalesce(Sum("total_tokens"), 0),
-        "errors": Count("id", filter=Q(status_code__gte=400)),
-        "rate_limited": Count("id", filter=Q(status_code=429)),
+        "errors": Count("id", filter=ERROR_STATUS),
+        "rate_limited": Count("id", filter=RATE_LIMITED_STATUS),
     }
 
 
 def summary(queryset: QuerySet[UsageRecord]) -> dict[str, Any]:
-    """Totals and error rates: requests, tokens, 4xx, 5xx and 429 counts and their shares (0..1)."""
+    """Totals and error rates: requests, tokens, errors (429s apart), 4xx (429s included), 5xx and
+    429 counts, and their shares (0..1)."""
     totals = queryset.order_by().aggregate(
         **_totals(),
         client_errors=Count("id", filter=Q(status_code__gte=400, status_code__lt=500)),
@@ -95,7 +82,7 @@ def time_series(queryset: QuerySet[UsageRecord], unit: str, start: datetime, cou
     """``count`` consecutive buckets of ``unit`` (``"hour"`` or ``"day"``) from ``start``, empty ones included.
 
     Each bucket: ``start`` (aware UTC datetime), ``requests``, ``input_tokens``, ``output_tokens``,
-    ``tokens``, ``errors`` (status >= 400) and ``rate_limited`` (429).
+    ``tokens``, ``errors`` (status >= 400 but 429, ``keys.models.ERROR_STATUS``) and ``rate_limited`` (429).
     """
     step = _STEP[unit]
     end = start + step * count

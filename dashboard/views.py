@@ -26,6 +26,7 @@ from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_POST
 
+from keys import periods
 from keys.limits import Limits
 from keys.models import APIKey
 
@@ -152,9 +153,9 @@ def _render_overview(
         }
         for api_key in APIKey.objects.filter(owner=owner).order_by("revoked_at", "-created_at")
     ]
-    start = stats.floor_day(now) - timedelta(days=USAGE_DAYS - 1)
+    start = periods.floor_day(now) - timedelta(days=USAGE_DAYS - 1)
     mine = stats.records(stats.Window(start, now + timedelta(seconds=1)), owner_id=owner.pk)
-    this_month = stats.Window(stats.month_start(now), now + timedelta(seconds=1))
+    this_month = stats.Window(periods.month_start(now), now + timedelta(seconds=1))
     context = {
         "account": account,
         "owner": owner,

@@ -14,8 +14,8 @@ from django.db import IntegrityError, transaction
 from django.test import AsyncRequestFactory
 from django.utils import timezone
 
+from api.auth import authenticate
 from keys import models as key_models
-from keys.auth import authenticate
 from keys.models import APIKey
 
 KEY_SHAPE = re.compile(r"sk-cs-(?P<prefix>[A-Za-z0-9]{8})\.[A-Za-z0-9_-]{43}")

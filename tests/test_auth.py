@@ -14,8 +14,9 @@ from asgiref.sync import async_to_sync
 from django.test import AsyncRequestFactory
 from django.utils import timezone
 
+from api.auth import authenticate
 from api.errors import APIError, error_response
-from keys.auth import authenticate, touch_last_used
+from keys.auth import touch_last_used
 from keys.models import APIKey
 
 pytestmark = pytest.mark.django_db(transaction=True)

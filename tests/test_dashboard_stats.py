@@ -26,7 +26,18 @@ def test_hourly_buckets_count_requests_tokens_and_errors_and_keep_empty_hours(va
     assert [bucket["requests"] for bucket in buckets] == [2, 0, 1, 0]
     assert [bucket["tokens"] for bucket in buckets] == [7, 0, 2, 0]
     assert (buckets[0]["input_tokens"], buckets[0]["output_tokens"]) == (3, 4)
-    assert (buckets[0]["errors"], buckets[0]["rate_limited"]) == (1, 1)
+    assert (buckets[0]["errors"], buckets[0]["rate_limited"]) == (0, 1)  # a 429 is rate limited, not an error
+
+
+def test_the_dashboard_counts_errors_as_the_daily_rollup_does(valid_key):
+    from keys.models import rollup_increments
+
+    records = [add_usage(valid_key.api_key, NOON, status_code=status) for status in (200, 400, 429, 499, 500)]
+
+    summary = stats.summary(stats.records(WINDOW))
+
+    assert summary["errors"] == sum(rollup_increments(record)["errors"] for record in records) == 3
+    assert summary["rate_limited"] == sum(rollup_increments(record)["rate_limited"] for record in records) == 1
 
 
 def test_daily_buckets_split_at_midnight_utc(valid_key):

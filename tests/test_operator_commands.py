@@ -10,8 +10,8 @@ from django.core.management import CommandError, call_command
 from django.test import AsyncRequestFactory
 from django.utils import timezone
 
+from api.auth import authenticate
 from api.errors import APIError
-from keys.auth import authenticate
 from keys.limits import Limits
 from keys.models import APIKey
 

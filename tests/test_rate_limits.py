@@ -13,9 +13,11 @@ import time
 import pytest
 from asgiref.sync import async_to_sync
 
+from api.auth import admission_headers, admit
 from api.errors import APIError
+from api.translate import LimitExceeded, format_duration
 from keys import limits
-from keys.limits import LimitExceeded, Limits, format_duration
+from keys.limits import Limits
 from keys.models import UsageRecord
 from tests.inprocess_api import body, post, post_many
 
@@ -27,17 +29,17 @@ MONTH = "2026-11"
 def acquire(key_id: int, request_id: str, limits_: Limits, tokens: int, dry_run: bool = False):
     async def call():
         try:
-            return (await limits.limiter().call("acquire", key_id, request_id, limits_, tokens, MONTH, dry_run))[1]
+            return (await limits.limiter().acquire(key_id, request_id, limits_, tokens, MONTH, dry_run))[1]
         except limits.MonthUnknown:
-            await limits.limiter().call("seed_month", key_id, MONTH, 0)
-            return (await limits.limiter().call("acquire", key_id, request_id, limits_, tokens, MONTH, dry_run))[1]
+            await limits.limiter().seed_month(key_id, MONTH, 0)
+            return (await limits.limiter().acquire(key_id, request_id, limits_, tokens, MONTH, dry_run))[1]
 
     return async_to_sync(call)()
 
 
 def settle(key_id: int, request_id: str, reserved: int, used: int) -> None:
     async def call():
-        await limits.limiter().call("settle", key_id, request_id, MONTH, reserved, used)
+        await limits.limiter().settle(key_id, request_id, MONTH, reserved, used)
 
     async_to_sync(call)()
 
@@ -68,7 +70,7 @@ def test_a_refused_request_counts_for_nothing(limits_store):
 
 
 def test_the_window_slides_and_admits_again_once_the_oldest_request_has_left(limits_store, monkeypatch):
-    monkeypatch.setattr(limits, "WINDOW_MS", 2000)
+    monkeypatch.setattr(limits.decision, "WINDOW_MS", 2000)
     rpm2 = Limits(rpm=2)
     acquire(1, "a", rpm2, 1)
     first = time.monotonic()  # "a" was counted before this
@@ -175,11 +177,11 @@ def refusal_of(api_key, tokens: int, count: int = 1, finish: bool = True) -> Lim
 
     async def scenario():
         for i in range(count):
-            admission = await limits.admit(api_key, f"cmpl-{i}", tokens)
+            admission = await admit(api_key, f"cmpl-{i}", tokens)
             if finish:
                 await admission.settle(tokens)
         with pytest.raises(LimitExceeded) as refused:
-            await limits.admit(api_key, "cmpl-refused", tokens)
+            await admit(api_key, "cmpl-refused", tokens)
         return refused.value
 
     return async_to_sync(scenario)()
@@ -227,17 +229,17 @@ def test_a_client_that_leaves_during_admission_leaves_nothing_reserved(limited_k
     api_key = limited_key.api_key
 
     async def scenario():
-        task = asyncio.ensure_future(limits.admit(api_key, "cmpl-gone", 50))
+        task = asyncio.ensure_future(admit(api_key, "cmpl-gone", 50))
         await asyncio.sleep(0)  # the store is being asked
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
         await asyncio.sleep(0.05)
-        return await limits.admit(api_key, "cmpl-next", 100)
+        return await admit(api_key, "cmpl-next", 100)
 
     admission = async_to_sync(scenario)()
 
-    assert admission.headers["x-ratelimit-remaining-tokens"] == "0"  # all 100 were free again
+    assert admission_headers(admission)["x-ratelimit-remaining-tokens"] == "0"  # all 100 were free again
 
 
 # --- When Redis is down -------------------------------------------------------------------------
@@ -266,7 +268,7 @@ def test_with_redis_down_and_fail_mode_closed_requests_get_a_503(limited_key, re
 
     async def scenario():
         with pytest.raises(APIError) as refused:
-            await limits.admit(limited_key.api_key, "cmpl-1", 1)
+            await admit(limited_key.api_key, "cmpl-1", 1)
         return refused.value
 
     error = async_to_sync(scenario)()
