@@ -35,6 +35,7 @@ from django.http import QueryDict
 
 from api.errors import APIError
 from keys.models import UsageRecord
+from keys.periods import bucket_start
 from keys.usage import MODEL_REQUEST
 
 RESULT_OBJECT = "organization.usage.completions.result"
@@ -106,7 +107,7 @@ def parse_usage_query(params: QueryDict, now: int) -> UsageQuery:
     limit = width.default_limit if limit is None else limit
     if not 1 <= limit <= width.max_limit:
         raise _invalid("limit", f"Invalid value for 'limit': with bucket_width {width.name} it must be 1 to {width.max_limit}.")
-    first = start_time - start_time % width.seconds
+    first = bucket_start(start_time, width.seconds)
     page_start = first if params.get("page") is None else _page_start(params["page"], first, end_time, width)
     return UsageQuery(
         start_time=start_time,
