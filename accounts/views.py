@@ -26,13 +26,12 @@ from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_POST
 
-from keys import periods
+from dashboard.models import AccountSettings
+from keys import periods, stats
 from keys.limits import Limits
 from keys.models import APIKey
 
-from . import stats
 from .forms import CreateKeyForm, SignupForm
-from .models import AccountSettings
 
 USAGE_DAYS = 30
 # The per-key limits shown: (label, keys.models.APIKey field, keys.limits.Limits attribute).  A

@@ -34,7 +34,8 @@ INSTALLED_APPS = [
     "completions_site.apps.CompletionsSiteConfig",
     "keys",
     "api",  # the OpenAI HTTP surface; the engine (inference/) is no Django app
-    "dashboard",  # issue 6: staff dashboard, accounts, usage API
+    "dashboard",  # the staff dashboard and live updates
+    "accounts",  # users' own pages and sign-up
 ]
 
 MIDDLEWARE = [

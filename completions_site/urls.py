@@ -13,9 +13,14 @@ urlpatterns = [
     path("admin/", admin.site.urls),
 ]
 
-# --- The dashboard app: /admin/dashboard/ (before the admin's own routes), and /account/.
-from dashboard.urls import account_urlpatterns, admin_urlpatterns  # noqa: E402
+# --- The staff dashboard under /admin/dashboard/ (before the admin's own routes), with the account
+# pages staff open for a user in the same namespace; the users' own /account/.
+from django.urls import include  # noqa: E402
 
+from accounts.urls import account_urlpatterns, staff_routes  # noqa: E402
+from dashboard.urls import admin_routes  # noqa: E402
+
+admin_urlpatterns = [path("admin/dashboard/", include(([*admin_routes, *staff_routes], "dashboard")))]
 urlpatterns = [*admin_urlpatterns, *account_urlpatterns, *urlpatterns]
 
 # Any other /v1 URL gets OpenAI's JSON 404, after every real /v1 route above.

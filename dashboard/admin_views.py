@@ -18,11 +18,10 @@ from django.db.models import Count, Q
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, StreamingHttpResponse
 from django.shortcuts import render
 
-from keys import periods
+from keys import periods, stats
 from keys.models import APIKey
 from keys.usage import month_tokens
 
-from . import stats
 from .forms import UsageFilterForm
 
 HOURS_SHOWN = 24

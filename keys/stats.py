@@ -1,5 +1,7 @@
 """Usage figures from :class:`keys.models.UsageRecord`, for the staff dashboard and the account pages.
 
+(Periods come from :mod:`keys.periods`; what an error is from :data:`keys.models.ERROR_STATUS`.)
+
 Counting and summing happen in the database through the ORM (``TruncHour``/``TruncDay``,
 ``Count``, ``Sum`` with ``filter=``), which SQLite and PostgreSQL both support.  Percentiles are
 computed in Python over a bounded query: the newest ``PERCENTILE_SAMPLE`` rows of the window.

@@ -1,11 +1,11 @@
-"""The dashboard's figures (``dashboard.stats``): buckets, rates, rankings and percentiles."""
+"""The dashboard's figures (``keys.stats``): buckets, rates, rankings and percentiles."""
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from dashboard import stats
+from keys import stats
 from tests.conftest import issue
 from tests.usage_helpers import add_usage
 
