@@ -11,10 +11,12 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http.response import HttpResponseBase
 from django.views import defaults
 from django.views.decorators.csrf import csrf_exempt
 
@@ -37,6 +39,7 @@ from .protocol import (
     parse_completion_request,
 )
 from .serving import CompletionRun
+from .types import Model
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +52,7 @@ def api_view(*methods: str):
     method with OpenAI's JSON error and a 405, not Django's empty HTML one."""
 
     def decorate(view):
-        async def wrapper(request: HttpRequest, *args, **kwargs) -> HttpResponse:
+        async def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
             if request.method not in methods:
                 response = error_response(
                     APIError(f"Invalid method for URL ({request.method} {request.path})", status=405)
@@ -65,9 +68,10 @@ def api_view(*methods: str):
 
 
 @api_view("POST")
-async def completions(request: HttpRequest) -> HttpResponse:
+async def completions(request: HttpRequest) -> HttpResponseBase:
     """``POST /v1/completions`` (``CreateCompletionRequest`` → ``CreateCompletionResponse`` or SSE)."""
     completion_id = new_completion_id()
+    response: HttpResponseBase
     try:
         api_key = await authenticate(request)
     except APIError as error:
@@ -90,7 +94,7 @@ async def completions(request: HttpRequest) -> HttpResponse:
     return response
 
 
-async def _start_completion(request: HttpRequest, usage: _Usage) -> HttpResponse:
+async def _start_completion(request: HttpRequest, usage: _Usage) -> HttpResponseBase:
     """Validate, submit, and answer: JSON after generation, or a stream whose errors are in-band."""
     try:
         body = request.body
@@ -117,7 +121,7 @@ async def _start_completion(request: HttpRequest, usage: _Usage) -> HttpResponse
         response["X-Accel-Buffering"] = "no"
         return response
     try:
-        body = await run.response()
+        result = await run.response()
     except BaseException as error:
         run.abort()
         await usage.finish(_status_of(error), error_type=_type_of(error))
@@ -125,7 +129,7 @@ async def _start_completion(request: HttpRequest, usage: _Usage) -> HttpResponse
             raise
         raise _as_api_error(error) from error
     await usage.finish(200)
-    return JsonResponse(body)
+    return JsonResponse(result)
 
 
 async def _stream(run: CompletionRun, usage: _Usage) -> AsyncIterator[bytes]:
@@ -303,7 +307,7 @@ async def model_detail(request: HttpRequest, model: str) -> HttpResponse:
     return JsonResponse(_model())
 
 
-def _model() -> dict:
+def _model() -> Model:
     engine = get_engine()
     return model_object(engine.model_id, engine.created, OWNED_BY)
 
@@ -339,5 +343,6 @@ async def healthz(request: HttpRequest) -> HttpResponse:
         body["status"] = "error"
         body["error"] = f"{type(engine.load_error).__name__}: {engine.load_error}"
     response = JsonResponse(body, status=200 if engine.ready else 503)
-    response._has_been_logged = True  # a 503 while loading is expected; keep it out of the error log
+    # A 503 while loading is expected: Django's private flag keeps it out of the error log.
+    response._has_been_logged = True  # type: ignore[attr-defined]
     return response
