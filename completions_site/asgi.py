@@ -12,14 +12,14 @@ import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "completions_site.settings")
 
-from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
-from django.core.asgi import get_asgi_application  # noqa: E402
+from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
+from django.core.asgi import get_asgi_application
 
-from completions_site.handlers import APIHandler, route  # noqa: E402
+from api.handlers import APIHandler, route
 
 # The admin's CSS and JavaScript come from the apps' static folders through Django's own handler,
 # so a fresh checkout needs no collectstatic and no separate file server.  The API's paths skip
-# the browser middleware (completions_site/handlers.py).
+# the browser middleware (api/handlers.py).
 site_application = ASGIStaticFilesHandler(get_asgi_application())
 http_application = route(APIHandler(), site_application)
 

@@ -33,8 +33,9 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "completions_site.apps.CompletionsSiteConfig",
     "keys",
-    "inference",
-    "dashboard",  # issue 6: staff dashboard, accounts, usage API
+    "api",  # the OpenAI HTTP surface; the engine (inference/) is no Django app
+    "dashboard",  # the staff dashboard and live updates
+    "accounts",  # users' own pages and sign-up
 ]
 
 MIDDLEWARE = [
@@ -131,7 +132,7 @@ API_MAX_N = env.int("API_MAX_N", default=20)
 API_MAX_PROMPTS = env.int("API_MAX_PROMPTS", default=64)  # prompts in one request's array
 API_SSE_KEEPALIVE_SECONDS = env.float("API_SSE_KEEPALIVE_SECONDS", default=15.0)
 
-# --- Per-key limits (keys/limits.py) ------------------------------------------------------------
+# --- Per-key limits (keys/limits/) --------------------------------------------------------------
 # Defaults for keys without their own; 0 means no limit.  A dimension without a limit sends no
 # x-ratelimit-* headers, so the defaults are generous rather than absent.
 API_DEFAULT_RPM = env.int("API_DEFAULT_RPM", default=60_000)

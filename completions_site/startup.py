@@ -19,6 +19,6 @@ def start_server() -> None:
         raise ImproperlyConfigured("Refusing to start:\n" + "\n".join(str(e) for e in errors))
     memory.mmap_large_allocations()
     if settings.ENGINE_AUTOSTART:
-        from inference.engine import get_engine
+        from api.engine import get_engine
 
         get_engine().start()

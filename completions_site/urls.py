@@ -1,10 +1,11 @@
-"""URL routes: the OpenAI-compatible API under /v1, the health check, and the admin."""
+"""URL routes: the OpenAI-compatible API under /v1 (api/), the health check, and the admin."""
 from django.contrib import admin
 from django.urls import path, re_path
 
-from inference import views
+from api import usage_views, views
 
 urlpatterns = [
+    path("v1/usage/completions", usage_views.usage_completions, name="usage-completions"),
     path("v1/completions", views.completions, name="completions"),
     path("v1/models", views.models, name="models"),
     path("v1/models/<path:model>", views.model_detail, name="model-detail"),
@@ -12,11 +13,15 @@ urlpatterns = [
     path("admin/", admin.site.urls),
 ]
 
-# --- The dashboard app: /v1/usage/completions, /admin/dashboard/ (before the admin's own routes),
-# and /account/.
-from dashboard.urls import account_urlpatterns, admin_urlpatterns, api_urlpatterns  # noqa: E402
+# --- The staff dashboard under /admin/dashboard/ (before the admin's own routes), with the account
+# pages staff open for a user in the same namespace; the users' own /account/.
+from django.urls import include  # noqa: E402
 
-urlpatterns = [*api_urlpatterns, *admin_urlpatterns, *account_urlpatterns, *urlpatterns]
+from accounts.urls import account_urlpatterns, staff_routes  # noqa: E402
+from dashboard.urls import admin_routes  # noqa: E402
+
+admin_urlpatterns = [path("admin/dashboard/", include(([*admin_routes, *staff_routes], "dashboard")))]
+urlpatterns = [*admin_urlpatterns, *account_urlpatterns, *urlpatterns]
 
 # Any other /v1 URL gets OpenAI's JSON 404, after every real /v1 route above.
 urlpatterns.append(re_path(r"^v1/(?P<path>[\s\S]*)$", views.not_found))  # newlines too

@@ -14,15 +14,14 @@ from typing import Any
 from django.contrib import admin
 from django.contrib.auth import get_user_model
 from django.core.paginator import Paginator
-from django.db.models import Count, Q, Sum
-from django.db.models.functions import Coalesce
+from django.db.models import Count, Q
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, StreamingHttpResponse
 from django.shortcuts import render
-from django.utils import timezone
 
-from keys.models import APIKey, UsageRecord
+from keys import periods, stats
+from keys.models import APIKey
+from keys.usage import month_tokens
 
-from . import stats
 from .forms import UsageFilterForm
 
 HOURS_SHOWN = 24
@@ -56,10 +55,10 @@ def dashboard(request: HttpRequest) -> HttpResponse:
     window = form.window()
     records = form.records(window)
     # Per hour over the last day of the window, per day over the whole window (30 days by default).
-    last_hour = stats.floor_hour(window.end - timedelta(microseconds=1))
-    hours = stats.Window(last_hour - timedelta(hours=HOURS_SHOWN - 1), last_hour + stats.HOUR)
+    last_hour = periods.floor_hour(window.end - timedelta(microseconds=1))
+    hours = stats.Window(last_hour - timedelta(hours=HOURS_SHOWN - 1), last_hour + periods.HOUR)
     hourly = stats.time_series(form.records(hours), "hour", hours.start, HOURS_SHOWN)
-    daily = stats.time_series(records, "day", window.start, math.ceil((window.end - window.start) / stats.DAY))
+    daily = stats.time_series(records, "day", window.start, math.ceil((window.end - window.start) / periods.DAY))
     context = {
         **admin.site.each_context(request),
         "title": "Usage dashboard",
@@ -120,7 +119,6 @@ def _cell(value: Any) -> Any:
 def accounts(request: HttpRequest) -> HttpResponse:
     """``/admin/dashboard/accounts/``: every user with their keys and month-to-date tokens."""
     query = request.GET.get("q", "").strip()
-    since = stats.month_start(timezone.now())
     users = get_user_model()._default_manager.order_by("username")
     if query:
         users = users.filter(Q(username__icontains=query) | Q(email__icontains=query))
@@ -129,12 +127,7 @@ def accounts(request: HttpRequest) -> HttpResponse:
     active_keys = dict(
         APIKey.objects.active().filter(owner__in=owners).values_list("owner_id").annotate(Count("id")).order_by()
     )
-    month = dict(
-        UsageRecord.objects.filter(owner__in=owners, created_at__gte=since)
-        .values_list("owner_id")
-        .annotate(tokens=Coalesce(Sum("total_tokens"), 0))
-        .order_by()
-    )
+    month = month_tokens(periods.month_name(), owner_ids=owners)
     rows = [
         {"user": user, "active_keys": active_keys.get(user.pk, 0), "month_tokens": month.get(user.pk, 0)}
         for user in page

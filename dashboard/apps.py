@@ -1,4 +1,4 @@
-"""The staff dashboard, self-service accounts and the usage API (``/v1/usage/completions``)."""
+"""The staff dashboard and its live updates; also the sign-up switch (``AccountSettings``) and its admin."""
 from __future__ import annotations
 
 from django.apps import AppConfig

@@ -1,4 +1,4 @@
-"""Forms: the dashboard's filters (shared by the page and the CSV export) and the account forms."""
+"""The dashboard's filters, shared by the page and the CSV export (the account forms are in ``accounts/forms.py``)."""
 from __future__ import annotations
 
 from datetime import datetime, time, timedelta
@@ -6,13 +6,11 @@ from datetime import timezone as dt_timezone
 
 from django import forms
 from django.contrib.auth import get_user_model
-from django.contrib.auth.forms import UserCreationForm
 from django.db.models import QuerySet
 from django.utils import timezone
 
 from keys.models import KEY_NAMESPACE, APIKey, UsageRecord
-
-from .stats import Window, records
+from keys.stats import Window, records
 
 DEFAULT_DAYS = 30
 MAX_DAYS = 366
@@ -89,30 +87,3 @@ class UsageFilterForm(forms.Form):
             api_key_id=api_key.pk if api_key else None,
             model=data.get("model"),
         )
-
-
-class CreateKeyForm(forms.Form):
-    """A new key for the account's owner: a name and an optional expiry day."""
-
-    name = forms.CharField(max_length=100, help_text="What the key is for, e.g. “laptop” or “CI”.")
-    expires_on = forms.DateField(
-        required=False, widget=DateInput, label="Expires on", help_text="Optional; the key stops working at 00:00 UTC that day."
-    )
-
-    def clean_expires_on(self):
-        day = self.cleaned_data["expires_on"]
-        if day is not None and day <= timezone.now().date():
-            raise forms.ValidationError("Choose a day after today.")
-        return day
-
-    def expires_at(self) -> datetime | None:
-        day = self.cleaned_data.get("expires_on")
-        return None if day is None else datetime.combine(day, time.min, tzinfo=dt_timezone.utc)
-
-
-class SignupForm(UserCreationForm):
-    """Self sign-up (only while staff allow it): a username, an optional email and a password."""
-
-    class Meta(UserCreationForm.Meta):
-        model = get_user_model()
-        fields = ("username", "email")

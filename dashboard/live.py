@@ -41,7 +41,7 @@ def announce(event: dict[str, Any]) -> None:
         return
     try:
         async_to_sync(layer.group_send)(GROUP, event)
-    except Exception:  # noqa: BLE001 - a dashboard nicety must not fail a request
+    except Exception:
         logger.warning("Could not announce a usage record to the dashboard", exc_info=True)
 
 

@@ -683,31 +683,3 @@ class Engine:
         self._running, self._cache, self._mask = [], None, None
         self._waiting.clear()
 
-
-_engine: Engine | None = None
-_engine_lock = threading.Lock()
-
-
-def get_engine() -> Engine:
-    """The process's engine, created on first use from Django settings (never at import time)."""
-    global _engine
-    with _engine_lock:
-        if _engine is None:
-            from django.conf import settings
-
-            _engine = Engine(
-                ModelConfig(
-                    path=settings.MODEL_PATH,
-                    model_id=settings.MODEL_ID,
-                    device=settings.MODEL_DEVICE,
-                    dtype=settings.MODEL_DTYPE,
-                    cache_dir=settings.MODEL_CACHE_DIR,
-                ),
-                EngineConfig(
-                    max_batch_size=settings.ENGINE_MAX_BATCH_SIZE,
-                    max_queue=settings.ENGINE_MAX_QUEUE,
-                    prefill_chunk=settings.ENGINE_PREFILL_CHUNK,
-                    num_threads=settings.ENGINE_NUM_THREADS,
-                ),
-            )
-        return _engine

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-
 MIN_TEMPERATURE = 1e-5
 
 

@@ -1,9 +1,10 @@
-"""Bearer API-key authentication for the async API views, with OpenAI's 401 responses.
+"""Bearer API-key authentication: the ``Authorization`` header's value to an active key.
 
-OpenAI answers a missing credential and a bad one differently (``code: null`` vs
-``code: "invalid_api_key"``); we do the same, but every bad key (unknown, malformed, revoked,
-expired, wrong secret, deactivated owner) gets one identical response so that a caller learns
-nothing about which keys exist.  The reason is logged for operators, with the public prefix only.
+A missing credential and a bad one are told apart (:class:`~keys.errors.AuthFailed`'s
+``missing``), as OpenAI's 401s do (``code: null`` vs ``code: "invalid_api_key"``); every bad key
+(unknown, malformed, revoked, expired, wrong secret, deactivated owner) is one identical error so
+that a caller learns nothing about which keys exist.  The reason is logged for operators, with
+the public prefix only.  The API turns the error into its 401 (``api/auth.py``).
 """
 from __future__ import annotations
 
@@ -11,73 +12,52 @@ import logging
 from datetime import timedelta
 
 from django.db.models import Q
-from django.http import HttpRequest
 from django.utils import timezone
 
-from inference.errors import APIError
-
 from .db import db_call
+from .errors import AuthFailed
 from .models import APIKey, parse_prefix
 
 logger = logging.getLogger(__name__)
 
-MISSING_KEY_MESSAGE = (
-    "You didn't provide an API key. You need to provide your API key in an Authorization header "
-    "using Bearer auth (i.e. Authorization: Bearer YOUR_KEY)."
-)
-INCORRECT_KEY_MESSAGE = "Incorrect API key provided."
-# RFC 9110 requires a challenge on every 401; "Bearer" never makes a browser prompt for a password.
-_CHALLENGE = {"WWW-Authenticate": "Bearer"}
 # last_used_at is for humans ("is this key still in use?"); one write a minute per key is plenty
 # and keeps a busy key from turning every request into a database write.
 LAST_USED_RESOLUTION = timedelta(seconds=60)
-
-
-def missing_key_error() -> APIError:
-    """The 401 for no Authorization header, an empty token or a scheme other than Bearer."""
-    return APIError(MISSING_KEY_MESSAGE, status=401, type="invalid_request_error", code=None, headers=_CHALLENGE)
-
-
-def incorrect_key_error() -> APIError:
-    """The one 401 for every key that does not authenticate; it never echoes the key."""
-    return APIError(
-        INCORRECT_KEY_MESSAGE, status=401, type="invalid_request_error", code="invalid_api_key", headers=_CHALLENGE
-    )
 
 
 def bearer_token(authorization: str | None) -> str:
     """The token of an ``Authorization: Bearer <token>`` header value.
 
     The scheme is case-insensitive (RFC 9110 section 11.1) and surrounding whitespace is ignored.
-    Raises :func:`missing_key_error` for ``None``, an empty token or another scheme.
+    Raises ``AuthFailed(missing=True)`` for ``None``, an empty token or another scheme.
     """
     parts = (authorization or "").split(None, 1)
     if len(parts) != 2 or parts[0].lower() != "bearer" or not parts[1].strip():
-        raise missing_key_error()
+        raise AuthFailed(missing=True)
     return parts[1].strip()
 
 
-async def authenticate(request: HttpRequest) -> APIKey:
-    """The active :class:`APIKey` (with ``owner`` loaded) named by the request's Bearer token.
+async def authenticate(authorization: str | None) -> APIKey:
+    """The active :class:`APIKey` (with ``owner`` loaded) named by an ``Authorization`` header value.
 
     Costs exactly one database query on success, none for a token not shaped like a key.
-    Raises ``APIError`` (401): :func:`missing_key_error` or :func:`incorrect_key_error`.
+    Raises :class:`~keys.errors.AuthFailed`: ``missing`` for no Bearer token, else incorrect.
     """
-    token = bearer_token(request.headers.get("Authorization"))
+    token = bearer_token(authorization)
     prefix = parse_prefix(token)
     if prefix is None:
         logger.info("API key rejected: malformed token")
-        raise incorrect_key_error()
+        raise AuthFailed(missing=False, reason="malformed token")
     # Read from the database on every request, never cached: a revocation, a new limit or a
     # new list of models applies to the next request on every process.
     api_key = await db_call(_find_key, prefix)
     if api_key is None:
         logger.info("API key rejected: unknown prefix %s", prefix)
-        raise incorrect_key_error()
+        raise AuthFailed(missing=False, reason="unknown prefix")
     reason = _rejection_reason(api_key, token)
     if reason:
         logger.info("API key rejected: %s (prefix %s)", reason, prefix)
-        raise incorrect_key_error()
+        raise AuthFailed(missing=False, reason=reason)
     return api_key
 
 

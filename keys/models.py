@@ -20,9 +20,8 @@ import hmac
 import re
 import secrets
 import string
-from datetime import date, datetime
+from datetime import datetime
 from typing import Any
-from datetime import timezone as dt_timezone
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -30,6 +29,8 @@ from django.core.validators import RegexValidator
 from django.db import IntegrityError, models, transaction
 from django.db.models import F, Q
 from django.utils import timezone
+
+from .periods import usage_day
 
 KEY_NAMESPACE = "sk-cs-"
 PREFIX_LENGTH = 8
@@ -357,9 +358,15 @@ ROLLUP_FIELDS = (
 )
 
 
-def usage_day(moment: datetime) -> date:
-    """The UTC calendar day of ``moment`` (an aware datetime)."""
-    return moment.astimezone(dt_timezone.utc).date()
+# What counts as an error, once for the rollup, the dashboard and the account pages: a status of
+# 400 and above other than 429; a 429 (a limit or the quota) is "rate limited", counted apart.
+ERROR_STATUS = models.Q(status_code__gte=400) & ~models.Q(status_code=429)
+RATE_LIMITED_STATUS = models.Q(status_code=429)
+
+
+def is_error(status_code: int) -> bool:
+    """Whether a response with ``status_code`` counts as an error (see ``ERROR_STATUS``)."""
+    return status_code >= 400 and status_code != 429
 
 
 def rollup_increments(record: UsageRecord) -> dict[str, int]:
@@ -367,7 +374,7 @@ def rollup_increments(record: UsageRecord) -> dict[str, int]:
     first_token = record.time_to_first_token_ms
     return {
         "requests": 1,
-        "errors": int(record.status_code >= 400 and record.status_code != 429),
+        "errors": int(is_error(record.status_code)),
         "rate_limited": int(record.status_code == 429),
         "prompt_tokens": record.prompt_tokens,
         "completion_tokens": record.completion_tokens,

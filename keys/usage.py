@@ -5,15 +5,20 @@ always the sum of the records (``manage.py rebuild_usage_rollup`` recomputes it 
 """
 from __future__ import annotations
 
-from datetime import date, datetime, time, timedelta
-from datetime import timezone as dt_timezone
+from collections.abc import Iterable
+from datetime import date, timedelta
 from typing import Any
 
 from django.core.exceptions import FieldDoesNotExist
 from django.db import connection, models, transaction
 
 from .db import db_call
-from .models import ROLLUP_FIELDS, DailyUsage, UsageRecord, rollup_increments, usage_day
+from .models import ROLLUP_FIELDS, DailyUsage, UsageRecord, rollup_increments
+from .periods import midnight, month_bounds, usage_day
+
+# A request "reached the model" when it succeeded or consumed tokens (an interrupted stream
+# did; a 400 before generation did not).  The usage API counts these as num_model_requests.
+MODEL_REQUEST = models.Q(status_code__lt=400) | models.Q(total_tokens__gt=0)
 
 
 async def record_usage(**fields: Any) -> UsageRecord:
@@ -94,10 +99,10 @@ def rebuild_daily_usage(first: date | None = None, last: date | None = None) -> 
         records = UsageRecord.objects.filter(api_key__isnull=False).order_by()
         if first is not None:
             rows = rows.filter(day__gte=first)
-            records = records.filter(created_at__gte=_midnight(first))
+            records = records.filter(created_at__gte=midnight(first))
         if last is not None:
             rows = rows.filter(day__lte=last)
-            records = records.filter(created_at__lt=_midnight(last + timedelta(days=1)))
+            records = records.filter(created_at__lt=midnight(last + timedelta(days=1)))
         rows.delete()
         totals: dict[tuple[int, str, date], dict[str, int]] = {}
         fields = ("api_key_id", "model", "created_at", "status_code", "prompt_tokens", "completion_tokens",
@@ -114,5 +119,24 @@ def rebuild_daily_usage(first: date | None = None, last: date | None = None) -> 
     return len(totals)
 
 
-def _midnight(day: date) -> datetime:
-    return datetime.combine(day, time.min, tzinfo=dt_timezone.utc)
+def month_tokens(
+    month: str, *, api_key_ids: Iterable[int] | None = None, owner_ids: Iterable[int] | None = None
+) -> dict[int, int]:
+    """Month-to-date tokens: prompt plus completion tokens of the usage records created in ``month``.
+
+    ``month`` is ``"YYYY-MM"`` (UTC, :func:`keys.periods.month_name`).  Returns
+    ``{api_key_id: tokens}`` for ``api_key_ids``, or ``{owner_id: tokens}`` for ``owner_ids``
+    (exactly one of them), leaving out ids without records.  The one definition the monthly quota,
+    the account pages and the staff's accounts list share; one indexed query
+    (``keys_usage_key_time`` or ``keys_usage_owner_time``).
+    """
+    if (api_key_ids is None) == (owner_ids is None):
+        raise TypeError("month_tokens() takes exactly one of api_key_ids and owner_ids")
+    first, following = month_bounds(month)
+    records = UsageRecord.objects.filter(created_at__gte=midnight(first), created_at__lt=midnight(following))
+    if api_key_ids is not None:
+        group, records = "api_key_id", records.filter(api_key_id__in=list(api_key_ids))
+    else:
+        group, records = "owner_id", records.filter(owner_id__in=list(owner_ids or ()))
+    rows = records.values_list(group).annotate(tokens=models.Sum("total_tokens")).order_by()
+    return {ident: tokens or 0 for ident, tokens in rows}

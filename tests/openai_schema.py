@@ -1,11 +1,11 @@
-"""Check a JSON body against a schema of OpenAI's spec, as vendored in ``inference/openai_schema.json``."""
+"""Check a JSON body against a schema of OpenAI's spec, as vendored in ``api/openai_schema.json``."""
 from __future__ import annotations
 
 from typing import Any
 
 from jsonschema.exceptions import best_match
 
-from inference.protocol import spec_validator
+from api.protocol import spec_validator
 
 
 def validate(schema_name: str, instance: Any) -> None:

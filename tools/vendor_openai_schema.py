@@ -4,7 +4,7 @@ Usage (from the repository root)::
 
     .venv/bin/python tools/vendor_openai_schema.py [path/to/openai-openapi.yaml]
 
-The default input is ``../shared/openai-openapi.yaml``; the output is ``inference/openai_schema.json``,
+The default input is ``../shared/openai-openapi.yaml``; the output is ``api/openai_schema.json``,
 which is committed so that a machine without the spec still validates requests and tests.
 
 The spec is OpenAPI 3.1 but still writes ``nullable: true`` (an OpenAPI 3.0 keyword that JSON Schema
@@ -29,7 +29,7 @@ import yaml
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SPEC = REPO_ROOT / ".." / "shared" / "openai-openapi.yaml"
-OUTPUT = REPO_ROOT / "inference" / "openai_schema.json"
+OUTPUT = REPO_ROOT / "api" / "openai_schema.json"
 
 # The schemas the service speaks; whatever they reference comes along.
 ROOTS = (

@@ -1,0 +1,1 @@
+"""Users' own pages under ``/account/`` (keys, usage, sign-up), also served to staff acting for a user."""

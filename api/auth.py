@@ -1,0 +1,48 @@
+"""Authentication and admission as the views need them: the domain's calls, its errors as HTTP.
+
+``keys.auth`` and ``keys.limits`` raise the domain's errors; these wrappers raise the
+:class:`~api.errors.APIError` each becomes (``api/translate.py``), which the views answer with.
+"""
+
+from __future__ import annotations
+
+from django.http import HttpRequest
+
+from keys import auth, limits
+from keys.errors import AuthFailed, LimiterUnavailable, LimitRefused
+from keys.models import APIKey
+
+from .translate import auth_error, limit_error, limiter_error, rate_limit_headers
+
+
+async def authenticate(request: HttpRequest) -> APIKey:
+    """The active key of the request's ``Authorization: Bearer`` header (one query).
+
+    Raises ``APIError`` 401 (OpenAI's ``invalid_api_key``, or ``code: null`` when no key is sent).
+    """
+    try:
+        return await auth.authenticate(request.headers.get("Authorization"))
+    except AuthFailed as error:
+        raise auth_error(error) from None
+
+
+async def admit(api_key: APIKey, request_id: str, tokens: int) -> limits.Admission:
+    """:func:`keys.limits.admit`, refusals as HTTP: ``LimitExceeded`` (429, with OpenAI's headers)
+    or ``APIError`` 503 when the limits cannot be checked."""
+    try:
+        return await limits.admit(api_key, request_id, tokens)
+    except LimitRefused as refused:
+        raise limit_error(refused) from None
+    except LimiterUnavailable as error:
+        raise limiter_error(error) from None
+
+
+def admission_headers(admission: limits.Admission) -> dict[str, str]:
+    """The ``x-ratelimit-*`` headers of an admitted request, as of its admission."""
+    return rate_limit_headers(admission.limits, admission.decision)
+
+
+async def current_headers(api_key: APIKey) -> dict[str, str]:
+    """The key's ``x-ratelimit-*`` headers without counting anything (responses refused early)."""
+    state = await limits.peek(api_key)
+    return {} if state is None else rate_limit_headers(*state)

@@ -1,0 +1,52 @@
+"""The process's engine, built once from Django settings.
+
+``inference`` knows nothing of Django: it takes a :class:`~inference.model_loader.ModelConfig` and
+an :class:`~inference.engine.EngineConfig`.  This module reads the settings (``MODEL_*`` and
+``ENGINE_*``, see ``completions_site/settings.py``) into those objects and makes the one engine a
+server process serves (kept by :mod:`inference.process`).  Torch is imported on the first call,
+not at import time, so that the views and the management commands load without it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from django.conf import settings
+
+from inference import process
+
+if TYPE_CHECKING:
+    from inference.engine import Engine, EngineConfig
+    from inference.model_loader import ModelConfig
+
+
+def engine_configs() -> tuple[ModelConfig, EngineConfig]:
+    """The model's and the engine's configuration from the current settings."""
+    from inference.engine import EngineConfig
+    from inference.model_loader import ModelConfig
+
+    model = ModelConfig(
+        path=settings.MODEL_PATH,
+        model_id=settings.MODEL_ID,
+        device=settings.MODEL_DEVICE,
+        dtype=settings.MODEL_DTYPE,
+        cache_dir=settings.MODEL_CACHE_DIR,
+    )
+    engine = EngineConfig(
+        max_batch_size=settings.ENGINE_MAX_BATCH_SIZE,
+        max_queue=settings.ENGINE_MAX_QUEUE,
+        prefill_chunk=settings.ENGINE_PREFILL_CHUNK,
+        num_threads=settings.ENGINE_NUM_THREADS,
+    )
+    return model, engine
+
+
+def get_engine() -> Engine:
+    """The process's engine, created on first use (never at import time); not started here."""
+    return process.get_or_create(_make_engine)
+
+
+def _make_engine() -> Engine:
+    from inference.engine import Engine
+
+    return Engine(*engine_configs())

@@ -1,0 +1,75 @@
+"""The ASGI handler of the API's paths: Django's, without the browser middleware.
+
+Every middleware in ``MIDDLEWARE`` is a ``MiddlewareMixin``, whose async ``__acall__`` runs its
+``process_request`` and ``process_response`` in a worker thread (``sync_to_async``): with the seven
+that the admin and the dashboard need (sessions, CSRF, auth, messages, ...), an API call would
+make about a dozen hops to a thread and back that do nothing for it (keys authenticate it, not
+cookies).  :class:`APIHandler` serves ``/v1/...`` and ``/healthz`` with none of them;
+:func:`route` sends every other path to the full handler.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.core.exceptions import DisallowedHost
+from django.core.handlers.asgi import ASGIHandler, get_script_prefix
+from django.core.handlers.exception import convert_exception_to_response
+from django.http import HttpRequest
+from django.http.response import HttpResponseBase
+
+from api.errors import APIError, error_response
+
+security_logger = logging.getLogger("django.security.DisallowedHost")
+
+
+class APIHandler(ASGIHandler):
+    """``ASGIHandler`` with an empty middleware chain (what ``MIDDLEWARE = []`` would build).
+
+    The views still get Django's request, URL routing, exception handling and the request
+    signals (which close stale database connections).  Of the middleware's work the API keeps
+    two parts: the ``Host`` header must be in ``ALLOWED_HOSTS`` (``CommonMiddleware`` checked it;
+    here a refusal is OpenAI's JSON 400), and responses carry ``X-Content-Type-Options: nosniff``
+    (``SecurityMiddleware``).
+    """
+
+    def load_middleware(self, is_async: bool = False) -> None:
+        self._view_middleware: list[Any] = []
+        self._template_response_middleware: list[Any] = []
+        self._exception_middleware: list[Any] = []
+        # BaseHandler._get_response_async is the innermost step every middleware chain wraps;
+        # django-stubs does not declare this private method.
+        self._middleware_chain = convert_exception_to_response(self._get_response_async)  # type: ignore[attr-defined]
+
+    async def get_response_async(self, request: HttpRequest) -> HttpResponseBase:
+        response: HttpResponseBase
+        try:
+            request.get_host()
+        except DisallowedHost as error:
+            security_logger.warning("%s", error)
+            response = error_response(APIError("Invalid Host header.", status=400))
+        else:
+            response = await super().get_response_async(request)
+        response.headers.setdefault("X-Content-Type-Options", "nosniff")
+        return response
+
+
+def is_api_path(path_info: str) -> bool:
+    """Whether a request's path, below the script prefix, is the API's (``/v1/...``, ``/healthz``)."""
+    return path_info.startswith("/v1/") or path_info == "/healthz"
+
+
+def route(api_application, site_application):
+    """An ASGI app sending HTTP requests for API paths to ``api_application``, the rest to ``site_application``.
+
+    It decides on the path Django routes on: the request's path without its script prefix
+    (``root_path``, which a proxy may set with daphne's ``Daphne-Root-Path`` header), so that no
+    path reaches a non-API view through the API's handler.
+    """
+
+    async def application(scope, receive, send):
+        if scope["type"] == "http" and is_api_path(scope["path"].removeprefix(get_script_prefix(scope))):
+            return await api_application(scope, receive, send)
+        return await site_application(scope, receive, send)
+
+    return application

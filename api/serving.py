@@ -1,0 +1,318 @@
+"""One /v1/completions request in flight: prompts to engine streams, engine outputs to responses.
+
+The view parses and authenticates; :class:`CompletionRun` does the rest of the API's semantics
+(OpenAI's legacy Completions API, ``CreateCompletionRequest``/``CreateCompletionResponse``):
+tokenising the prompts, the context-length check, one engine request per prompt, choice indices
+``prompt_index * n + j``, ``best_of`` ranking, ``echo``, ``logprobs`` with ``text_offset``, and
+the token counts that usage accounting reads, also when the run is cut short.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from inference.outputs import CompletionOutput, EngineError, RequestOutput, TokenLogprob
+from inference.text import prompt_text_offsets, token_text
+
+from .errors import APIError
+from .protocol import (
+    CompletionRequest,
+    completion_choice,
+    completion_chunk,
+    completion_response,
+    logprobs_dict,
+    usage_dict,
+)
+from .types import CompletionChoice, CompletionChunk, CompletionLogprobs, CreateCompletionResponse
+
+if TYPE_CHECKING:
+    from inference.engine import Engine, RequestStream
+
+
+@dataclass
+class _Prompt:
+    """A tokenised prompt: its ids and the text that ``echo`` returns."""
+
+    ids: list[int]
+    text: str
+
+
+@dataclass
+class _Choice:
+    """A candidate's accumulated output (non-streamed responses and ``best_of`` ranking)."""
+
+    text: str = ""
+    texts: list[str] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: str | None = None
+    num_tokens: int = 0
+    cumulative_logprob: float = 0.0
+
+    def add(self, output: CompletionOutput) -> None:
+        self.text += output.text
+        self.texts.extend(output.texts)
+        self.logprobs.extend(output.logprobs or [])
+        self.finish_reason = output.finish_reason
+        self.num_tokens = output.num_tokens
+        self.cumulative_logprob = output.cumulative_logprob
+
+    @property
+    def mean_logprob(self) -> float:
+        """The mean log-probability of the tokens returned, what a client can check with ``logprobs``.
+
+        A candidate that returned no token (it ended at once) is scored by the engine's cumulative
+        log-probability, which is then that of the end-of-sequence token.
+        """
+        returned = [entry.logprob for entry in self.logprobs if entry.logprob is not None]
+        if not returned:
+            return self.cumulative_logprob
+        return sum(returned) / len(returned)
+
+
+class CompletionRun:
+    """Serves one validated :class:`CompletionRequest` with ``engine``.
+
+    Call :meth:`prepare` (tokenises; raises ``APIError`` 400 for bad token ids or an overflowing
+    context), then :meth:`start` (submits; raises ``APIError`` 503 when the engine is loading or
+    its queue is full), then either :meth:`response` or :meth:`chunks`.  :meth:`abort` stops the
+    generation; ``prompt_tokens``, ``completion_tokens`` and ``finish_reasons`` are readable at any
+    time for accounting.
+    """
+
+    def __init__(self, engine: Engine, request: CompletionRequest, completion_id: str) -> None:
+        self.engine = engine
+        self.request = request
+        self.id = completion_id
+        self.created = int(time.time())
+        self.params = request.sampling_params()
+        if self.params.best_of > self.params.n and self.params.logprobs is None:
+            # best_of ranks candidates by the mean log-probability of the tokens they return, so
+            # the engine must hand those back even when the client did not ask for logprobs.
+            self.params = dataclasses.replace(self.params, logprobs=0)
+        self.prompts: list[_Prompt] = []
+        self.streams: list[RequestStream] = []
+        self.prompt_tokens = 0
+        self._tokens: dict[tuple[int, int], int] = {}  # (prompt, candidate) -> tokens generated
+        self._finish: dict[tuple[int, int], str] = {}
+        self.first_token_at: float | None = None
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(self._tokens.values())
+
+    @property
+    def finish_reasons(self) -> str:
+        """The distinct finish reasons so far, comma-separated (``"stop,length"``)."""
+        return ",".join(sorted(set(self._finish.values())))
+
+    async def prepare(self) -> None:
+        """Tokenise every prompt (in a thread: a long prompt must not stall the event loop)."""
+        engine, request = self.engine, self.request
+        request.check_token_ids(engine.vocab_size)
+        for prompt in request.prompts:
+            if request.suffix:
+                ids, text = self._fim_prompt(prompt), ""
+            elif isinstance(prompt, str):
+                ids = await asyncio.to_thread(engine.encode, prompt) if prompt else []
+                text = prompt
+            else:
+                # Echo gives back what was sent: special tokens included, as they are in a text prompt.
+                ids, text = list(prompt), engine.tokenizer.decode(prompt, skip_special_tokens=False)
+            if not ids:
+                ids = engine.document_start_ids()
+            request.check_context_length(len(ids), engine.max_context)
+            self.prompts.append(_Prompt(ids, text))
+        self.prompt_tokens = sum(len(p.ids) for p in self.prompts)
+
+    def _fim_prompt(self, prompt: str | list[int]) -> list[int]:
+        """The fill-in-the-middle prompt for ``prompt`` and ``suffix``; the completion is the middle.
+
+        Raises ``APIError`` 400 (``param: "suffix"``, code ``unsupported_parameter``, OpenAI's
+        "Unsupported parameter: ..." for a parameter a model cannot take) when the model's tokenizer
+        has no FIM tokens.
+        """
+        engine = self.engine
+        prefix = prompt if isinstance(prompt, str) else engine.decode(prompt)
+        ids = engine.fim_prompt_ids(prefix, self.request.suffix)
+        if ids is None:
+            raise APIError(
+                f"Unsupported parameter: 'suffix' is not supported with {engine.model_id}: its tokenizer has no "
+                "fill-in-the-middle tokens (<fim_prefix>, <fim_suffix>, <fim_middle>), so it cannot complete "
+                "text before a suffix.",
+                param="suffix",
+                code="unsupported_parameter",
+            )
+        return ids
+
+    def start(self) -> None:
+        """Submit one engine request per prompt."""
+        try:
+            for index, prompt in enumerate(self.prompts):
+                self.streams.append(self.engine.submit(f"{self.id}-{index}", prompt.ids, self.params))
+        except EngineError as error:
+            self.abort()
+            raise APIError(
+                str(error),
+                status=error.status,
+                type="server_error",
+                code="server_overloaded" if error.status == 503 else None,
+                headers={"Retry-After": "1"},
+            ) from error
+
+    def abort(self) -> None:
+        """Stop every prompt's generation; harmless when finished."""
+        for stream in self.streams:
+            stream.abort()
+
+    def _account(self, prompt_index: int, output: CompletionOutput) -> None:
+        if self.first_token_at is None and output.num_tokens:
+            self.first_token_at = time.monotonic()
+        self._tokens[(prompt_index, output.index)] = output.num_tokens
+        if output.finish_reason is not None:
+            self._finish[(prompt_index, output.index)] = output.finish_reason
+
+    async def _outputs(self) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """Every prompt's outputs as they come, tagged with the prompt's index."""
+        if len(self.streams) == 1:
+            async for output in self.streams[0]:
+                yield 0, output
+            return
+        queue: asyncio.Queue[tuple[int, RequestOutput | BaseException | None]] = asyncio.Queue()
+
+        async def pump(index: int, stream: RequestStream) -> None:
+            try:
+                async for output in stream:
+                    queue.put_nowait((index, output))
+            except BaseException as error:  # noqa: BLE001 - handed to the consumer below
+                queue.put_nowait((index, error))
+            finally:
+                queue.put_nowait((index, None))
+
+        tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(self.streams)]
+        try:
+            remaining = len(tasks)
+            while remaining:
+                index, item = await queue.get()
+                if item is None:
+                    remaining -= 1
+                elif isinstance(item, BaseException):
+                    raise item
+                else:
+                    yield index, item
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    async def response(self) -> CreateCompletionResponse:
+        """The whole ``CreateCompletionResponse`` once every choice has finished."""
+        candidates: dict[tuple[int, int], _Choice] = {}
+        prompt_logprobs: dict[int, list[TokenLogprob]] = {}
+        async for prompt_index, output in self._outputs():
+            if output.prompt_logprobs is not None:
+                prompt_logprobs[prompt_index] = output.prompt_logprobs
+            for candidate in output.outputs:
+                self._account(prompt_index, candidate)
+                candidates.setdefault((prompt_index, candidate.index), _Choice()).add(candidate)
+        choices: list[CompletionChoice] = []
+        n = self.request.n
+        for prompt_index, prompt in enumerate(self.prompts):
+            ranked = [candidates[(prompt_index, i)] for i in range(self.params.best_of)]
+            if self.params.best_of > n:
+                # OpenAI: "the one with the highest log probability per token".
+                ranked = sorted(ranked, key=lambda c: c.mean_logprob, reverse=True)[:n]
+            for j, choice in enumerate(ranked):
+                choices.append(self._choice(prompt_index * n + j, prompt, choice, prompt_logprobs.get(prompt_index)))
+        return completion_response(
+            self.id, self.created, self.engine.model_id, choices, usage_dict(self.prompt_tokens, self.completion_tokens)
+        )
+
+    def _choice(self, index: int, prompt: _Prompt, choice: _Choice, prompt_logprobs: list[TokenLogprob] | None) -> CompletionChoice:
+        text = (prompt.text if self.request.echo else "") + choice.text
+        logprobs = None
+        if self.request.logprobs is not None:
+            plp = prompt_logprobs if self.request.echo else None
+            logprobs = self._logprobs(choice.texts, choice.logprobs, plp, prompt)
+        return completion_choice(index, text, choice.finish_reason, logprobs)
+
+    def _logprobs(
+        self,
+        texts: list[str],
+        entries: list[TokenLogprob],
+        prompt_logprobs: list[TokenLogprob] | None,
+        prompt: _Prompt,
+        offset: int | None = None,
+    ) -> CompletionLogprobs:
+        """``logprobs`` for ``entries`` (whose texts are ``texts``), preceded by ``prompt_logprobs`` if given.
+
+        OpenAI counts ``text_offset`` from the start of the prompt, so the echoed prompt's tokens
+        start at 0 and the completion's at the prompt's length (or at ``offset``, where a stream
+        has got to).
+        """
+        tokens: list[str] = []
+        token_logprobs: list[float | None] = []
+        top_logprobs: list[dict[str, float] | None] = []
+        text_offset: list[int] = []
+        if prompt_logprobs is not None:
+            for entry in prompt_logprobs:
+                self._append_logprob(entry, tokens, token_logprobs, top_logprobs)
+            text_offset.extend(prompt_text_offsets(self.engine.tokenizer, prompt.ids, prompt.text))
+        offset = len(prompt.text) if offset is None else offset
+        for entry, text in zip(entries, texts):
+            self._append_logprob(entry, tokens, token_logprobs, top_logprobs)
+            text_offset.append(offset)
+            offset += len(text)
+        return logprobs_dict(tokens, token_logprobs, top_logprobs, text_offset)
+
+    def _append_logprob(self, entry: TokenLogprob, tokens: list, token_logprobs: list, top_logprobs: list) -> None:
+        tokenizer = self.engine.tokenizer
+        tokens.append(token_text(tokenizer, entry.token_id))
+        token_logprobs.append(entry.logprob)
+        if entry.logprob is None:
+            top_logprobs.append(None)
+            return
+        top = {token_text(tokenizer, token_id): value for token_id, value in entry.top}
+        # OpenAI: up to logprobs + 1 entries, always including the sampled token.
+        top.setdefault(token_text(tokenizer, entry.token_id), entry.logprob)
+        top_logprobs.append(top)
+
+    async def chunks(self) -> AsyncIterator[CompletionChunk]:
+        """The stream's chunks: one per candidate per step, then the usage chunk when asked."""
+        n = self.request.n
+        include_usage = self.request.include_usage
+        offsets: dict[tuple[int, int], int] = {}
+        # The engine sends a prompt's logprobs once; every choice of that prompt echoes them.
+        prompt_logprobs: dict[int, list[TokenLogprob]] = {}
+        model = self.engine.model_id
+        async for prompt_index, output in self._outputs():
+            prompt = self.prompts[prompt_index]
+            if output.prompt_logprobs is not None:
+                prompt_logprobs[prompt_index] = output.prompt_logprobs
+            for candidate in output.outputs:
+                self._account(prompt_index, candidate)
+                key = (prompt_index, candidate.index)
+                text = candidate.text
+                logprobs = None
+                first = key not in offsets
+                if first:
+                    offsets[key] = len(prompt.text)
+                    if self.request.echo:
+                        text = prompt.text + text
+                if self.request.logprobs is not None:
+                    plp = prompt_logprobs.get(prompt_index) if first and self.request.echo else None
+                    logprobs = self._logprobs(candidate.texts, candidate.logprobs or [], plp, prompt, offsets[key])
+                offsets[key] += len(candidate.text)
+                choice = completion_choice(prompt_index * n + candidate.index, text, candidate.finish_reason, logprobs)
+                yield completion_chunk(self.id, self.created, model, [choice], include_usage=include_usage)
+        if include_usage:
+            yield completion_chunk(
+                self.id,
+                self.created,
+                model,
+                [],
+                usage=usage_dict(self.prompt_tokens, self.completion_tokens),
+                include_usage=True,
+            )

@@ -1,0 +1,138 @@
+"""The domain's errors and decisions in HTTP: statuses, OpenAI's errors and ``x-ratelimit-*`` headers.
+
+``keys`` raises :class:`~keys.errors.AuthFailed`, :class:`~keys.errors.LimitRefused` and
+:class:`~keys.errors.LimiterUnavailable` and reports :class:`~keys.limits.Decision` values; this
+module is the one place that says what OpenAI's API answers for each (the messages, types and
+codes of OpenAI's own 401s and 429s, and its rate-limit headers).
+"""
+
+from __future__ import annotations
+
+import math
+
+from keys.errors import AuthFailed, LimiterUnavailable, LimitRefused
+from keys.limits import CONCURRENCY, QUOTA, REQUESTS, TOO_LARGE, Decision, Limits
+from keys.periods import month_bounds
+
+from .errors import APIError
+
+MISSING_KEY_MESSAGE = (
+    "You didn't provide an API key. You need to provide your API key in an Authorization header "
+    "using Bearer auth (i.e. Authorization: Bearer YOUR_KEY)."
+)
+INCORRECT_KEY_MESSAGE = "Incorrect API key provided."
+# RFC 9110 requires a challenge on every 401; "Bearer" never makes a browser prompt for a password.
+_CHALLENGE = {"WWW-Authenticate": "Bearer"}
+
+
+class LimitExceeded(APIError):
+    """A 429: ``rate_limit_exceeded`` (``type`` requests or tokens) or ``insufficient_quota``."""
+
+
+def auth_error(error: AuthFailed) -> APIError:
+    """OpenAI's 401: ``code: null`` for a missing credential, ``invalid_api_key`` for any bad key
+    (the same for every one, never echoing the key)."""
+    if error.missing:
+        return APIError(MISSING_KEY_MESSAGE, status=401, code=None, headers=_CHALLENGE)
+    return APIError(INCORRECT_KEY_MESSAGE, status=401, code="invalid_api_key", headers=_CHALLENGE)
+
+
+def limiter_error(error: LimiterUnavailable) -> APIError:
+    """The 503 when the limits cannot be checked (``limiter_unavailable`` when failing closed)."""
+    if error.closed:
+        return APIError(
+            "The rate limiter is unavailable, so requests are refused for now; try again shortly.",
+            status=503,
+            type="server_error",
+            code="limiter_unavailable",
+            headers={"Retry-After": str(error.retry_after_seconds)},
+        )
+    return APIError(
+        "The rate limiter could not count this request; try again.",
+        status=503,
+        type="server_error",
+        headers={"Retry-After": str(error.retry_after_seconds)},
+    )
+
+
+def format_duration(ms: int) -> str:
+    """A wait as OpenAI writes it (Go's duration format): ``17ms``, ``1.5s``, ``1m0s``, ``6m0s``."""
+    if ms <= 0:
+        return "0s"
+    if ms < 1000:
+        return f"{ms}ms"
+    hours, rest = divmod(ms, 3_600_000)
+    minutes, rest = divmod(rest, 60_000)
+    seconds = f"{rest / 1000:.3f}".rstrip("0").rstrip(".")
+    if hours:
+        return f"{hours}h{minutes}m{seconds}s"
+    return f"{minutes}m{seconds}s" if minutes else f"{seconds}s"
+
+
+def rate_limit_headers(limits: Limits, decision: Decision) -> dict[str, str]:
+    """OpenAI's ``x-ratelimit-*`` headers; a dimension without a limit has none."""
+    headers: dict[str, str] = {}
+    dimensions = [
+        ("requests", limits.rpm, decision.requests, decision.reset_requests_ms),
+        ("tokens", limits.tpm, decision.tokens, decision.reset_tokens_ms),
+    ]
+    for name, limit, _, _ in dimensions:
+        if limit:
+            headers[f"x-ratelimit-limit-{name}"] = str(limit)
+    for name, limit, used, _ in dimensions:
+        if limit:
+            headers[f"x-ratelimit-remaining-{name}"] = str(max(0, limit - used))
+    for name, limit, _, reset in dimensions:
+        if limit:
+            headers[f"x-ratelimit-reset-{name}"] = format_duration(reset)
+    return headers
+
+
+def limit_error(refused: LimitRefused) -> LimitExceeded:
+    """OpenAI's 429 for a refusal, with its rate-limit headers and when (or whether) to retry."""
+    decision, limits, tokens = refused.decision, refused.limits, refused.tokens
+    headers = rate_limit_headers(limits, decision)
+    wait = decision.retry_after_ms
+    retry = {"Retry-After": str(max(1, math.ceil(wait / 1000))), "retry-after-ms": str(max(1, wait))}
+    final = {"x-should-retry": "false"}  # the official clients retry every 429 unless told not to
+    if decision.refusal == QUOTA:
+        _, renewal = month_bounds(refused.month)
+        return LimitExceeded(
+            f"You exceeded your current quota: this API key may use {limits.monthly_tokens} tokens per calendar "
+            f"month, {decision.month_tokens} are used and this request needs up to {tokens} (prompt tokens plus "
+            f"max_tokens for each choice). The quota renews on {renewal.isoformat()} (UTC).",
+            status=429,
+            type="insufficient_quota",
+            code="insufficient_quota",
+            headers={**headers, **final},
+        )
+    if decision.refusal == TOO_LARGE:
+        return LimitExceeded(
+            f"Request too large for tokens per min (TPM) on this API key: Limit {limits.tpm}, Requested {tokens}. "
+            "Reduce the prompt or max_tokens (each choice reserves max_tokens) to run it.",
+            status=429,
+            type="tokens",
+            code="rate_limit_exceeded",
+            headers={**headers, **final},
+        )
+    if decision.refusal == CONCURRENCY:
+        return LimitExceeded(
+            f"Rate limit reached for concurrent requests on this API key: Limit {limits.max_concurrent}, "
+            f"Used {decision.concurrent}, Requested 1. Please try again once one of them has finished.",
+            status=429,
+            type="requests",
+            code="rate_limit_exceeded",
+            headers={**headers, **retry},
+        )
+    if decision.refusal == REQUESTS:
+        name, limit, used, requested = "requests per min (RPM)", limits.rpm, decision.requests, 1
+    else:
+        name, limit, used, requested = "tokens per min (TPM)", limits.tpm, decision.tokens, tokens
+    return LimitExceeded(
+        f"Rate limit reached for {name} on this API key: Limit {limit}, Used {used}, Requested {requested}. "
+        f"Please try again in {format_duration(wait)}.",
+        status=429,
+        type=str(decision.refusal),
+        code="rate_limit_exceeded",
+        headers={**headers, **retry},
+    )

@@ -1,0 +1,259 @@
+"""The usage API's protocol: OpenAI's ``GET /v1/organization/usage/completions``, for one owner.
+
+Served at ``GET /v1/usage/completions`` (see ``api/usage_views.py``).  The caller's key decides
+the scope: the figures are those of every key of the key's owner, never anyone else's.
+
+Query parameters (as in OpenAI's spec):
+
+- ``start_time`` (required) and ``end_time`` (default: now): Unix seconds, ``[start, end)``.
+- ``bucket_width``: ``1m``, ``1h`` or ``1d`` (default).  Buckets are aligned to UTC minutes,
+  hours and days; the first and last are clipped to the range, and each bucket's
+  ``start_time``/``end_time`` say what it covers.  Empty buckets are listed with no results.
+- ``group_by``: ``model`` and/or ``api_key_id`` (others are a 400).  ``api_key_id`` is ``key_``
+  plus the key's public prefix, e.g. ``key_AbCd1234``.
+- ``models``, ``api_key_ids``: keep only these.
+- ``limit``: buckets per page (1d: default 7, max 31; 1h: 24, 168; 1m: 60, 1440), and ``page``:
+  the ``next_page`` cursor of the previous answer.
+
+Array parameters may be repeated (``group_by=model&group_by=api_key_id``), written with brackets
+(``group_by[]=model``, as OpenAI's client sends them) or comma-separated.
+
+A bad parameter is a 400 with OpenAI's ``code`` and words, from the same mapping as the request
+bodies' (:func:`api.errors.schema_error`): the query is checked against :data:`QUERY_SCHEMA`
+(the spec's parameters, narrowed to what this server does), e.g. ``limit=abc`` is ``invalid_type``
+("Invalid type for 'limit': expected an integer, but got a string instead."), ``bucket_width=1w``
+``invalid_value``, no ``start_time`` ``missing_required_parameter``.
+
+``num_model_requests`` counts the requests that reached the model (see
+``keys.usage.MODEL_REQUEST``), and the token sums are over the same requests.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from django.db.models import Count, Func, Sum
+from django.db.models.functions import Coalesce, TruncDay, TruncHour, TruncMinute
+from django.http import QueryDict
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import relevance
+
+from api.errors import above_maximum_error, below_minimum_error, invalid_value_error, schema_error
+from keys.models import UsageRecord
+from keys.periods import bucket_start
+from keys.usage import MODEL_REQUEST
+
+RESULT_OBJECT = "organization.usage.completions.result"
+API_KEY_ID_PREFIX = "key_"
+PAGE_PREFIX = "page_"
+
+
+@dataclass(frozen=True)
+class BucketWidth:
+    name: str
+    seconds: int
+    trunc: type[Func]
+    default_limit: int
+    max_limit: int
+
+
+BUCKET_WIDTHS = {
+    width.name: width
+    for width in (
+        BucketWidth("1m", 60, TruncMinute, 60, 1440),
+        BucketWidth("1h", 3600, TruncHour, 24, 168),
+        BucketWidth("1d", 86400, TruncDay, 7, 31),
+    )
+}
+# OpenAI's group_by names → the UsageRecord lookups that give their values.
+GROUPS = {"model": "model", "api_key_id": "api_key__prefix"}
+
+
+@dataclass(frozen=True)
+class UsageQuery:
+    """A validated request: the range, the bucket width, grouping, filters and the page to answer."""
+
+    start_time: int
+    end_time: int
+    width: BucketWidth
+    group_by: tuple[str, ...]
+    models: tuple[str, ...]
+    api_key_prefixes: tuple[str, ...]
+    limit: int
+    page_start: int  # the aligned start of this page's first bucket
+
+
+LAST_TIME = 253_370_764_800  # 9999-01-01T00:00:00Z, in Unix seconds
+TIME = {"type": "integer", "minimum": 0, "maximum": LAST_TIME - 1}  # Python's datetimes end with the year 9999
+# The spec's query parameters of ``GET /organization/usage/completions``, narrowed to what this
+# server does: times from 1970 to 9998, two of the spec's six ``group_by`` values, ``limit`` >= 1
+# (its maximum depends on ``bucket_width``: a rule beyond the schema, in parse_usage_query).
+QUERY_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "start_time": TIME,
+        "end_time": TIME,
+        "bucket_width": {"type": "string", "enum": list(BUCKET_WIDTHS)},
+        "api_key_ids": {"type": "array", "items": {"type": "string"}},
+        "models": {"type": "array", "items": {"type": "string"}},
+        "group_by": {"type": "array", "items": {"type": "string", "enum": list(GROUPS)}},
+        "limit": {"type": "integer", "minimum": 1},
+        "page": {"type": "string"},
+    },
+    "required": ["start_time"],
+}
+_QUERY_VALIDATOR = Draft202012Validator(QUERY_SCHEMA)
+INTEGER_PARAMS = ("start_time", "end_time", "limit")
+ARRAY_PARAMS = ("api_key_ids", "models", "group_by")
+_INTEGER = re.compile(r"[+-]?[0-9]{1,30}")  # longer is no time or limit of ours, and int() of it is slow
+
+
+def parse_usage_query(params: QueryDict, now: int) -> UsageQuery:
+    """Validate the query string against :data:`QUERY_SCHEMA`, then the rules beyond it.
+
+    Raises ``APIError`` 400 naming the ``param``, with OpenAI's code: what the schema refuses via
+    :func:`api.errors.schema_error`; ``end_time`` not after ``start_time`` and ``limit`` over
+    the width's maximum as ``integer_below_min_value``/``integer_above_max_value``; a ``page`` that
+    is not this query's cursor as ``invalid_value``.
+    """
+    query = _query_instance(params)
+    error = max(_QUERY_VALIDATOR.iter_errors(query), key=relevance, default=None)
+    if error is not None:
+        raise schema_error(error)
+    start_time = query["start_time"]
+    end_time = query.get("end_time", now)
+    if end_time <= start_time:
+        raise below_minimum_error("end_time", start_time + 1, end_time, integer=True,
+                                  why="end_time must be after start_time.")
+    width = BUCKET_WIDTHS[query.get("bucket_width", "1d")]
+    limit = query.get("limit", width.default_limit)
+    if limit > width.max_limit:
+        raise above_maximum_error("limit", width.max_limit, limit, integer=True,
+                                  why=f"With bucket_width {width.name} a page holds at most {width.max_limit} buckets.")
+    first = bucket_start(start_time, width.seconds)
+    page_start = first if "page" not in query else _page_start(query["page"], first, end_time, width)
+    return UsageQuery(
+        start_time=start_time,
+        end_time=end_time,
+        width=width,
+        group_by=tuple(dict.fromkeys(query.get("group_by", ()))),
+        models=tuple(query.get("models", ())),
+        api_key_prefixes=tuple(key_id.removeprefix(API_KEY_ID_PREFIX) for key_id in query.get("api_key_ids", ())),
+        limit=limit,
+        page_start=page_start,
+    )
+
+
+def _query_instance(params: QueryDict) -> dict[str, Any]:
+    """The query string as the JSON the schema checks: digits as integers (anything else stays a
+    string, for the schema to call an ``invalid_type``), arrays as lists, empty values left out."""
+    query: dict[str, Any] = {}
+    for name in QUERY_SCHEMA["properties"]:
+        if name in ARRAY_PARAMS:
+            values = _array(params, name)
+            if values:
+                query[name] = values
+            continue
+        raw = params.get(name)
+        if raw is None or raw == "":
+            continue
+        query[name] = int(raw) if name in INTEGER_PARAMS and _INTEGER.fullmatch(raw) else raw
+    return query
+
+
+async def usage_page(query: UsageQuery, owner_id: int) -> dict[str, Any]:
+    """The ``UsageResponse`` page for ``query`` over ``owner_id``'s usage records."""
+    seconds = query.width.seconds
+    boundaries = []
+    moment = query.page_start
+    while moment < query.end_time and len(boundaries) < query.limit:
+        boundaries.append(moment)
+        moment += seconds
+    low = max(query.start_time, boundaries[0])
+    high = min(query.end_time, boundaries[-1] + seconds)
+    grouped = await _aggregate(query, owner_id, low, high)
+    data = [
+        {
+            "object": "bucket",
+            "start_time": max(query.start_time, boundary),
+            "end_time": min(query.end_time, boundary + seconds),
+            "results": grouped.get(boundary, []),
+        }
+        for boundary in boundaries
+    ]
+    has_more = moment < query.end_time
+    return {"object": "page", "data": data, "has_more": has_more, "next_page": _cursor(moment) if has_more else None}
+
+
+async def _aggregate(query: UsageQuery, owner_id: int, low: int, high: int) -> dict[int, list[dict[str, Any]]]:
+    """``{bucket start (Unix s): [result, ...]}`` for records in ``[low, high)``, grouped as asked."""
+    queryset = UsageRecord.objects.filter(
+        MODEL_REQUEST,
+        owner_id=owner_id,
+        created_at__gte=datetime.fromtimestamp(low, timezone.utc),
+        created_at__lt=datetime.fromtimestamp(high, timezone.utc),
+    )
+    if query.models:
+        queryset = queryset.filter(model__in=query.models)
+    if query.api_key_prefixes:
+        queryset = queryset.filter(api_key__prefix__in=query.api_key_prefixes)
+    lookups = [GROUPS[name] for name in query.group_by]
+    rows = (
+        queryset.annotate(bucket=query.width.trunc("created_at"))
+        .values("bucket", *lookups)
+        .annotate(
+            input_tokens=Coalesce(Sum("prompt_tokens"), 0),
+            output_tokens=Coalesce(Sum("completion_tokens"), 0),
+            num_model_requests=Count("id"),
+        )
+        .order_by("bucket", *lookups)
+    )
+    grouped: dict[int, list[dict[str, Any]]] = {}
+    async for row in rows:
+        grouped.setdefault(int(row["bucket"].timestamp()), []).append(_result(row, query.group_by))
+    return grouped
+
+
+def _result(row: dict[str, Any], group_by: tuple[str, ...]) -> dict[str, Any]:
+    """One ``UsageCompletionsResult``; the grouping fields not asked for are ``null``, as on OpenAI."""
+    prefix = row.get("api_key__prefix")
+    return {
+        "object": RESULT_OBJECT,
+        "input_tokens": row["input_tokens"],
+        "output_tokens": row["output_tokens"],
+        "input_cached_tokens": 0,
+        "input_audio_tokens": 0,
+        "output_audio_tokens": 0,
+        "num_model_requests": row["num_model_requests"],
+        "project_id": None,
+        "user_id": None,
+        "api_key_id": (API_KEY_ID_PREFIX + prefix if prefix else None) if "api_key_id" in group_by else None,
+        "model": row["model"] if "model" in group_by else None,
+        "batch": None,
+    }
+
+
+def _cursor(bucket_start: int) -> str:
+    return PAGE_PREFIX + base64.urlsafe_b64encode(str(bucket_start).encode()).decode()
+
+
+def _page_start(cursor: str, first: int, end_time: int, width: BucketWidth) -> int:
+    """The bucket start a ``next_page`` cursor names; 400 unless it is one of this range's buckets."""
+    try:
+        value = int(base64.urlsafe_b64decode(cursor.removeprefix(PAGE_PREFIX).encode()).decode())
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        value = None
+    if value is None or not first <= value < end_time or (value - first) % width.seconds:
+        raise invalid_value_error("page", cursor, why="Use the 'next_page' of a previous answer to the same query.")
+    return value
+
+
+def _array(params: QueryDict, name: str) -> list[str]:
+    """Values of an array parameter: repeated, with ``[]`` brackets, or comma-separated."""
+    values = params.getlist(name) + params.getlist(f"{name}[]")
+    return [item.strip() for value in values for item in value.split(",") if item.strip()]
+

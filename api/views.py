@@ -1,0 +1,348 @@
+"""The API's views: thin. Each parses, authenticates, calls the engine and picks JSON or SSE.
+
+Routes (OpenAI's paths): ``POST /v1/completions``, ``GET /v1/models``, ``GET /v1/models/{id}``,
+and ``GET /healthz``.  Every ``/v1`` route needs a Bearer key.  Every request that gets past
+authentication leaves exactly one :class:`keys.models.UsageRecord`, written in ``finally`` so
+that streamed, failed and interrupted requests are counted with the tokens generated so far.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http.response import HttpResponseBase
+from django.views import defaults
+from django.views.decorators.csrf import csrf_exempt
+
+from keys import limits
+from keys.auth import touch_last_used
+from keys.models import APIKey
+from keys.usage import record_usage
+
+from . import sse
+from .auth import admission_headers, admit, authenticate, current_headers
+from .engine import get_engine
+from .errors import APIError, error_response
+from .handlers import is_api_path
+from .protocol import (
+    body_too_large_error,
+    model_list,
+    model_not_found_error,
+    model_object,
+    new_completion_id,
+    parse_completion_request,
+)
+from .serving import CompletionRun
+from .types import Model
+
+logger = logging.getLogger(__name__)
+
+
+OWNED_BY = "completions-site"
+
+
+def api_view(*methods: str):
+    """An API view: CSRF-exempt (keys, not cookies, authenticate it) and answering any other HTTP
+    method with OpenAI's JSON error and a 405, not Django's empty HTML one."""
+
+    def decorate(view):
+        async def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+            if request.method not in methods:
+                response = error_response(
+                    APIError(f"Invalid method for URL ({request.method} {request.path})", status=405)
+                )
+                response["Allow"] = ", ".join(methods)
+                return response
+            return await view(request, *args, **kwargs)
+
+        wrapper.__doc__, wrapper.__name__ = view.__doc__, view.__name__
+        return csrf_exempt(wrapper)
+
+    return decorate
+
+
+@api_view("POST")
+async def completions(request: HttpRequest) -> HttpResponseBase:
+    """``POST /v1/completions`` (``CreateCompletionRequest`` → ``CreateCompletionResponse`` or SSE)."""
+    completion_id = new_completion_id()
+    response: HttpResponseBase
+    try:
+        api_key = await authenticate(request)
+    except APIError as error:
+        response = error_response(error)
+        response["x-request-id"] = completion_id
+        return response
+    usage = _Usage(api_key, completion_id)
+    try:
+        response = await _start_completion(request, usage)
+    except APIError as error:
+        await usage.finish(error.status, error_type=error.type)
+        response = error_response(error)
+    except BaseException as error:  # a disconnect (CancelledError) or a bug
+        await usage.finish(_status_of(error), error_type=_type_of(error))
+        raise
+    response["x-request-id"] = completion_id
+    # --- limits: OpenAI's x-ratelimit-* headers on every answer (keys/limits/, api/translate.py) ---
+    for name, value in (await usage.rate_limit_headers()).items():
+        response.setdefault(name, value)
+    return response
+
+
+async def _start_completion(request: HttpRequest, usage: _Usage) -> HttpResponseBase:
+    """Validate, submit, and answer: JSON after generation, or a stream whose errors are in-band."""
+    try:
+        body = request.body
+    except RequestDataTooBig:
+        raise body_too_large_error(settings.API_MAX_BODY_BYTES) from None
+    if len(body) > settings.API_MAX_BODY_BYTES:
+        raise body_too_large_error(settings.API_MAX_BODY_BYTES)
+    parsed = await asyncio.to_thread(parse_completion_request, body)
+    usage.model, usage.stream, usage.user = parsed.model, parsed.stream, parsed.user or ""
+    engine = get_engine()
+    if parsed.model != engine.model_id or not usage.api_key.allows_model(parsed.model):
+        raise model_not_found_error(parsed.model)  # the same 404 for a model the key may not use
+    if not engine.ready:
+        raise APIError("The model is loading; try again shortly.", status=503, type="server_error",
+                       headers={"Retry-After": "5"})
+    run = CompletionRun(engine, parsed, usage.request_id)
+    usage.run = run
+    await run.prepare()
+    await usage.admit(run)  # limits: count and reserve tokens before the engine sees it, or 429
+    run.start()
+    if parsed.stream:
+        response = StreamingHttpResponse(_stream(run, usage), content_type="text/event-stream")
+        response["Cache-Control"] = "no-cache"
+        response["X-Accel-Buffering"] = "no"
+        return response
+    try:
+        result = await run.response()
+    except BaseException as error:
+        run.abort()
+        await usage.finish(_status_of(error), error_type=_type_of(error))
+        if isinstance(error, (asyncio.CancelledError, GeneratorExit)):
+            raise
+        raise _as_api_error(error) from error
+    await usage.finish(200)
+    return JsonResponse(result)
+
+
+async def _stream(run: CompletionRun, usage: _Usage) -> AsyncIterator[bytes]:
+    """The SSE body. A disconnect aborts the generation; the usage record is written either way."""
+    error_type = ""
+    try:
+        async for chunk in sse.with_keepalive(_events(run), settings.API_SSE_KEEPALIVE_SECONDS):
+            yield chunk
+    except (asyncio.CancelledError, GeneratorExit):
+        error_type = "interrupted"
+        raise
+    except Exception as error:
+        logger.exception("Stream %s failed", run.id)
+        api_error = _as_api_error(error)
+        error_type = api_error.type  # the status stays 200: it was sent with the first byte
+        yield sse.event(api_error.to_dict())
+        yield sse.DONE
+    finally:
+        run.abort()
+        # 200 whatever happened after the first byte: that is the status the client received.
+        await usage.finish(200, error_type=error_type)
+
+
+async def _events(run: CompletionRun) -> AsyncIterator[bytes]:
+    async for chunk in run.chunks():
+        yield sse.event(chunk)
+    yield sse.DONE
+
+
+class _Usage:
+    """Collects one request's accounting and writes its single usage record.
+
+    It also holds the request's admission by the per-key limits (:mod:`keys.limits`): the tokens
+    it reserved are settled to the real count in :meth:`finish`, in every path.
+    """
+
+    def __init__(self, api_key: APIKey, request_id: str) -> None:
+        self.api_key = api_key
+        self.request_id = request_id
+        self.started = time.monotonic()
+        self.model = ""
+        self.stream = False
+        self.user = ""
+        self.run: CompletionRun | None = None
+        self.written = False
+        self.admission: limits.Admission | None = None
+        self.limit_headers: dict[str, str] | None = None
+        self.loop = asyncio.get_running_loop()
+
+    async def admit(self, run: CompletionRun) -> None:
+        """The limits hook: reserve the request's largest cost before the engine sees it, or 429.
+
+        The largest cost is the prompt tokens plus ``max_tokens`` for every candidate of every
+        prompt (``best_of`` candidates, which is ``n`` unless ``best_of`` is sent).
+        """
+        tokens = run.prompt_tokens + run.request.max_tokens * run.params.best_of * len(run.prompts)
+        try:
+            self.admission = await admit(self.api_key, self.request_id, tokens)
+        except APIError as error:
+            self.limit_headers = {k: v for k, v in error.headers.items() if k.startswith("x-ratelimit-")}
+            raise
+        self.limit_headers = admission_headers(self.admission)
+
+    async def rate_limit_headers(self) -> dict[str, str]:
+        """The key's ``x-ratelimit-*`` headers, as of this request (read, not counted, if refused early)."""
+        if self.limit_headers is None:
+            self.limit_headers = await current_headers(self.api_key)
+        return self.limit_headers
+
+    async def finish(self, status: int, *, error_type: str = "") -> None:
+        """Write the record once and settle the reservation; shielded, so a disconnect cannot cancel them.
+
+        Tokens are recorded only for a request the limits admitted: one they refused never
+        reached the engine, and costs nothing.
+        """
+        if self.written:
+            return
+        self.written = True
+        interrupted = error_type == "interrupted"
+        run = self.run if self.admission is not None else None
+        finish_reason = "interrupted" if interrupted else (run.finish_reasons if run else "")
+        if error_type == "server_error" and not interrupted:
+            finish_reason = "error"
+        first = run.first_token_at if run else None
+        fields = dict(
+            request_id=self.request_id,
+            api_key=self.api_key,
+            model=self.model,
+            prompt_tokens=run.prompt_tokens if run else 0,
+            completion_tokens=run.completion_tokens if run else 0,
+            stream=self.stream,
+            status_code=status,
+            finish_reason=finish_reason,
+            error_type=error_type,
+            latency_ms=(time.monotonic() - self.started) * 1000,
+            time_to_first_token_ms=None if first is None else (first - self.started) * 1000,
+            user=self.user,
+        )
+        try:
+            await asyncio.shield(_write_usage(self.api_key, fields, self.admission))
+        except asyncio.CancelledError:
+            pass  # the shielded write goes on
+
+    def __del__(self) -> None:
+        # A streamed response dropped before its first byte (the client left while the middleware
+        # ran) never starts its generator, so no finally of ours runs: account for it here.
+        if self.written or self.loop.is_closed():
+            return
+        if self.run is not None:
+            self.run.abort()
+        self.loop.call_soon_threadsafe(_keep_running, self.finish, 499)
+
+
+_finishing: set[asyncio.Task] = set()
+
+
+def _keep_running(finish, status: int) -> None:
+    task = asyncio.ensure_future(finish(status, error_type="interrupted"))
+    _finishing.add(task)  # the loop keeps only weak references to tasks
+    task.add_done_callback(_finishing.discard)
+
+
+async def _write_usage(api_key: APIKey, fields: dict, admission: limits.Admission | None) -> None:
+    try:
+        await record_usage(**fields)
+        await touch_last_used(api_key)
+    except Exception:
+        logger.exception("Could not record usage for %s", fields.get("request_id"))
+    finally:
+        if admission is not None:
+            await admission.settle(fields["prompt_tokens"] + fields["completion_tokens"])
+
+
+def _status_of(error: BaseException) -> int:
+    if isinstance(error, APIError):
+        return error.status
+    if isinstance(error, (asyncio.CancelledError, GeneratorExit)):
+        return 499  # nginx's "client closed request"
+    return getattr(error, "status", 500)
+
+
+def _type_of(error: BaseException) -> str:
+    if isinstance(error, (asyncio.CancelledError, GeneratorExit)):
+        return "interrupted"
+    return error.type if isinstance(error, APIError) else "server_error"
+
+
+def _as_api_error(error: BaseException) -> APIError:
+    if isinstance(error, APIError):
+        return error
+    return APIError(str(error) or "The server had an error while processing your request.",
+                    status=_status_of(error), type="server_error")
+
+
+@api_view("GET")
+async def models(request: HttpRequest) -> HttpResponse:
+    """``GET /v1/models``: ``ListModelsResponse`` with the served model, if the key may use it."""
+    try:
+        api_key = await authenticate(request)
+    except APIError as error:
+        return error_response(error)
+    served = [_model()] if api_key.allows_model(get_engine().model_id) else []
+    return JsonResponse(model_list(served))
+
+
+@api_view("GET")
+async def model_detail(request: HttpRequest, model: str) -> HttpResponse:
+    """``GET /v1/models/{model}``: the ``Model`` object, or 404 ``model_not_found``."""
+    try:
+        api_key = await authenticate(request)
+    except APIError as error:
+        return error_response(error)
+    if model != get_engine().model_id or not api_key.allows_model(model):
+        return error_response(model_not_found_error(model))
+    return JsonResponse(_model())
+
+
+def _model() -> Model:
+    engine = get_engine()
+    return model_object(engine.model_id, engine.created, OWNED_BY)
+
+
+@csrf_exempt
+async def not_found(request: HttpRequest, path: str = "") -> HttpResponse:
+    """Any other ``/v1`` URL: OpenAI's JSON 404 (``Invalid URL (METHOD /path)``)."""
+    return error_response(APIError(f"Invalid URL ({request.method} {request.path})", status=404))
+
+
+def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
+    """``handler400``: a request Django refuses before any view (too many query fields, say) gets
+    OpenAI's JSON 400 on the API's paths and Django's page elsewhere.  (With ``DEBUG`` on, Django
+    shows its technical page instead.)"""
+    if is_api_path(request.path_info):
+        return error_response(APIError(str(exception) or "Bad request.", status=400))
+    return defaults.bad_request(request, exception)
+
+
+def server_error(request: HttpRequest) -> HttpResponse:
+    """``handler500``: OpenAI's JSON 500 on the API's paths, Django's page elsewhere."""
+    if is_api_path(request.path_info):
+        return error_response(APIError("The server had an error while processing your request.", status=500,
+                                       type="server_error"))
+    return defaults.server_error(request)
+
+
+async def healthz(request: HttpRequest) -> HttpResponse:
+    """``GET /healthz``: 200 once the model is loaded, 503 while loading (or if loading failed)."""
+    engine = get_engine()
+    body = {"status": "ok" if engine.ready else "loading", "model": engine.model_id, **engine.stats()}
+    if engine.load_error is not None:
+        body["status"] = "error"
+        body["error"] = f"{type(engine.load_error).__name__}: {engine.load_error}"
+    response = JsonResponse(body, status=200 if engine.ready else 503)
+    # A 503 while loading is expected: Django's private flag keeps it out of the error log.
+    response._has_been_logged = True  # type: ignore[attr-defined]
+    return response

@@ -1,0 +1,57 @@
+"""The domain's own errors: what keys, auth and limits refuse, without a word of HTTP.
+
+The API (``api/``) translates each into OpenAI's error shape and status (``api/translate.py``);
+nothing under ``keys/`` builds a response.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .limits.decision import Decision, Limits
+
+
+class AuthFailed(Exception):
+    """A request did not authenticate.
+
+    ``missing`` is true when no credential was presented (no ``Authorization`` header, an empty
+    token, a scheme other than Bearer), false for every key that does not authenticate (unknown,
+    malformed, revoked, expired, wrong secret, deactivated owner: one error, so a caller learns
+    nothing about which keys exist).  ``reason`` is for the operators' log only.
+    """
+
+    def __init__(self, *, missing: bool, reason: str = "") -> None:
+        super().__init__(reason or ("no credential" if missing else "incorrect key"))
+        self.missing = missing
+        self.reason = reason
+
+
+class LimitRefused(Exception):
+    """The key's limits or quota refused a request that would cost up to ``tokens`` tokens.
+
+    ``decision`` is the counter store's answer (its ``refusal`` names the limit: ``quota``,
+    ``too_large``, ``concurrency``, ``requests`` or ``tokens``), ``limits`` the key's limits in
+    force, ``month`` the quota's month (``"YYYY-MM"``, UTC).  Nothing was counted or reserved.
+    """
+
+    def __init__(self, decision: Decision, limits: Limits, tokens: int, month: str) -> None:
+        super().__init__(f"refused by {decision.refusal}")
+        self.decision = decision
+        self.limits = limits
+        self.tokens = tokens
+        self.month = month
+
+
+class LimiterUnavailable(Exception):
+    """The limits could not be checked, so the request is refused.
+
+    ``closed`` is true when Redis is unreachable and ``API_LIMITS_FAIL_MODE`` is ``closed``;
+    false when the counters could not be read after seeding (a race that a retry resolves).
+    ``retry_after_seconds`` is how long to wait before trying again.
+    """
+
+    def __init__(self, *, closed: bool, retry_after_seconds: int) -> None:
+        super().__init__("limiter unavailable" if closed else "limiter could not count")
+        self.closed = closed
+        self.retry_after_seconds = retry_after_seconds

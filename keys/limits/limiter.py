@@ -1,0 +1,264 @@
+"""Per-key limits: requests and tokens per minute, concurrent requests, tokens per calendar month.
+
+The API calls :func:`admit` once a request is validated and its prompt tokenised, before the
+engine sees it.  ``admit`` checks every limit and, if all allow the request, counts it and
+*reserves* its largest possible cost (prompt tokens plus ``max_tokens`` times the number of
+choices) in one atomic step; :meth:`Admission.settle` later replaces the reservation with the
+tokens really used and frees the concurrency slot.  So concurrent requests can never overshoot a
+token limit or a quota by what they have not generated yet (LiteLLM counts tokens only after the
+response, and concurrent requests overshoot).
+
+Windows are sliding: at most ``rpm`` requests, and at most ``tpm`` tokens, in any 60 seconds.
+Tokens count at the moment of their request's admission.  A refused request counts for nothing,
+so the wait it is told is the exact wait before the same request would be admitted.  The monthly
+quota counts the key's month-to-date tokens (:func:`keys.usage.month_tokens`) plus the
+reservations in flight; its counter starts from the database the first time it is needed, so a
+restart or a lost Redis does not forget what was used.
+
+Where the counters live: with ``REDIS_URL`` set, in Redis (:mod:`keys.limits.redis`), shared by
+every process and machine.  Without it, in this process (:mod:`keys.limits.local`).  When Redis
+cannot be reached, ``API_LIMITS_FAIL_MODE`` decides: ``open`` (the default) serves on, each
+process enforcing the limits alone with its own counters (so N processes let through up to N
+times a per-minute limit until Redis is back), and logs an error; ``closed`` refuses
+(:class:`~keys.errors.LimiterUnavailable`).  Redis is retried after
+``API_LIMITS_REDIS_RETRY_SECONDS``.
+
+Refusals are the domain's errors (:mod:`keys.errors`); the API turns them into 429s and 503s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from django.conf import settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+from keys import periods
+from keys.db import db_call
+from keys.errors import LimiterUnavailable, LimitRefused
+from keys.models import APIKey
+from keys.usage import month_tokens
+
+from .decision import Decision, Limits, MonthUnknown, StoreUnavailable
+from .local import LocalStore
+from .redis import RedisStore
+
+logger = logging.getLogger(__name__)
+
+
+class CounterStore(Protocol):
+    """Where counters live; :class:`LocalStore` and :class:`RedisStore` implement the same rules."""
+
+    async def acquire(
+        self, key_id: int, request_id: str, limits: Limits, tokens: int, month: str, dry_run: bool
+    ) -> Decision:
+        """Check every limit and, unless refused (or ``dry_run``), count the request and reserve
+        ``tokens``.  Raises :class:`MonthUnknown` when the month's counter is missing (never on a
+        dry run) and :class:`StoreUnavailable` when the store does not answer."""
+        ...
+
+    async def seed_month(self, key_id: int, month: str, tokens: int) -> None:
+        """Start the month's counter at ``tokens`` unless another process started it first."""
+        ...
+
+    async def settle(self, key_id: int, request_id: str, month: str, reserved: int, used: int) -> None:
+        """Replace the reservation of ``reserved`` tokens with ``used`` and free the concurrency slot."""
+        ...
+
+
+@dataclass
+class Admission:
+    """An admitted request's reservation; :meth:`settle` it exactly once, when the request ends.
+
+    ``limits`` and ``decision`` are what the headers of its response report.
+    """
+
+    store: CounterStore
+    key_id: int
+    request_id: str
+    month: str
+    reserved: int
+    limits: Limits
+    decision: Decision
+    settled: bool = field(default=False, init=False)
+
+    async def settle(self, used_tokens: int) -> None:
+        """Replace the reservation with ``used_tokens`` and free the concurrency slot; never raises."""
+        if self.settled:
+            return
+        self.settled = True
+        try:
+            await self.store.settle(self.key_id, self.request_id, self.month, self.reserved, used_tokens)
+        except Exception:
+            logger.exception("Could not settle the reservation of %s", self.request_id)
+
+
+async def admit(api_key: APIKey, request_id: str, tokens: int) -> Admission:
+    """Count and reserve one request of up to ``tokens`` tokens, or refuse it.
+
+    Raises :class:`~keys.errors.LimitRefused` when a limit or the quota refuses it, and
+    :class:`~keys.errors.LimiterUnavailable` when Redis is down and ``API_LIMITS_FAIL_MODE`` is
+    ``closed``.  A client that disconnects while the store answers leaves nothing reserved.
+    """
+    task = asyncio.ensure_future(_admit(api_key, request_id, tokens))
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        try:
+            admission = await task
+        except Exception:  # noqa: BLE001 - refused or failed: nothing is held
+            raise asyncio.CancelledError from None
+        await admission.settle(0)
+        raise
+
+
+async def peek(api_key: APIKey) -> tuple[Limits, Decision] | None:
+    """The key's limits and current counts without counting anything; ``None`` without per-minute
+    limits, or when the counters cannot be read (the limiter logged why)."""
+    limits = Limits.of(api_key)
+    if not (limits.rpm or limits.tpm):
+        return None
+    try:
+        _, decision = await limiter().acquire(api_key.pk, "", limits, 0, current_month(), True)
+    except Exception:  # noqa: BLE001 - a courtesy for the headers; never a reason to fail a response
+        return None
+    return limits, decision
+
+
+async def _admit(api_key: APIKey, request_id: str, tokens: int) -> Admission:
+    limits = Limits.of(api_key)
+    month = current_month()
+    proc = limiter()
+    for _ in range(3):
+        try:
+            store, decision = await proc.acquire(api_key.pk, request_id, limits, tokens, month, False)
+        except MonthUnknown:
+            used = await db_call(month_tokens_in_database, api_key.pk, month)
+            await proc.seed_month(api_key.pk, month, used)
+            continue
+        if decision.refusal is not None:
+            raise LimitRefused(decision, limits, tokens, month)
+        return Admission(store, api_key.pk, request_id, month, tokens, limits, decision)
+    raise LimiterUnavailable(closed=False, retry_after_seconds=1)
+
+
+def month_tokens_in_database(key_id: int, month: str) -> int:
+    """The key's month-to-date tokens in ``month`` (``"YYYY-MM"``, UTC), from the database."""
+    return month_tokens(month, api_key_ids=[key_id]).get(key_id, 0)
+
+
+def current_month() -> str:
+    """This month's name, ``"YYYY-MM"`` in UTC: the key of its quota counter."""
+    return periods.month_name()
+
+
+class Limiter:
+    """This process's way to the counters: Redis when configured and reachable, else its own.
+
+    After a Redis failure it logs one error and leaves Redis alone for
+    ``API_LIMITS_REDIS_RETRY_SECONDS``, serving from :class:`LocalStore` (fail open) or raising
+    :class:`~keys.errors.LimiterUnavailable` (fail closed) in the meantime.
+    """
+
+    def __init__(self) -> None:
+        self.local = LocalStore()
+        self.redis = (
+            RedisStore(settings.REDIS_URL, settings.API_LIMITS_REDIS_PREFIX, settings.API_LIMITS_REDIS_TIMEOUT)
+            if settings.REDIS_URL
+            else None
+        )
+        self.fail_open = settings.API_LIMITS_FAIL_MODE == "open"
+        self._redis_down_until = 0.0
+
+    def _store(self) -> CounterStore:
+        """The store in charge now; raises ``LimiterUnavailable`` while Redis is down and failing closed."""
+        if self.redis is not None and time.monotonic() >= self._redis_down_until:
+            return self.redis
+        if self.redis is not None and not self.fail_open:
+            raise LimiterUnavailable(
+                closed=True, retry_after_seconds=math.ceil(settings.API_LIMITS_REDIS_RETRY_SECONDS)
+            )
+        return self.local
+
+    def _redis_failed(self, error: StoreUnavailable) -> None:
+        assert self.redis is not None
+        self._redis_down_until = time.monotonic() + settings.API_LIMITS_REDIS_RETRY_SECONDS
+        logger.error(
+            "Redis at %s is unavailable (%s): %s for the next %s s",
+            _redacted(self.redis.url),
+            error,
+            "each process enforces the limits alone (fail open)"
+            if self.fail_open
+            else "requests are refused with 503 (fail closed)",
+            settings.API_LIMITS_REDIS_RETRY_SECONDS,
+        )
+
+    async def acquire(
+        self, key_id: int, request_id: str, limits: Limits, tokens: int, month: str, dry_run: bool
+    ) -> tuple[CounterStore, Decision]:
+        """:meth:`CounterStore.acquire` on the store in charge; returns that store and its decision."""
+        store = self._store()
+        try:
+            return store, await store.acquire(key_id, request_id, limits, tokens, month, dry_run)
+        except StoreUnavailable as error:
+            self._redis_failed(error)
+        store = self._store()
+        return store, await store.acquire(key_id, request_id, limits, tokens, month, dry_run)
+
+    async def seed_month(self, key_id: int, month: str, tokens: int) -> None:
+        """:meth:`CounterStore.seed_month` on the store in charge."""
+        store = self._store()
+        try:
+            await store.seed_month(key_id, month, tokens)
+            return
+        except StoreUnavailable as error:
+            self._redis_failed(error)
+        await self._store().seed_month(key_id, month, tokens)
+
+    async def settle(self, key_id: int, request_id: str, month: str, reserved: int, used: int) -> None:
+        """:meth:`CounterStore.settle` on the store in charge (tests; requests settle their :class:`Admission`)."""
+        store = self._store()
+        try:
+            await store.settle(key_id, request_id, month, reserved, used)
+            return
+        except StoreUnavailable as error:
+            self._redis_failed(error)
+        await self._store().settle(key_id, request_id, month, reserved, used)
+
+
+def _redacted(url: str) -> str:
+    """``url`` without its password, for the log."""
+    scheme, sep, rest = url.partition("://")
+    if "@" in rest:
+        rest = "***@" + rest.rsplit("@", 1)[1]
+    return scheme + sep + rest
+
+
+_SETTINGS = {
+    "REDIS_URL",
+    "API_LIMITS_REDIS_PREFIX",
+    "API_LIMITS_REDIS_TIMEOUT",
+    "API_LIMITS_FAIL_MODE",
+    "API_LIMITS_REDIS_RETRY_SECONDS",
+}
+
+
+@functools.cache
+def limiter() -> Limiter:
+    """The process's :class:`Limiter`, built from the settings on first use (from the event loop,
+    the only thread that calls it)."""
+    return Limiter()
+
+
+@receiver(setting_changed)
+def _forget_limiter(*, setting: str, **kwargs: Any) -> None:
+    """A changed limiter setting (tests) gets a fresh limiter, with fresh local counters."""
+    if setting in _SETTINGS:
+        limiter.cache_clear()

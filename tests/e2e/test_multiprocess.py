@@ -1,0 +1,231 @@
+"""Two daphne processes behind one API, sharing PostgreSQL and Redis, as a hosted deployment runs.
+
+Limits hold across the processes (not once per process), a revocation through one process is
+refused by the other on the next request, and concurrent streamed and interrupted requests leave
+exactly one usage record each.  The servers get a PostgreSQL database of their own (created from
+the ``test`` database and dropped afterwards) and a Redis key prefix of their own; without
+PostgreSQL or Redis the module is skipped.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import time
+import uuid
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime
+from datetime import timezone as dt_timezone
+
+import httpx
+import pytest
+
+from testing.live_server import MODEL, LiveServer, _manage, start_server, stop_server
+from tests.conftest import TEST_REDIS_URL, redis_reachable
+
+POSTGRES_URL = os.environ.get("E2E_POSTGRES_URL", "postgresql://root@127.0.0.1:5432/test")
+NO_EOS = {"0": -100, "2": -100}  # neither end-of-text token: every request makes exactly max_tokens
+
+
+def postgres_reachable(url: str) -> bool:
+    import psycopg
+
+    try:
+        with psycopg.connect(url, connect_timeout=2):
+            return True
+    except psycopg.Error:
+        return False
+
+
+@dataclass
+class Cluster:
+    """Two servers on one database and one Redis prefix."""
+
+    servers: list[LiveServer]
+    database_url: str
+    redis_prefix: str
+
+    def create_key(self, name: str, *options: str) -> str:
+        return self.servers[0].manage("create_api_key", "--name", name, "--user", "e2e", *options).strip().splitlines()[-1]
+
+    def query(self, sql: str, *params) -> list[tuple]:
+        import psycopg
+
+        with psycopg.connect(self.database_url) as connection:
+            return connection.execute(sql, params).fetchall()
+
+    def key_id(self, plaintext: str) -> int:
+        prefix = re.fullmatch(r"sk-cs-([A-Za-z0-9]{8})\..+", plaintext)[1]
+        return self.query("SELECT id FROM keys_apikey WHERE prefix = %s", prefix)[0][0]
+
+    def post(self, index: int, key: str, body: dict, **kwargs) -> httpx.Response:
+        return self.servers[index % 2].post({"model": MODEL, **body}, key=key, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory) -> Cluster:
+    if not postgres_reachable(POSTGRES_URL):
+        pytest.skip(f"PostgreSQL is not reachable at {POSTGRES_URL} (set E2E_POSTGRES_URL)")
+    if not redis_reachable(TEST_REDIS_URL):
+        pytest.skip(f"Redis is not reachable at {TEST_REDIS_URL} (set REDIS_URL)")
+    import psycopg
+    from psycopg import sql
+
+    name = f"completions_e2e_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(POSTGRES_URL, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    database_url = POSTGRES_URL.rsplit("/", 1)[0] + "/" + name
+    prefix = f"completions-site-e2e:{uuid.uuid4().hex[:12]}:"
+    settings = {
+        "REDIS_URL": TEST_REDIS_URL,
+        "API_LIMITS_REDIS_PREFIX": prefix,
+        "ENGINE_NUM_THREADS": "1",  # two servers share the machine's cores
+        "LOG_LEVEL": "WARNING",
+    }
+    servers: list[LiveServer] = []
+    try:
+        servers.append(start_server(tmp_path_factory.mktemp("first"), database_url=database_url, **settings))
+        # Started once the first is up: it has migrated the database and converted the model.
+        servers.append(start_server(tmp_path_factory.mktemp("second"), database_url=database_url,
+                                    key=servers[0].key, **settings))
+        _manage(servers[0].env, "shell", "-v", "0", "-c",
+                "from django.contrib.auth.models import User; User.objects.create_superuser('ops', '', 'ops-password-1')")
+        yield Cluster(servers, database_url, prefix)
+    finally:
+        for server in servers:
+            stop_server(server)  # which deletes the shared prefix's counters too
+        with psycopg.connect(POSTGRES_URL, autocommit=True) as admin:
+            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def test_a_key_with_rpm_10_gets_exactly_10_successes_out_of_30_requests_over_both_processes(cluster):
+    key = cluster.create_key("rpm10", "--rpm", "10")
+    started = time.monotonic()
+
+    with ThreadPoolExecutor(6) as pool:
+        replies = list(pool.map(lambda i: cluster.post(i, key, {"prompt": "Hi", "max_tokens": 1}), range(30)))
+
+    assert time.monotonic() - started < 55  # all within one window
+    assert Counter(r.status_code for r in replies) == {200: 10, 429: 20}
+    for refused in (r for r in replies if r.status_code == 429):
+        assert refused.json()["error"]["code"] == "rate_limit_exceeded"
+        assert refused.json()["error"]["type"] == "requests"
+        assert "Limit 10, Used 10, Requested 1" in refused.json()["error"]["message"]
+        assert 1 <= int(refused.headers["retry-after"]) <= 60
+    # One counter for both processes: the ten successes saw 9, 8, ... 0 requests left, each once.
+    remaining = sorted(int(r.headers["x-ratelimit-remaining-requests"]) for r in replies if r.status_code == 200)
+    assert remaining == list(range(10))
+    served_by = {r.request.url.port for r in replies if r.status_code == 200}
+    assert len(served_by) == 2
+
+
+def test_eight_concurrent_requests_do_not_overshoot_a_tpm_limit(cluster):
+    key = cluster.create_key("tpm100", "--tpm", "100")
+    # A 10-token prompt (token ids) and 20 new tokens: each request reserves, and uses, 30.
+    body = {"prompt": list(range(1000, 1010)), "max_tokens": 20, "logit_bias": NO_EOS}
+
+    with ThreadPoolExecutor(8) as pool:
+        replies = list(pool.map(lambda i: cluster.post(i, key, body), range(8)))
+
+    admitted = [r for r in replies if r.status_code == 200]
+    assert len(admitted) == 3 and sum(r.json()["usage"]["total_tokens"] for r in admitted) == 90
+    for refused in (r for r in replies if r.status_code == 429):
+        assert refused.json()["error"]["type"] == "tokens"
+        assert "Limit 100, Used 90, Requested 30" in refused.json()["error"]["message"]
+
+
+def test_a_key_revoked_through_one_process_is_refused_by_the_other_on_its_next_request(cluster):
+    key = cluster.create_key("to revoke")
+    assert cluster.post(1, key, {"prompt": "Hi", "max_tokens": 1}).status_code == 200
+
+    admin = cluster.servers[0].base_url + "/admin/"
+    with httpx.Client(base_url=admin, timeout=30) as browser:
+        login = browser.get("login/")
+        token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', login.text)[1]
+        browser.post("login/", data={"username": "ops", "password": "ops-password-1", "csrfmiddlewaretoken": token,
+                                     "next": "/admin/"})
+        changelist = browser.get("keys/apikey/")
+        token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', changelist.text)[1]
+        done = browser.post("keys/apikey/", data={"action": "revoke_selected", "_selected_action": cluster.key_id(key),
+                                                  "csrfmiddlewaretoken": token}, follow_redirects=True)
+        assert "Revoked 1 of 1 selected keys." in done.text
+
+    refused = cluster.post(1, key, {"prompt": "Hi", "max_tokens": 1})
+    assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
+
+
+def test_200_concurrent_requests_leave_200_records_whose_tokens_are_what_the_responses_reported(cluster):
+    key = cluster.create_key("busy")
+    key_id = cluster.key_id(key)
+    outcomes = asyncio.run(_two_hundred_requests(cluster, key))
+
+    deadline = time.monotonic() + 60
+    while cluster.query("SELECT count(*) FROM keys_usagerecord WHERE api_key_id = %s", key_id)[0][0] < 200:
+        assert time.monotonic() < deadline, "the usage records did not all arrive"
+        time.sleep(0.2)
+    time.sleep(1)  # and no more come
+
+    rows = cluster.query("SELECT request_id, prompt_tokens, completion_tokens, stream, finish_reason, status_code "
+                         "FROM keys_usagerecord WHERE api_key_id = %s", key_id)
+    records = {row[0]: row for row in rows}
+    assert len(rows) == 200 and set(records) == {o["id"] for o in outcomes}
+    reported = [o for o in outcomes if o["usage"] is not None]
+    assert len(reported) == 134  # the non-streamed and the fully read streams
+    for outcome in reported:
+        record = records[outcome["id"]]
+        assert (record[1], record[2]) == (outcome["usage"]["prompt_tokens"], outcome["usage"]["completion_tokens"])
+    assert sum(records[o["id"]][1] + records[o["id"]][2] for o in reported) == sum(
+        o["usage"]["total_tokens"] for o in reported)
+    for outcome in (o for o in outcomes if o["usage"] is None):  # cut off by the client after one event
+        record = records[outcome["id"]]
+        assert record[3] and record[5] == 200 and 1 <= record[2] <= 6
+        assert record[4] in ("interrupted", "length")  # "length" if it finished before the disconnect was seen
+
+    # The daily rollup and the shared counters agree with the records, token for token.
+    prompt, completion = (sum(row[i] for row in rows) for i in (1, 2))
+    rollup = cluster.query("SELECT sum(requests), sum(prompt_tokens), sum(completion_tokens) FROM keys_dailyusage "
+                           "WHERE api_key_id = %s", key_id)[0]
+    assert tuple(map(int, rollup)) == (200, prompt, completion)
+    import redis
+
+    counters = redis.Redis.from_url(TEST_REDIS_URL)
+    month = datetime.now(dt_timezone.utc).strftime("%Y-%m")
+    assert int(counters.get(f"{cluster.redis_prefix}{{{key_id}}}:month:{month}")) == prompt + completion
+    assert int(counters.get(f"{cluster.redis_prefix}{{{key_id}}}:token-sum")) == prompt + completion
+    for server in cluster.servers:
+        log = server.log.read_text()
+        assert "Could not record usage" not in log and "Could not settle" not in log, log[-3000:]
+
+
+async def _two_hundred_requests(cluster: Cluster, key: str) -> list[dict]:
+    """200 requests at once over both servers: a third plain, a third streamed, a third cut off."""
+    headers = {"Authorization": f"Bearer {key}"}
+    limits = httpx.Limits(max_connections=250, max_keepalive_connections=0)
+
+    async def one(client: httpx.AsyncClient, i: int) -> dict:
+        url = cluster.servers[i % 2].api_url + "/completions"
+        body = {"model": MODEL, "prompt": f"Item {i}: the weather is", "max_tokens": 6, "logit_bias": NO_EOS}
+        kind = i % 3
+        if kind == 0:
+            response = await client.post(url, json=body, headers=headers)
+            assert response.status_code == 200, response.text
+            return {"id": response.json()["id"], "usage": response.json()["usage"]}
+        body.update(stream=True, stream_options={"include_usage": True})
+        async with client.stream("POST", url, json=body, headers=headers) as response:
+            assert response.status_code == 200
+            request_id, usage = response.headers["x-request-id"], None
+            async for line in response.aiter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                if kind == 2:
+                    break  # the client goes after the first event
+                event = __import__("json").loads(line[len("data: "):])
+                usage = event.get("usage") or usage
+            if kind == 1:
+                assert usage is not None
+            return {"id": request_id, "usage": usage}
+
+    async with httpx.AsyncClient(timeout=180, limits=limits) as client:
+        return await asyncio.gather(*(one(client, i) for i in range(200)))
