@@ -430,8 +430,8 @@ def _number_text(value: float) -> str:
     """Digits, shortened; an integer too long for ``str`` (over Python's 4300 digits) by its size."""
     try:
         return _shorten(repr(value) if isinstance(value, float) else str(value))
-    except ValueError:
-        return f"a {value.bit_length()}-bit integer"
+    except ValueError:  # only an int can be too long for str()
+        return f"a {int(value).bit_length()}-bit integer"
 
 
 def _shorten(text: str) -> str:

@@ -11,6 +11,7 @@ quoting the param, as plain JSON (a stream never started).  The same walk over a
 shape (a chat-like one with ``maxLength``, ``enum`` and nested ``required``) checks the mapping is not
 tied to the completion schema.
 """
+
 from __future__ import annotations
 
 import copy
@@ -23,8 +24,8 @@ import pytest
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import relevance
 
-from inference.errors import schema_error
-from inference.protocol import SCHEMA_PATH
+from api.errors import schema_error
+from api.protocol import SCHEMA_PATH
 from tests.inprocess_api import MODEL, post
 from tests.openai_schema import validate
 
@@ -122,7 +123,8 @@ def breaking_values(rule: Rule, document: dict) -> Iterator[Any]:
 def valid_item(schema: dict, document: dict) -> Any:
     items = resolve(schema.get("items", {}), document)
     return {"string": "x", "integer": 1, "number": 0.5, "boolean": True, "array": [1]}.get(
-        next(iter(types_of(items, document) - {"null"}), "string"), "x")
+        next(iter(types_of(items, document) - {"null"}), "string"), "x"
+    )
 
 
 def place(request: dict, path: tuple, value: Any) -> dict:
@@ -183,7 +185,9 @@ def cases(schema_name: str, base: dict, document: dict) -> tuple[list[Case], lis
         for value in values:
             request = place(base, rule.path, value)
             if not spec.is_valid(request):
-                found.setdefault((rule.id, json.dumps(request)), Case(rule, request, expected_code(rule, value, document)))
+                found.setdefault(
+                    (rule.id, json.dumps(request)), Case(rule, request, expected_code(rule, value, document))
+                )
                 break
         else:
             unbreakable[rule.id] = rule
@@ -197,9 +201,16 @@ def test_the_walk_finds_every_kind_of_rule_in_the_completion_schema() -> None:
     kinds = {case.rule.keyword for case in COMPLETION_CASES}
     assert len(COMPLETION_CASES) >= 40
     assert kinds == {"type", "minimum", "maximum", "minItems", "maxItems", "required"}
-    assert {"maxItems:stop", "minItems:stop", "required:model", "required:prompt", "maximum:temperature",
-            "type:logit_bias.1", "type:stream_options.include_usage", "minItems:prompt[0]"} <= {
-        case.rule.id for case in COMPLETION_CASES}
+    assert {
+        "maxItems:stop",
+        "minItems:stop",
+        "required:model",
+        "required:prompt",
+        "maximum:temperature",
+        "type:logit_bias.1",
+        "type:stream_options.include_usage",
+        "minItems:prompt[0]",
+    } <= {case.rule.id for case in COMPLETION_CASES}
     # What stays unbroken is covered by a sibling branch: model's enum beside any string, and the
     # prompt forms' minItems (an empty list is a valid array of strings; we refuse it, see
     # test_request_validation).  The schema has no maxLength, minLength or breakable enum: the
@@ -259,7 +270,16 @@ CHAT_CASES, CHAT_UNBREAKABLE = cases("ChatLikeRequest", CHAT_BASE, CHAT_LIKE)
 
 def test_the_walk_finds_every_kind_of_rule_in_another_schema() -> None:
     assert {case.rule.keyword for case in CHAT_CASES} == {
-        "type", "minimum", "maximum", "minItems", "maxItems", "minLength", "maxLength", "enum", "required"}
+        "type",
+        "minimum",
+        "maximum",
+        "minItems",
+        "maxItems",
+        "minLength",
+        "maxLength",
+        "enum",
+        "required",
+    }
     assert not CHAT_UNBREAKABLE
 
 
@@ -276,19 +296,33 @@ def test_the_mapping_is_not_tied_to_the_completion_schema(case) -> None:
 @pytest.mark.parametrize(
     ("request_", "message"),
     [
-        ({**CHAT_BASE, "messages": [{"role": "user", "content": "x" * 21}]},
-         ("Invalid 'messages[0].content': string too long. Expected a string with maximum length 20, "
-          "but got a string with length 21 instead.")),
-        ({**CHAT_BASE, "messages": [{"role": "robot", "content": "hi"}]},
-         "Invalid value for 'messages[0].role': 'robot'. Supported values are: 'system', 'user', and 'assistant'."),
+        (
+            {**CHAT_BASE, "messages": [{"role": "user", "content": "x" * 21}]},
+            (
+                "Invalid 'messages[0].content': string too long. Expected a string with maximum length 20, "
+                "but got a string with length 21 instead."
+            ),
+        ),
+        (
+            {**CHAT_BASE, "messages": [{"role": "robot", "content": "hi"}]},
+            "Invalid value for 'messages[0].role': 'robot'. Supported values are: 'system', 'user', and 'assistant'.",
+        ),
         ({**CHAT_BASE, "messages": [{"role": "user"}]}, "Missing required parameter: 'messages[0].content'."),
-        ({**CHAT_BASE, "messages": []},
-         "Invalid 'messages': empty array. Expected an array with minimum length 1, but got an empty array instead."),
-        ({**CHAT_BASE, "pair": ["a"]},
-         ("Invalid 'pair': array too short. Expected an array with minimum length 2, but got an array with "
-          "length 1 instead.")),
-        ({**CHAT_BASE, "temperature": "hot"},
-         "Invalid type for 'temperature': expected a decimal, but got a string instead."),
+        (
+            {**CHAT_BASE, "messages": []},
+            "Invalid 'messages': empty array. Expected an array with minimum length 1, but got an empty array instead.",
+        ),
+        (
+            {**CHAT_BASE, "pair": ["a"]},
+            (
+                "Invalid 'pair': array too short. Expected an array with minimum length 2, but got an array with "
+                "length 1 instead."
+            ),
+        ),
+        (
+            {**CHAT_BASE, "temperature": "hot"},
+            "Invalid type for 'temperature': expected a decimal, but got a string instead.",
+        ),
     ],
     ids=["maxLength", "enum", "nested_required", "empty_array", "minItems", "type"],
 )
