@@ -40,7 +40,8 @@ from .outputs import (  # noqa: F401  (re-exported: the engine's API)
     TokenLogprob,
 )
 from .sampling import SamplingParams
-from .text import IncrementalDetokenizer, StopMatcher
+from .sequence import Request, SequenceState
+from .text import IncrementalDetokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -59,73 +60,6 @@ class EngineConfig:
     num_threads: int = 0
 
 
-class _Request:
-    """A submitted request: its prompt, parameters, candidates, and the bridge to its event loop."""
-
-    def __init__(
-        self,
-        request_id: str,
-        prompt_ids: list[int],
-        params: SamplingParams,
-        loop: asyncio.AbstractEventLoop,
-        device: torch.device,
-    ) -> None:
-        self.request_id = request_id
-        self.prompt_ids = prompt_ids
-        self.params = params
-        self.loop = loop
-        self.queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
-        self.prefilled = 0
-        self.cache: BatchKVCache | None = None
-        self.prompt_logprobs: list[TokenLogprob] | None = [TokenLogprob(prompt_ids[0], None)] if params.prompt_logprobs else None
-        self.sequences: list[_Sequence] = []
-        self.device = device
-        self.bias_ids = torch.tensor(list(params.logit_bias), dtype=torch.long, device=device)
-        self.bias_values = torch.tensor(list(params.logit_bias.values()), dtype=torch.float32, device=device)
-        self.wants_logprobs = params.logprobs is not None or params.best_of > params.n
-
-    def push(self, item: RequestOutput | BaseException) -> None:
-        """Hand ``item`` to the request's event loop; never blocks the worker."""
-        try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
-        except RuntimeError:  # the loop is closed: nobody is listening any more
-            pass
-
-
-class _Sequence:
-    """One candidate of a request: its generated tokens, text, and sampling state."""
-
-    def __init__(self, request: _Request, index: int, detokenizer: IncrementalDetokenizer) -> None:
-        self.request = request
-        self.index = index
-        params = request.params
-        self.generator: torch.Generator | None = None
-        if not params.greedy:
-            self.generator = torch.Generator(device=request.device)
-            if params.seed is not None:
-                self.generator.manual_seed(params.seed + index)
-            else:
-                self.generator.seed()
-        self.detokenizer = detokenizer
-        self.length = len(request.prompt_ids)  # tokens in the KV cache once joined
-        self.next_token = -1  # sampled, not yet in the KV cache
-        self.token_ids: list[int] = []
-        self.texts: list[str] = []
-        self.logprobs: list[TokenLogprob] = []
-        self.text = ""
-        self.stop_matcher = StopMatcher(request.params.stop)
-        self.cut: int | None = None  # where a stop string begins, once found
-        self.released_tokens = 0
-        self.released_chars = 0
-        self.cumulative_logprob = 0.0
-        self.counts: torch.Tensor | None = None
-        self.finish_reason: str | None = None
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
-
 class RequestStream:
     """The async iterator of one submitted request's :class:`RequestOutput` s.
 
@@ -133,7 +67,7 @@ class RequestStream:
     early and calling it) removes the request's sequences from the batch before the next step.
     """
 
-    def __init__(self, engine: Engine, request: _Request) -> None:
+    def __init__(self, engine: Engine, request: Request) -> None:
         self._engine = engine
         self._request = request
         self.finished = False
@@ -184,10 +118,10 @@ class Engine:
         self.eos_token_ids: frozenset[int] = frozenset()
         self._lock = threading.Lock()
         self._wakeup = threading.Event()
-        self._inbox: collections.deque[_Request] = collections.deque()
+        self._inbox: collections.deque[Request] = collections.deque()
         self._aborted: set[str] = set()
-        self._waiting: collections.deque[_Request] = collections.deque()
-        self._running: list[_Sequence] = []
+        self._waiting: collections.deque[Request] = collections.deque()
+        self._running: list[SequenceState] = []
         self._cache: BatchKVCache | None = None
         self._mask: torch.Tensor | None = None  # [batch, width] 1 for real columns, 0 for padding
         self._recent_tokens: collections.deque[tuple[float, int]] = collections.deque()
@@ -283,7 +217,7 @@ class Engine:
             raise EngineNotReady("The model is loading; try again shortly.")
         if not prompt_ids:
             raise ValueError("prompt_ids must not be empty")
-        request = _Request(request_id, list(prompt_ids), params, asyncio.get_running_loop(), self.device)
+        request = Request(request_id, list(prompt_ids), params, asyncio.get_running_loop(), self.device)
         with self._lock:
             if len(self._waiting) + len(self._inbox) >= self.config.max_queue:
                 raise EngineOverloaded(
@@ -368,7 +302,7 @@ class Engine:
         if len(keep) != len(self._running):
             self._select_rows(keep)
 
-    def _has_room_for(self, request: _Request) -> bool:
+    def _has_room_for(self, request: Request) -> bool:
         # A request larger than the whole batch still runs, alone.
         return not self._running or len(self._running) + request.params.best_of <= self.config.max_batch_size
 
@@ -383,7 +317,7 @@ class Engine:
         if head.prefilled or head.prompt_logprobs is not None or len(head.prompt_ids) > self.config.prefill_chunk:
             self._prefill_chunk(head)
             return
-        group: list[_Request] = []
+        group: list[Request] = []
         tokens = 0
         rows = len(self._running)
         for request in self._waiting:
@@ -397,7 +331,7 @@ class Engine:
             rows += request.params.best_of
         self._prefill_group(group)
 
-    def _prefill_group(self, group: list[_Request]) -> None:
+    def _prefill_group(self, group: list[Request]) -> None:
         """Prefill every prompt of ``group`` in one left-padded forward pass, then join the batch."""
         width = max(len(request.prompt_ids) for request in group)
         input_ids = torch.zeros(len(group), width, dtype=torch.long)
@@ -418,7 +352,7 @@ class Engine:
         )
         logits = output.logits[:, -1].float()  # [group, vocab]
         sources: list[int] = []
-        sequences: list[_Sequence] = []
+        sequences: list[SequenceState] = []
         for row, request in enumerate(group):
             alive = self._start_sequences(request, logits[row : row + 1])
             sources.extend([row] * len(alive))
@@ -429,7 +363,7 @@ class Engine:
         for _ in group:
             self._waiting.popleft()
 
-    def _prefill_chunk(self, request: _Request) -> None:
+    def _prefill_chunk(self, request: Request) -> None:
         """Run the next chunk of one request's prompt; after the last one, join the batch."""
         ids = request.prompt_ids
         start = request.prefilled
@@ -461,7 +395,7 @@ class Engine:
             self._join(cache, mask, [0] * len(alive), alive)
         self._waiting.popleft()
 
-    def _add_prompt_logprobs(self, request: _Request, logits: torch.Tensor, targets: list[int]) -> None:
+    def _add_prompt_logprobs(self, request: Request, logits: torch.Tensor, targets: list[int]) -> None:
         """Log-probabilities of each next prompt token under the raw distribution (no temperature)."""
         logprobs = torch.log_softmax(logits[: len(targets)], dim=-1)
         target = torch.tensor(targets, dtype=torch.long, device=logprobs.device)
@@ -472,14 +406,14 @@ class Engine:
             top = list(zip(tops[1][row].tolist(), tops[0][row].tolist())) if tops is not None else []
             request.prompt_logprobs.append(TokenLogprob(token_id, chosen[row], top))
 
-    def _start_sequences(self, request: _Request, logits: torch.Tensor) -> list[_Sequence]:
+    def _start_sequences(self, request: Request, logits: torch.Tensor) -> list[SequenceState]:
         """Create the request's candidates and sample their first tokens from ``logits`` ``[1, vocab]``.
 
         Returns the candidates still running (the others finished on their first token).
         """
         params = request.params
         request.sequences = [
-            _Sequence(request, index, IncrementalDetokenizer(self.tokenizer, request.prompt_ids))
+            SequenceState(request, index, IncrementalDetokenizer(self.tokenizer, request.prompt_ids))
             for index in range(params.best_of)
         ]
         if params.max_tokens == 0:  # a scoring request (echo with max_tokens 0): nothing to generate
@@ -490,7 +424,7 @@ class Engine:
         self._publish(request.sequences)
         return [seq for seq in request.sequences if not seq.finished]
 
-    def _join(self, cache: BatchKVCache, mask: torch.Tensor, sources: list[int], sequences: list[_Sequence]) -> None:
+    def _join(self, cache: BatchKVCache, mask: torch.Tensor, sources: list[int], sequences: list[SequenceState]) -> None:
         """Append ``sequences`` to the running batch; sequence ``k`` takes row ``sources[k]`` of
         ``cache`` and of its ``mask`` ``[rows, width]``."""
         if self._cache is None:
@@ -544,7 +478,7 @@ class Engine:
 
     # --- sampling and text ---------------------------------------------------------------------
 
-    def _sample(self, sequences: list[_Sequence], logits: torch.Tensor) -> None:
+    def _sample(self, sequences: list[SequenceState], logits: torch.Tensor) -> None:
         """Pick each sequence's next token from its row of ``logits`` ``[batch, vocab]`` (float32)."""
         for row, seq in enumerate(sequences):
             request = seq.request
@@ -582,7 +516,7 @@ class Engine:
                 entry = TokenLogprob(chosen[row], float(row_logprobs[chosen[row]]), top)
             self._append(seq, chosen[row], entry)
 
-    def _append(self, seq: _Sequence, token_id: int, logprob: TokenLogprob | None) -> None:
+    def _append(self, seq: SequenceState, token_id: int, logprob: TokenLogprob | None) -> None:
         """Add a sampled token to ``seq``: text, stop strings, limits."""
         params = seq.request.params
         seq.next_token = token_id
@@ -610,7 +544,7 @@ class Engine:
         if len(seq.token_ids) >= params.max_tokens or seq.length + 1 >= self.max_context:
             seq.finish_reason = "length"
 
-    def _release(self, seq: _Sequence) -> CompletionOutput | None:
+    def _release(self, seq: SequenceState) -> CompletionOutput | None:
         """The tokens and text of ``seq`` that can be shown now, or None if nothing changed.
 
         While running, a tail of text that could still become a stop string is held back, and
@@ -654,9 +588,9 @@ class Engine:
             cumulative_logprob=seq.cumulative_logprob,
         )
 
-    def _publish(self, sequences: list[_Sequence]) -> None:
+    def _publish(self, sequences: list[SequenceState]) -> None:
         """Send each request its sequences' released outputs for this step."""
-        by_request: dict[int, tuple[_Request, list[CompletionOutput]]] = {}
+        by_request: dict[int, tuple[Request, list[CompletionOutput]]] = {}
         for seq in sequences:
             output = self._release(seq)
             if output is not None:
