@@ -31,6 +31,7 @@ import torch
 from . import memory, sampling
 from .kv_cache import BatchKVCache
 from .model_loader import ModelConfig, load_model
+from .output_processor import OutputProcessor
 from .outputs import (  # noqa: F401  (re-exported: the engine's API)
     CompletionOutput,
     EngineError,
@@ -41,7 +42,6 @@ from .outputs import (  # noqa: F401  (re-exported: the engine's API)
 )
 from .sampling import SamplingParams
 from .sequence import Request, SequenceState
-from .text import IncrementalDetokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -270,6 +270,7 @@ class Engine:
         if document_end is not None:
             eos.add(document_end)  # the GPT-style document separator ends a text, as on OpenAI
         self.eos_token_ids = frozenset(eos)
+        self.output_processor = OutputProcessor(tokenizer, self.eos_token_ids, self.vocab_size, self.max_context, self.device)
 
     def _loop_once(self) -> None:
         self._take_inbox()
@@ -385,7 +386,7 @@ class Engine:
         request.prefilled = end
         logits = output.logits[0].float()  # [chunk or 1, vocab]
         if request.prompt_logprobs is not None:
-            self._add_prompt_logprobs(request, logits, ids[start + 1 : end + 1])
+            self.output_processor.add_prompt_logprobs(request, logits, ids[start + 1 : end + 1])
         if end < len(ids):
             return
         alive = self._start_sequences(request, logits[-1:])
@@ -395,32 +396,14 @@ class Engine:
             self._join(cache, mask, [0] * len(alive), alive)
         self._waiting.popleft()
 
-    def _add_prompt_logprobs(self, request: Request, logits: torch.Tensor, targets: list[int]) -> None:
-        """Log-probabilities of each next prompt token under the raw distribution (no temperature)."""
-        logprobs = torch.log_softmax(logits[: len(targets)], dim=-1)
-        target = torch.tensor(targets, dtype=torch.long, device=logprobs.device)
-        chosen = logprobs.gather(-1, target[:, None])[:, 0].tolist()
-        k = request.params.logprobs or 0
-        tops = sampling.top_logprobs(logprobs, k) if k else None
-        for row, token_id in enumerate(targets):
-            top = list(zip(tops[1][row].tolist(), tops[0][row].tolist())) if tops is not None else []
-            request.prompt_logprobs.append(TokenLogprob(token_id, chosen[row], top))
-
     def _start_sequences(self, request: Request, logits: torch.Tensor) -> list[SequenceState]:
         """Create the request's candidates and sample their first tokens from ``logits`` ``[1, vocab]``.
 
         Returns the candidates still running (the others finished on their first token).
         """
-        params = request.params
-        request.sequences = [
-            SequenceState(request, index, IncrementalDetokenizer(self.tokenizer, request.prompt_ids))
-            for index in range(params.best_of)
-        ]
-        if params.max_tokens == 0:  # a scoring request (echo with max_tokens 0): nothing to generate
-            for seq in request.sequences:
-                seq.finish_reason = "length"
-        else:
-            self._sample(request.sequences, logits.expand(len(request.sequences), -1).clone())
+        sequences = self.output_processor.new_sequences(request)
+        if request.params.max_tokens:
+            self._sample(sequences, logits.expand(len(sequences), -1).clone())
         self._publish(request.sequences)
         return [seq for seq in request.sequences if not seq.finished]
 
@@ -480,130 +463,19 @@ class Engine:
 
     def _sample(self, sequences: list[SequenceState], logits: torch.Tensor) -> None:
         """Pick each sequence's next token from its row of ``logits`` ``[batch, vocab]`` (float32)."""
-        for row, seq in enumerate(sequences):
-            request = seq.request
-            params = request.params
-            if params.logit_bias:
-                sampling.apply_logit_bias(logits[row], request.bias_ids, request.bias_values)
-            if seq.counts is not None:
-                sampling.apply_penalties(logits[row], seq.counts, params.presence_penalty, params.frequency_penalty)
-        temperature = torch.tensor(
-            [0.0 if seq.request.params.greedy else seq.request.params.temperature for seq in sequences],
-            device=logits.device,
-        )
-        sampling.apply_temperature(logits, temperature)
-        wants = [row for row, seq in enumerate(sequences) if seq.request.wants_logprobs]
-        logprobs = torch.log_softmax(logits[wants], dim=-1) if wants else None
-        chosen = logits.argmax(dim=-1).tolist()
-        sampled = [row for row, seq in enumerate(sequences) if not seq.request.params.greedy]
-        if sampled:
-            probs = torch.softmax(logits[sampled], dim=-1)
-            top_p = torch.tensor([sequences[row].request.params.top_p for row in sampled], device=logits.device)
-            if bool((top_p < 1.0).any()):
-                probs = sampling.top_p_mask(probs, top_p)
-            for position, row in enumerate(sampled):
-                chosen[row] = sampling.sample_row(probs[position], sequences[row].generator)
-        wants_row = {row: position for position, row in enumerate(wants)}
-        for row, seq in enumerate(sequences):
-            entry = None
-            if row in wants_row:
-                row_logprobs = logprobs[wants_row[row]]
-                k = seq.request.params.logprobs or 0
-                top: list[tuple[int, float]] = []
-                if k:
-                    values, ids = sampling.top_logprobs(row_logprobs, k)
-                    top = list(zip(ids.tolist(), values.tolist()))
-                entry = TokenLogprob(chosen[row], float(row_logprobs[chosen[row]]), top)
-            self._append(seq, chosen[row], entry)
-
-    def _append(self, seq: SequenceState, token_id: int, logprob: TokenLogprob | None) -> None:
-        """Add a sampled token to ``seq``: text, stop strings, limits."""
-        params = seq.request.params
-        seq.next_token = token_id
-        if logprob is not None and logprob.logprob is not None:
-            seq.cumulative_logprob += logprob.logprob
-        if token_id in self.eos_token_ids and not params.ignore_eos:
-            seq.finish_reason = "stop"
-            return
-        seq.token_ids.append(token_id)
-        if params.needs_penalties:
-            if seq.counts is None:
-                seq.counts = torch.zeros(self.vocab_size, dtype=torch.float32, device=self.device)
-            seq.counts[token_id] += 1
-        piece = seq.detokenizer.add(token_id)
-        seq.texts.append(piece)
-        if logprob is not None:
-            seq.logprobs.append(logprob)
-        seq.text += piece
-        if params.stop and piece:
-            index = seq.stop_matcher.feed(piece)
-            if index != -1:
-                seq.cut = index
-                seq.finish_reason = "stop"
-                return
-        if len(seq.token_ids) >= params.max_tokens or seq.length + 1 >= self.max_context:
-            seq.finish_reason = "length"
-
-    def _release(self, seq: SequenceState) -> CompletionOutput | None:
-        """The tokens and text of ``seq`` that can be shown now, or None if nothing changed.
-
-        While running, a tail of text that could still become a stop string is held back, and
-        tokens are released whole (a token whose bytes end mid-character waits for the token that
-        completes the character).  At a stop string, tokens that begin before it are released,
-        the last one cut short where the stop string begins.
-        """
-        if seq.cut is not None:
-            end = seq.cut
-        elif seq.finished:
-            end = len(seq.text)
-        else:
-            end = len(seq.text) - seq.stop_matcher.holdback
-        position = seq.released_chars
-        first = seq.released_tokens
-        texts: list[str] = []
-        for piece in seq.texts[first:]:
-            if seq.cut is not None:
-                if position >= end:
-                    break
-                piece = piece[: end - position]
-            elif position + len(piece) > end:
-                break
-            texts.append(piece)
-            position += len(piece)
-        if not seq.finished:
-            while texts and not texts[-1]:
-                texts.pop()
-        if not texts and not seq.finished:
-            return None
-        last = first + len(texts)
-        seq.released_tokens, seq.released_chars = last, position
-        return CompletionOutput(
-            index=seq.index,
-            text="".join(texts),
-            token_ids=seq.token_ids[first:last],
-            texts=texts,
-            logprobs=seq.logprobs[first:last] if seq.request.params.logprobs is not None else None,
-            finish_reason=seq.finish_reason,
-            num_tokens=last,
-            cumulative_logprob=seq.cumulative_logprob,
-        )
+        for seq, (token_id, logprob) in zip(sequences, sampling.sample(sequences, logits)):
+            self.output_processor.append(seq, token_id, logprob)
 
     def _publish(self, sequences: list[SequenceState]) -> None:
         """Send each request its sequences' released outputs for this step."""
-        by_request: dict[int, tuple[Request, list[CompletionOutput]]] = {}
-        for seq in sequences:
-            output = self._release(seq)
-            if output is not None:
-                by_request.setdefault(id(seq.request), (seq.request, []))[1].append(output)
+        results = self.output_processor.outputs(sequences)
         now = time.monotonic()
         with self._lock:
             self._recent_tokens.append((now, len(sequences)))  # one token sampled per sequence
             while self._recent_tokens and now - self._recent_tokens[0][0] > RATE_WINDOW_SECONDS:
                 self._recent_tokens.popleft()
-        for request, outputs in by_request.values():
-            prompt_logprobs, request.prompt_logprobs = request.prompt_logprobs, None
-            finished = all(seq.finished for seq in request.sequences)
-            request.push(RequestOutput(request.request_id, outputs, prompt_logprobs, finished))
+        for request, output in results:
+            request.push(output)
 
     def _fail_all(self, error: EngineError) -> None:
         """Fail every running and waiting request with ``error`` and reset the batch."""
