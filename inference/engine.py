@@ -4,9 +4,8 @@ Requests are scheduled with continuous batching (iteration-level scheduling, Yu 
 "Orca"): every loop of the worker runs one prefill pass (several short prompts together, or one
 chunk of a long one), then one decode step for every running sequence of the model.  New
 sequences join the running batch after their prefill; finished and aborted ones leave it before
-the next step.  The running batch's ``past_key_values`` are one left-padded cache
-(:class:`~inference.kv_cache.BatchKVCache`): joining pads the shorter side on the left, leaving
-selects rows and trims columns that are padding in every row.
+the next step.  The model runner (:mod:`inference.model_runner`) owns the forward pass and the
+KV caches; the engine knows requests, sequences and rows.
 
 transformers' own continuous batching (``generation/continuous_batching``) was the first choice;
 it takes per-request temperature, top-k and top-p only (no per-request ``logit_bias``,
@@ -29,8 +28,8 @@ from dataclasses import dataclass
 import torch
 
 from . import memory, sampling
-from .kv_cache import BatchKVCache
 from .model_loader import ModelConfig, load_model
+from .model_runner import HFModelRunner, ModelRunner, PrefillChunk
 from .output_processor import OutputProcessor
 from .outputs import (  # noqa: F401  (re-exported: the engine's API)
     CompletionOutput,
@@ -122,8 +121,7 @@ class Engine:
         self._aborted: set[str] = set()
         self._waiting: collections.deque[Request] = collections.deque()
         self._running: list[SequenceState] = []
-        self._cache: BatchKVCache | None = None
-        self._mask: torch.Tensor | None = None  # [batch, width] 1 for real columns, 0 for padding
+        self.runner: ModelRunner | None = None
         self._recent_tokens: collections.deque[tuple[float, int]] = collections.deque()
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -257,9 +255,9 @@ class Engine:
     def _install(self, model, tokenizer) -> None:
         self.model = model
         self.tokenizer = tokenizer
-        config = model.config.get_text_config(decoder=True)
-        self.max_context = int(getattr(config, "max_position_embeddings", 0) or tokenizer.model_max_length)
-        self.vocab_size = int(model.get_output_embeddings().out_features)
+        self.runner = HFModelRunner(model)
+        self.max_context = self.runner.max_context or int(tokenizer.model_max_length)
+        self.vocab_size = self.runner.vocab_size
         eos = set()
         for source in (model.generation_config.eos_token_id, tokenizer.eos_token_id):
             if isinstance(source, int):
@@ -298,6 +296,9 @@ class Engine:
             aborted, self._aborted = self._aborted, set()
         if not aborted:
             return
+        for request in self._waiting:
+            if request.request_id in aborted:
+                self.runner.release(request.key)  # its partial prefill, if any
         self._waiting = collections.deque(r for r in self._waiting if r.request_id not in aborted)
         keep = [row for row, seq in enumerate(self._running) if seq.request.request_id not in aborted]
         if len(keep) != len(self._running):
@@ -308,17 +309,22 @@ class Engine:
         return not self._running or len(self._running) + request.params.best_of <= self.config.max_batch_size
 
     def _prefill(self) -> None:
-        """One prefill forward pass: a chunk of one long prompt, or several short prompts together.
+        """One prefill call: a chunk of one long prompt, or several short prompts together.
 
         Short prompts (no ``prompt_logprobs``, at most ``prefill_chunk`` tokens together) waiting
-        at the head of the queue share one left-padded forward pass, so a burst of new requests
-        costs about one step instead of one step each.
+        at the head of the queue share one forward pass, so a burst of new requests costs about
+        one step instead of one step each.
         """
         head = self._waiting[0]
         if head.prefilled or head.prompt_logprobs is not None or len(head.prompt_ids) > self.config.prefill_chunk:
-            self._prefill_chunk(head)
+            # Chunks bound how long running streams wait for a prefill; with none running, one pass
+            # (up to IDLE_PREFILL_CHUNK tokens) gives the shortest time to first token.
+            # (Not with prompt_logprobs, whose logits for every position would make it a big pass.)
+            busy = self._running or head.prompt_logprobs is not None
+            chunk = self.config.prefill_chunk if busy else max(self.config.prefill_chunk, IDLE_PREFILL_CHUNK)
+            self._run_prefill([(head, head.prefilled, min(len(head.prompt_ids), head.prefilled + chunk))])
             return
-        group: list[Request] = []
+        group: list[tuple[Request, int, int]] = []
         tokens = 0
         rows = len(self._running)
         for request in self._waiting:
@@ -327,74 +333,31 @@ class Engine:
                 break
             if group and rows + request.params.best_of > self.config.max_batch_size:
                 break
-            group.append(request)
+            group.append((request, 0, size))
             tokens += size
             rows += request.params.best_of
-        self._prefill_group(group)
+        self._run_prefill(group)
 
-    def _prefill_group(self, group: list[Request]) -> None:
-        """Prefill every prompt of ``group`` in one left-padded forward pass, then join the batch."""
-        width = max(len(request.prompt_ids) for request in group)
-        input_ids = torch.zeros(len(group), width, dtype=torch.long)
-        mask = torch.zeros(len(group), width, dtype=torch.long)
-        for row, request in enumerate(group):
-            size = len(request.prompt_ids)
-            input_ids[row, width - size :] = torch.tensor(request.prompt_ids)
-            mask[row, width - size :] = 1
-        input_ids, mask = input_ids.to(self.device), mask.to(self.device)
-        cache = BatchKVCache(self.model.config)
-        output = self.model(
-            input_ids=input_ids,
-            attention_mask=mask,
-            position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
-            cache=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        logits = output.logits[:, -1].float()  # [group, vocab]
-        sources: list[int] = []
-        sequences: list[SequenceState] = []
-        for row, request in enumerate(group):
-            alive = self._start_sequences(request, logits[row : row + 1])
-            sources.extend([row] * len(alive))
-            sequences.extend(alive)
-        if sequences:
-            self._join(cache, mask, sources, sequences)
+    def _run_prefill(self, scheduled: list[tuple[Request, int, int]]) -> None:
+        """Prefill prompt tokens ``[start, end)`` of each ``(request, start, end)`` in one runner
+        call; requests whose prompt is then complete start their candidates and join the batch."""
+        chunks = [
+            PrefillChunk(request.key, request.prompt_ids[start:end], start, request.prompt_logprobs is not None)
+            for request, start, end in scheduled
+        ]
+        done: set[int] = set()
+        for (request, start, end), logits in zip(scheduled, self.runner.prefill(chunks)):
+            request.prefilled = end
+            if request.prompt_logprobs is not None:
+                self.output_processor.add_prompt_logprobs(request, logits, request.prompt_ids[start + 1 : end + 1])
+            if end < len(request.prompt_ids):
+                continue
+            alive = self._start_sequences(request, logits[-1:])
+            self.runner.join(request.key, len(alive))
+            self._running.extend(alive)
+            done.add(request.key)
         # Only now, so that a failure above still reaches these requests through _fail_all.
-        for _ in group:
-            self._waiting.popleft()
-
-    def _prefill_chunk(self, request: Request) -> None:
-        """Run the next chunk of one request's prompt; after the last one, join the batch."""
-        ids = request.prompt_ids
-        start = request.prefilled
-        # Chunks bound how long running streams wait for a prefill; with none running, one pass
-        # (up to IDLE_PREFILL_CHUNK tokens) gives the shortest time to first token.
-        # (Not with prompt_logprobs, whose logits for every position would make it a big pass.)
-        busy = self._running or request.prompt_logprobs is not None
-        chunk = self.config.prefill_chunk if busy else max(self.config.prefill_chunk, IDLE_PREFILL_CHUNK)
-        end = min(len(ids), start + chunk)
-        if request.cache is None:
-            request.cache = BatchKVCache(self.model.config)
-        output = self.model(
-            input_ids=torch.tensor([ids[start:end]], device=self.device),
-            position_ids=torch.arange(start, end, device=self.device)[None],
-            cache=request.cache,
-            use_cache=True,
-            logits_to_keep=0 if request.prompt_logprobs is not None else 1,
-        )
-        request.prefilled = end
-        logits = output.logits[0].float()  # [chunk or 1, vocab]
-        if request.prompt_logprobs is not None:
-            self.output_processor.add_prompt_logprobs(request, logits, ids[start + 1 : end + 1])
-        if end < len(ids):
-            return
-        alive = self._start_sequences(request, logits[-1:])
-        cache, request.cache = request.cache, None
-        if alive:
-            mask = torch.ones(1, len(ids), dtype=torch.long, device=self.device)
-            self._join(cache, mask, [0] * len(alive), alive)
-        self._waiting.popleft()
+        self._waiting = collections.deque(r for r in self._waiting if r.key not in done)
 
     def _start_sequences(self, request: Request, logits: torch.Tensor) -> list[SequenceState]:
         """Create the request's candidates and sample their first tokens from ``logits`` ``[1, vocab]``.
@@ -407,57 +370,22 @@ class Engine:
         self._publish(request.sequences)
         return [seq for seq in request.sequences if not seq.finished]
 
-    def _join(self, cache: BatchKVCache, mask: torch.Tensor, sources: list[int], sequences: list[SequenceState]) -> None:
-        """Append ``sequences`` to the running batch; sequence ``k`` takes row ``sources[k]`` of
-        ``cache`` and of its ``mask`` ``[rows, width]``."""
-        if self._cache is None:
-            self._cache = BatchKVCache(self.model.config)
-            self._mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)
-        index = torch.tensor(sources, device=self.device)
-        old_width, width = self._mask.shape[1], mask.shape[1]
-        total = max(old_width, width)
-        self._cache.join(cache, index)
-        self._mask = torch.cat(
-            [
-                torch.nn.functional.pad(self._mask, (total - old_width, 0)),
-                torch.nn.functional.pad(mask.index_select(0, index), (total - width, 0)),
-            ]
-        )
-        self._running.extend(sequences)
-
     def _decode_step(self) -> None:
         """One forward pass for every running sequence, then sampling, then release and cleanup."""
         sequences = self._running
-        input_ids = torch.tensor([[seq.next_token] for seq in sequences], device=self.device)
-        position_ids = torch.tensor([[seq.length] for seq in sequences], device=self.device)
-        mask = torch.cat([self._mask, torch.ones(len(sequences), 1, dtype=torch.long, device=self.device)], 1)
-        output = self.model(
-            input_ids=input_ids,
-            attention_mask=mask,
-            position_ids=position_ids,
-            cache=self._cache,
-            use_cache=True,
-        )
-        self._mask = mask
+        logits = self.runner.decode([seq.next_token for seq in sequences])
         for seq in sequences:
             seq.length += 1
-        self._sample(sequences, output.logits[:, -1, :].float())
+        self._sample(sequences, logits)
         self._publish(sequences)
         keep = [row for row, seq in enumerate(sequences) if not seq.finished]
         if len(keep) != len(sequences):
             self._select_rows(keep)
 
     def _select_rows(self, keep: list[int]) -> None:
-        """Keep only batch rows ``keep``; trim columns that are now padding in every row."""
+        """Keep only batch rows ``keep`` (finished and aborted sequences leave)."""
         self._running = [self._running[row] for row in keep]
-        if not keep:
-            self._cache, self._mask = None, None
-            return
-        index = torch.tensor(keep, device=self.device)
-        mask = self._mask.index_select(0, index)
-        first = int((mask.sum(0) > 0).nonzero()[0])  # first column that some row still uses
-        self._mask = mask[:, first:]
-        self._cache.select(index, first)
+        self.runner.keep(keep)
 
     # --- sampling and text ---------------------------------------------------------------------
 
@@ -486,8 +414,9 @@ class Engine:
             self._inbox.clear()
         for request in requests.values():
             request.push(error)
-        self._running, self._cache, self._mask = [], None, None
+        self._running = []
         self._waiting.clear()
+        self.runner.reset()
 
 
 _engine: Engine | None = None
