@@ -40,12 +40,12 @@ from .outputs import (  # noqa: F401  (re-exported: the engine's API)
     TokenLogprob,
 )
 from .sampling import SamplingParams
+from .scheduler import Scheduler
 from .sequence import Request, SequenceState
 
 logger = logging.getLogger(__name__)
 
 FIM_TOKENS = ("<fim_prefix>", "<fim_suffix>", "<fim_middle>")
-IDLE_PREFILL_CHUNK = 2048
 RATE_WINDOW_SECONDS = 10.0  # the window of stats()'s tokens_per_second
 
 
@@ -119,7 +119,7 @@ class Engine:
         self._wakeup = threading.Event()
         self._inbox: collections.deque[Request] = collections.deque()
         self._aborted: set[str] = set()
-        self._waiting: collections.deque[Request] = collections.deque()
+        self.scheduler = Scheduler(self.config.max_batch_size, self.config.prefill_chunk)
         self._running: list[SequenceState] = []
         self.runner: ModelRunner | None = None
         self._recent_tokens: collections.deque[tuple[float, int]] = collections.deque()
@@ -158,7 +158,7 @@ class Engine:
         with self._lock:
             tokens = sum(n for t, n in self._recent_tokens if now - t <= RATE_WINDOW_SECONDS)
             running = len({id(s.request) for s in self._running})
-            waiting = len(self._waiting) + len(self._inbox)
+            waiting = len(self.scheduler) + len(self._inbox)
         return {
             "running": running,
             "waiting": waiting,
@@ -217,7 +217,7 @@ class Engine:
             raise ValueError("prompt_ids must not be empty")
         request = Request(request_id, list(prompt_ids), params, asyncio.get_running_loop(), self.device)
         with self._lock:
-            if len(self._waiting) + len(self._inbox) >= self.config.max_queue:
+            if len(self.scheduler) + len(self._inbox) >= self.config.max_queue:
                 raise EngineOverloaded(
                     f"The server is overloaded: {self.config.max_queue} requests are already waiting."
                 )
@@ -272,7 +272,7 @@ class Engine:
 
     def _loop_once(self) -> None:
         self._take_inbox()
-        if not self._running and not self._waiting:
+        if not self._running and not len(self.scheduler):
             if not self._trimmed:  # the batch just emptied: its freed memory goes back to the system
                 memory.trim()
                 self._trimmed = True
@@ -281,7 +281,7 @@ class Engine:
             return
         self._trimmed = False
         try:
-            if self._waiting and self._has_room_for(self._waiting[0]):
+            if len(self.scheduler):
                 self._prefill()
             if self._running:
                 self._decode_step()
@@ -291,73 +291,38 @@ class Engine:
 
     def _take_inbox(self) -> None:
         with self._lock:
-            self._waiting.extend(self._inbox)
+            self.scheduler.add(self._inbox)
             self._inbox.clear()
             aborted, self._aborted = self._aborted, set()
         if not aborted:
             return
-        for request in self._waiting:
-            if request.request_id in aborted:
-                self.runner.release(request.key)  # its partial prefill, if any
-        self._waiting = collections.deque(r for r in self._waiting if r.request_id not in aborted)
+        for request in self.scheduler.remove(aborted):
+            self.runner.release(request.key)  # its partial prefill, if any
         keep = [row for row, seq in enumerate(self._running) if seq.request.request_id not in aborted]
         if len(keep) != len(self._running):
             self._select_rows(keep)
 
-    def _has_room_for(self, request: Request) -> bool:
-        # A request larger than the whole batch still runs, alone.
-        return not self._running or len(self._running) + request.params.best_of <= self.config.max_batch_size
-
     def _prefill(self) -> None:
-        """One prefill call: a chunk of one long prompt, or several short prompts together.
-
-        Short prompts (no ``prompt_logprobs``, at most ``prefill_chunk`` tokens together) waiting
-        at the head of the queue share one forward pass, so a burst of new requests costs about
-        one step instead of one step each.
-        """
-        head = self._waiting[0]
-        if head.prefilled or head.prompt_logprobs is not None or len(head.prompt_ids) > self.config.prefill_chunk:
-            # Chunks bound how long running streams wait for a prefill; with none running, one pass
-            # (up to IDLE_PREFILL_CHUNK tokens) gives the shortest time to first token.
-            # (Not with prompt_logprobs, whose logits for every position would make it a big pass.)
-            busy = self._running or head.prompt_logprobs is not None
-            chunk = self.config.prefill_chunk if busy else max(self.config.prefill_chunk, IDLE_PREFILL_CHUNK)
-            self._run_prefill([(head, head.prefilled, min(len(head.prompt_ids), head.prefilled + chunk))])
+        """Run the scheduler's prefill chunks in one runner call; requests whose prompt is then
+        complete start their candidates and join the batch."""
+        scheduled = self.scheduler.schedule(len(self._running))
+        if not scheduled:
             return
-        group: list[tuple[Request, int, int]] = []
-        tokens = 0
-        rows = len(self._running)
-        for request in self._waiting:
-            size = len(request.prompt_ids)
-            if request.prompt_logprobs is not None or tokens + size > self.config.prefill_chunk:
-                break
-            if group and rows + request.params.best_of > self.config.max_batch_size:
-                break
-            group.append((request, 0, size))
-            tokens += size
-            rows += request.params.best_of
-        self._run_prefill(group)
-
-    def _run_prefill(self, scheduled: list[tuple[Request, int, int]]) -> None:
-        """Prefill prompt tokens ``[start, end)`` of each ``(request, start, end)`` in one runner
-        call; requests whose prompt is then complete start their candidates and join the batch."""
         chunks = [
-            PrefillChunk(request.key, request.prompt_ids[start:end], start, request.prompt_logprobs is not None)
-            for request, start, end in scheduled
+            PrefillChunk(item.request.key, item.request.prompt_ids[item.start : item.end], item.start, item.request.prompt_logprobs is not None)
+            for item in scheduled
         ]
-        done: set[int] = set()
-        for (request, start, end), logits in zip(scheduled, self.runner.prefill(chunks)):
-            request.prefilled = end
+        for item, logits in zip(scheduled, self.runner.prefill(chunks)):
+            request = item.request
+            request.prefilled = item.end
             if request.prompt_logprobs is not None:
-                self.output_processor.add_prompt_logprobs(request, logits, request.prompt_ids[start + 1 : end + 1])
-            if end < len(request.prompt_ids):
+                self.output_processor.add_prompt_logprobs(request, logits, request.prompt_ids[item.start + 1 : item.end + 1])
+            if not item.final:
                 continue
             alive = self._start_sequences(request, logits[-1:])
             self.runner.join(request.key, len(alive))
             self._running.extend(alive)
-            done.add(request.key)
-        # Only now, so that a failure above still reaches these requests through _fail_all.
-        self._waiting = collections.deque(r for r in self._waiting if r.key not in done)
+        self.scheduler.finish_prefills()
 
     def _start_sequences(self, request: Request, logits: torch.Tensor) -> list[SequenceState]:
         """Create the request's candidates and sample their first tokens from ``logits`` ``[1, vocab]``.
@@ -408,15 +373,15 @@ class Engine:
     def _fail_all(self, error: EngineError) -> None:
         """Fail every running and waiting request with ``error`` and reset the batch."""
         requests = {id(seq.request): seq.request for seq in self._running}
-        requests.update({id(r): r for r in self._waiting})
+        requests.update({id(r): r for r in self.scheduler.clear()})
         with self._lock:
             requests.update({id(r): r for r in self._inbox})
             self._inbox.clear()
         for request in requests.values():
             request.push(error)
         self._running = []
-        self._waiting.clear()
-        self.runner.reset()
+        if self.runner is not None:
+            self.runner.reset()
 
 
 _engine: Engine | None = None
