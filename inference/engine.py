@@ -204,8 +204,12 @@ class Engine:
                 return [token_id]
         return [0]
 
-    def submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> RequestStream:
+    def submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams, group: str | None = None) -> RequestStream:
         """Queue ``params.best_of`` candidates for ``prompt_ids``; iterate the result for each step's outputs.
+
+        ``group`` names the API request the prompt belongs to (default: ``request_id``): prefill
+        turns are shared between groups, so one request of many prompts cannot hold up the first
+        token of the requests behind it (:class:`~inference.scheduler.Scheduler`).
 
         Raises :class:`EngineNotReady` or :class:`EngineOverloaded` at once, so the caller can still
         answer with an HTTP error; iterating raises :class:`EngineError` if a step fails.  Must be
@@ -215,7 +219,7 @@ class Engine:
             raise EngineNotReady("The model is loading; try again shortly.")
         if not prompt_ids:
             raise ValueError("prompt_ids must not be empty")
-        request = Request(request_id, list(prompt_ids), params, asyncio.get_running_loop(), self.device)
+        request = Request(request_id, list(prompt_ids), params, asyncio.get_running_loop(), self.device, group)
         with self._lock:
             if len(self.scheduler) + len(self._inbox) >= self.config.max_queue:
                 raise EngineOverloaded(

@@ -11,13 +11,17 @@ how many rows are running.
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 
 from .sequence import Request
 
-# With nothing running, a prefill pass holds up no stream, so it may be longer.
-IDLE_PREFILL_CHUNK = 2048
+# With nothing running, a prefill pass holds up no stream, so it may be longer (fewer, larger
+# matrix products); not so long that a request arriving meanwhile waits long for its turn.
+IDLE_PREFILL_CHUNK = 1024
+# Prompt tokens per pass whose logits at every position are kept (prompt logprobs): float32
+# logits of 512 positions over SmolLM2's 49152-token vocabulary take 100 MB.
+LOGITS_CHUNK = 512
 
 
 @dataclass(frozen=True)
@@ -34,40 +38,75 @@ class ScheduledChunk:
         return self.end == len(self.request.prompt_ids)
 
 
-class Scheduler:
-    """The waiting requests, in order of arrival, and the choice of each step's prefill chunks.
+@dataclass
+class _Group:
+    """The waiting requests of one API request, in order, and when the group last had a turn."""
 
-    ``max_batch_size``: rows the running batch may hold (a request larger than the whole batch
-    still runs, alone).  ``prefill_chunk``: prompt tokens per prefill pass while sequences run.
-    Used by the engine's worker thread only; ``len()`` may be read from any thread.
+    order: int  # arrival of the group, breaking ties
+    requests: collections.deque[Request] = field(default_factory=collections.deque)
+    last_turn: int = -1  # the pass that last took a chunk of it; -1: never
+
+
+class Scheduler:
+    """The waiting requests and the choice of each step's prefill chunks.
+
+    Requests are grouped by ``Request.group`` (the API request: a request of 64 prompts is one
+    group), and prefill chunks go round-robin over the groups: each pass serves first the groups
+    that waited longest since their last turn (new ones before all), one request of each per
+    round, until the pass's token budget is spent.  So a short request that arrives behind a
+    big one is prefilled in the next pass, not after all of the big one's prompts (the fairness
+    rule of issue 12; vLLM's FCFS scheduler would serve the big one first).  Within a group,
+    requests keep their order.
+
+    A pass takes at most ``prefill_chunk`` prompt tokens while sequences run (bounding how long
+    they wait), :data:`IDLE_PREFILL_CHUNK` when none runs; of them at most
+    ``max(prefill_chunk, LOGITS_CHUNK)`` with logits at every position (``prompt_logprobs``), so
+    scoring requests are prefilled several at a time.  A prompt longer than what is left is cut
+    into chunks; a short one (``prefill_chunk`` tokens or less) waits for the next pass instead.
+    A request is scheduled only when its candidates will fit in the running batch
+    (``max_batch_size`` rows; a request larger than the whole batch still runs, alone);
+    scoring requests (``max_tokens`` 0) take no row.
+
+    ``len()`` may be read from any thread; everything else is for the engine's worker thread.
     """
 
     def __init__(self, max_batch_size: int, prefill_chunk: int) -> None:
         self.max_batch_size = max_batch_size
         self.prefill_chunk = prefill_chunk
-        self._waiting: collections.deque[Request] = collections.deque()
-        self._count = 0  # len(self._waiting), kept as an int so other threads read it safely
+        self._groups: dict[str, _Group] = {}
+        self._arrivals = 0
+        self._passes = 0
+        self._count = 0  # waiting requests, kept as an int so other threads read it safely
 
     def __len__(self) -> int:
         return self._count
 
+    def __iter__(self) -> Iterator[Request]:
+        for group in self._groups.values():
+            yield from group.requests
+
     def add(self, requests: Iterable[Request]) -> None:
-        """Queue newly submitted requests."""
-        self._waiting.extend(requests)
-        self._count = len(self._waiting)
+        """Queue newly submitted requests, each behind the waiting ones of its group."""
+        for request in requests:
+            group = self._groups.get(request.group)
+            if group is None:
+                group = self._groups[request.group] = _Group(self._arrivals)
+                self._arrivals += 1
+            group.requests.append(request)
+        self._recount()
 
     def remove(self, request_ids: set[str]) -> list[Request]:
         """Drop the waiting requests with these ids (aborted); returns them."""
-        removed = [r for r in self._waiting if r.request_id in request_ids]
+        removed = [r for r in self if r.request_id in request_ids]
         if removed:
-            self._waiting = collections.deque(r for r in self._waiting if r.request_id not in request_ids)
-            self._count = len(self._waiting)
+            self._filter(lambda r: r.request_id not in request_ids)
         return removed
 
     def clear(self) -> list[Request]:
         """Drop every waiting request (after a failure); returns them."""
-        requests, self._waiting = list(self._waiting), collections.deque()
-        self._count = 0
+        requests = list(self)
+        self._groups.clear()
+        self._recount()
         return requests
 
     def finish_prefills(self) -> None:
@@ -76,39 +115,61 @@ class Scheduler:
         Called after the prefill call succeeds, so that a failure in it still finds every
         request of the pass here.
         """
-        self._waiting = collections.deque(r for r in self._waiting if r.prefilled < len(r.prompt_ids))
-        self._count = len(self._waiting)
+        self._filter(lambda r: r.prefilled < len(r.prompt_ids))
 
-    def _has_room(self, request: Request, rows: int) -> bool:
-        return not rows or rows + request.params.best_of <= self.max_batch_size
+    def _filter(self, keep) -> None:
+        for name, group in list(self._groups.items()):
+            group.requests = collections.deque(r for r in group.requests if keep(r))
+            if not group.requests:
+                del self._groups[name]
+        self._recount()
+
+    def _recount(self) -> None:
+        self._count = sum(len(group.requests) for group in self._groups.values())
 
     def schedule(self, running_rows: int) -> list[ScheduledChunk]:
-        """This step's prefill chunks (none when the head of the queue has no room in the batch).
-
-        A chunk of one long prompt (or of one request with ``prompt_logprobs``), or several short
-        prompts at the head of the queue together (at most ``prefill_chunk`` tokens), so a burst
-        of new requests costs about one step instead of one step each.
-        """
-        if not self._waiting or not self._has_room(self._waiting[0], running_rows):
-            return []
-        head = self._waiting[0]
-        if head.prefilled or head.prompt_logprobs is not None or len(head.prompt_ids) > self.prefill_chunk:
-            # Chunks bound how long running streams wait for a prefill; with none running, one pass
-            # (up to IDLE_PREFILL_CHUNK tokens) gives the shortest time to first token.
-            # (Not with prompt_logprobs, whose logits for every position would make it a big pass.)
-            busy = running_rows or head.prompt_logprobs is not None
-            chunk = self.prefill_chunk if busy else max(self.prefill_chunk, IDLE_PREFILL_CHUNK)
-            return [ScheduledChunk(head, head.prefilled, min(len(head.prompt_ids), head.prefilled + chunk))]
-        chunks: list[ScheduledChunk] = []
-        tokens = 0
+        """This step's prefill chunks, given ``running_rows`` rows in the running batch (see the
+        class docstring); empty when no waiting request may run now."""
+        budget = self.prefill_chunk if running_rows else max(self.prefill_chunk, IDLE_PREFILL_CHUNK)
+        logits_budget = min(budget, max(self.prefill_chunk, LOGITS_CHUNK))
         rows = running_rows
-        for request in self._waiting:
-            size = len(request.prompt_ids)
-            if request.prompt_logprobs is not None or tokens + size > self.prefill_chunk:
-                break
-            if chunks and rows + request.params.best_of > self.max_batch_size:
-                break
-            chunks.append(ScheduledChunk(request, 0, size))
-            tokens += size
-            rows += request.params.best_of
+        chunks: list[ScheduledChunk] = []
+        turns = sorted(self._groups.values(), key=lambda g: (g.last_turn, g.order))
+        next_index = {id(group): 0 for group in turns}
+        done: set[int] = set()  # groups with nothing more for this pass
+        while budget and len(done) < len(turns):
+            for group in turns:
+                if id(group) in done:
+                    continue
+                index = next_index[id(group)]
+                if index == len(group.requests):
+                    done.add(id(group))
+                    continue
+                request = group.requests[index]
+                size = self._chunk_size(request, budget, logits_budget, bool(chunks))
+                if not size or not (request.rows == 0 or not rows or rows + request.rows <= self.max_batch_size):
+                    done.add(id(group))  # the group's next request waits; the ones behind it too
+                    continue
+                chunk = ScheduledChunk(request, request.prefilled, request.prefilled + size)
+                chunks.append(chunk)
+                budget -= size
+                if request.prompt_logprobs is not None:
+                    logits_budget -= size
+                group.last_turn = self._passes
+                if chunk.final:
+                    rows += request.rows
+                    next_index[id(group)] = index + 1
+                else:
+                    done.add(id(group))  # its prompt goes on in a later pass
+                if not budget:
+                    break
+        self._passes += 1
         return chunks
+
+    def _chunk_size(self, request: Request, budget: int, logits_budget: int, others: bool) -> int:
+        """How many of ``request``'s remaining prompt tokens this pass takes (0: none)."""
+        remaining = len(request.prompt_ids) - request.prefilled
+        room = min(budget, logits_budget) if request.prompt_logprobs is not None else budget
+        if remaining > room and remaining <= self.prefill_chunk and others:
+            return 0  # a short prompt waits for a pass it fits in whole, rather than being cut
+        return min(remaining, room)
