@@ -29,7 +29,7 @@ import torch
 
 from . import memory, sampling
 from .model_loader import ModelConfig, load_model
-from .model_runner import HFModelRunner, ModelRunner, PrefillChunk
+from .model_runner import ModelRunner, PrefillChunk, build_runner
 from .output_processor import OutputProcessor
 from .outputs import (  # noqa: F401  (re-exported: the engine's API)
     CompletionOutput,
@@ -57,6 +57,7 @@ class EngineConfig:
     max_queue: int = 256
     prefill_chunk: int = 256
     num_threads: int = 0
+    runner: str = "auto"  # auto | llama | transformers (inference.model_runner.build_runner)
 
 
 class RequestStream:
@@ -246,6 +247,12 @@ class Engine:
             else:
                 self.device = next(model.parameters()).device
             self._install(model, tokenizer)
+            # Before ready: the first request after /healthz says 200 finds kernels chosen and
+            # buffers grown, and is as fast as later ones (issue 12).
+            started = time.perf_counter()
+            with torch.inference_mode():
+                self.runner.warm_up()
+            logger.info("Model runner: %s; warmed up in %.1f s", self.runner.description, time.perf_counter() - started)
         except BaseException as error:  # noqa: BLE001 - reported through /healthz and the log
             logger.exception("The model failed to load")
             self.load_error = error
@@ -259,7 +266,7 @@ class Engine:
     def _install(self, model, tokenizer) -> None:
         self.model = model
         self.tokenizer = tokenizer
-        self.runner = HFModelRunner(model)
+        self.runner = build_runner(model, self.config.runner, self.config.max_batch_size)
         self.max_context = self.runner.max_context or int(tokenizer.model_max_length)
         self.vocab_size = self.runner.vocab_size
         eos = set()
@@ -412,6 +419,7 @@ def get_engine() -> Engine:
                     max_queue=settings.ENGINE_MAX_QUEUE,
                     prefill_chunk=settings.ENGINE_PREFILL_CHUNK,
                     num_threads=settings.ENGINE_NUM_THREADS,
+                    runner=settings.ENGINE_RUNNER,
                 ),
             )
         return _engine

@@ -92,3 +92,29 @@ def test_the_transformers_runner_is_chosen_on_request(model):
     assert isinstance(build_runner(model, "transformers"), HFModelRunner)
     with pytest.raises(ValueError):
         build_runner(model, "fastest")
+
+
+def test_auto_falls_back_to_transformers_without_the_llama_runner(model, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "inference.llama", None)  # as if the module were absent
+    assert isinstance(build_runner(model, "auto"), HFModelRunner)
+    with pytest.raises(ValueError, match="llama"):
+        build_runner(model, "llama")
+
+
+def test_the_engine_warms_its_runner_up_before_it_reports_ready(monkeypatch):
+    from inference.engine import Engine, EngineConfig
+    from inference.model_loader import ModelConfig
+    from tests.tiny_model import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    engine = Engine(ModelConfig(path="tiny", model_id="tiny"), EngineConfig(runner="transformers"))
+    ready_during_warm_up = []
+    monkeypatch.setattr(HFModelRunner, "warm_up", lambda self: ready_during_warm_up.append(engine.ready))
+    engine.start(tiny_model(len(tokenizer)), tokenizer)
+    try:
+        assert engine.wait_ready(30)
+    finally:
+        engine.stop()
+    assert ready_during_warm_up == [False]
