@@ -1,11 +1,13 @@
 """The engine: one per process, owning the model, the tokenizer, a worker thread and its queue.
 
 Requests are scheduled with continuous batching (iteration-level scheduling, Yu et al. 2022,
-"Orca"): every loop of the worker runs one prefill pass (several short prompts together, or one
-chunk of a long one), then one decode step for every running sequence of the model.  New
+"Orca"): every loop of the worker runs one prefill call (the prompt chunks the scheduler picks,
+API requests taking turns), then one decode step for every running sequence of the model.  New
 sequences join the running batch after their prefill; finished and aborted ones leave it before
-the next step.  The model runner (:mod:`inference.model_runner`) owns the forward pass and the
-KV caches; the engine knows requests, sequences and rows.
+the next step.  The engine wires vLLM's seams together: :mod:`inference.scheduler` decides who
+runs this step, :mod:`inference.model_runner` owns the forward pass and the KV caches,
+:mod:`inference.output_processor` turns sampled tokens into text, stop strings and logprobs,
+and :mod:`inference.sequence` holds the request and sequence state they share.
 
 transformers' own continuous batching (``generation/continuous_batching``) was the first choice;
 it takes per-request temperature, top-k and top-p only (no per-request ``logit_bias``,

@@ -28,6 +28,8 @@ RUNNERS = ("auto", "llama", "transformers")
 
 @dataclass(frozen=True)
 class PrefillChunk:
+    """Prompt tokens of one waiting request for one prefill call (the scheduler's choice)."""
+
     key: int                 # the engine request's identity (id() of its state); the runner keeps its partial cache under it
     token_ids: list[int]     # this chunk's prompt tokens
     start: int               # position of token_ids[0] (tokens before it are in the runner's cache for `key`)
@@ -35,6 +37,8 @@ class PrefillChunk:
 
 
 class ModelRunner(Protocol):
+    """The forward pass and KV caches behind the engine (see the module docstring)."""
+
     vocab_size: int          # rows of the output layer
     max_context: int         # max_position_embeddings
     description: str         # e.g. "llama runner, weights int8 (batch<=8) / float32, activations bfloat16"

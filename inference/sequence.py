@@ -42,7 +42,6 @@ class Request:
         self.loop = loop
         self.queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         self.prefilled = 0
-        self.cache = None  # the partial prefill's KV cache (a BatchKVCache)
         self.prompt_logprobs: list[TokenLogprob] | None = [TokenLogprob(prompt_ids[0], None)] if params.prompt_logprobs else None
         self.sequences: list[SequenceState] = []
         self.device = device
