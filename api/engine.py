@@ -37,6 +37,7 @@ def engine_configs() -> tuple[ModelConfig, EngineConfig]:
         max_queue=settings.ENGINE_MAX_QUEUE,
         prefill_chunk=settings.ENGINE_PREFILL_CHUNK,
         num_threads=settings.ENGINE_NUM_THREADS,
+        runner=settings.ENGINE_RUNNER,
     )
     return model, engine
 

@@ -149,10 +149,11 @@ class CompletionRun:
         return ids
 
     def start(self) -> None:
-        """Submit one engine request per prompt."""
+        """Submit one engine request per prompt, all in one group (they take prefill turns with
+        other API requests as one)."""
         try:
             for index, prompt in enumerate(self.prompts):
-                self.streams.append(self.engine.submit(f"{self.id}-{index}", prompt.ids, self.params))
+                self.streams.append(self.engine.submit(f"{self.id}-{index}", prompt.ids, self.params, group=self.id))
         except EngineError as error:
             self.abort()
             raise APIError(

@@ -42,3 +42,15 @@ def check_limit_settings(app_configs, **kwargs) -> list[Error]:
         if getattr(settings, name) < 0:
             errors.append(Error(f"{name} is negative.", hint="A limit of 0 means none; times are in seconds.", id="completions_site.E004"))
     return errors
+
+
+@register(Tags.compatibility)
+def check_engine_settings(app_configs, **kwargs) -> list[Error]:
+    """The engine's settings: a known model runner."""
+    if settings.ENGINE_RUNNER in ("auto", "llama", "transformers"):  # inference.model_runner.RUNNERS, without torch
+        return []
+    return [Error(
+        f"ENGINE_RUNNER is {settings.ENGINE_RUNNER!r}.",
+        hint="Set it to 'auto' (our Llama runner when it supports the model, else transformers'), 'llama' or 'transformers'.",
+        id="completions_site.E005",
+    )]

@@ -123,6 +123,9 @@ ENGINE_MAX_BATCH_SIZE = env.int("ENGINE_MAX_BATCH_SIZE", default=32)
 ENGINE_MAX_QUEUE = env.int("ENGINE_MAX_QUEUE", default=256)
 ENGINE_NUM_THREADS = env.int("ENGINE_NUM_THREADS", default=0)  # 0: torch's default
 ENGINE_PREFILL_CHUNK = env.int("ENGINE_PREFILL_CHUNK", default=256)
+# The forward pass: auto (our Llama runner when it supports the model, else transformers'
+# modeling) | llama | transformers.
+ENGINE_RUNNER = env.str("ENGINE_RUNNER", default="auto")
 
 # --- The API ------------------------------------------------------------------------------------
 API_MAX_BODY_BYTES = env.int("API_MAX_BODY_BYTES", default=4 * 1024 * 1024)

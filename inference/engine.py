@@ -1,12 +1,13 @@
 """The engine: one per process, owning the model, the tokenizer, a worker thread and its queue.
 
 Requests are scheduled with continuous batching (iteration-level scheduling, Yu et al. 2022,
-"Orca"): every loop of the worker runs one prefill pass (several short prompts together, or one
-chunk of a long one), then one decode step for every running sequence of the model.  New
+"Orca"): every loop of the worker runs one prefill call (the prompt chunks the scheduler picks,
+API requests taking turns), then one decode step for every running sequence of the model.  New
 sequences join the running batch after their prefill; finished and aborted ones leave it before
-the next step.  The running batch's ``past_key_values`` are one left-padded cache
-(:class:`~inference.kv_cache.BatchKVCache`): joining pads the shorter side on the left, leaving
-selects rows and trims columns that are padding in every row.
+the next step.  The engine wires vLLM's seams together: :mod:`inference.scheduler` decides who
+runs this step, :mod:`inference.model_runner` owns the forward pass and the KV caches,
+:mod:`inference.output_processor` turns sampled tokens into text, stop strings and logprobs,
+and :mod:`inference.sequence` holds the request and sequence state they share.
 
 transformers' own continuous batching (``generation/continuous_batching``) was the first choice;
 it takes per-request temperature, top-k and top-p only (no per-request ``logit_bias``,
@@ -29,8 +30,9 @@ from dataclasses import dataclass
 import torch
 
 from . import memory, sampling
-from .kv_cache import BatchKVCache
 from .model_loader import ModelConfig, load_model
+from .model_runner import ModelRunner, PrefillChunk, build_runner
+from .output_processor import OutputProcessor
 from .outputs import (  # noqa: F401  (re-exported: the engine's API)
     CompletionOutput,
     EngineError,
@@ -40,12 +42,12 @@ from .outputs import (  # noqa: F401  (re-exported: the engine's API)
     TokenLogprob,
 )
 from .sampling import SamplingParams
-from .text import IncrementalDetokenizer, StopMatcher
+from .scheduler import Scheduler
+from .sequence import Request, SequenceState
 
 logger = logging.getLogger(__name__)
 
 FIM_TOKENS = ("<fim_prefix>", "<fim_suffix>", "<fim_middle>")
-IDLE_PREFILL_CHUNK = 2048
 RATE_WINDOW_SECONDS = 10.0  # the window of stats()'s tokens_per_second
 
 
@@ -57,73 +59,7 @@ class EngineConfig:
     max_queue: int = 256
     prefill_chunk: int = 256
     num_threads: int = 0
-
-
-class _Request:
-    """A submitted request: its prompt, parameters, candidates, and the bridge to its event loop."""
-
-    def __init__(
-        self,
-        request_id: str,
-        prompt_ids: list[int],
-        params: SamplingParams,
-        loop: asyncio.AbstractEventLoop,
-        device: torch.device,
-    ) -> None:
-        self.request_id = request_id
-        self.prompt_ids = prompt_ids
-        self.params = params
-        self.loop = loop
-        self.queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
-        self.prefilled = 0
-        self.cache: BatchKVCache | None = None
-        self.prompt_logprobs: list[TokenLogprob] | None = [TokenLogprob(prompt_ids[0], None)] if params.prompt_logprobs else None
-        self.sequences: list[_Sequence] = []
-        self.device = device
-        self.bias_ids = torch.tensor(list(params.logit_bias), dtype=torch.long, device=device)
-        self.bias_values = torch.tensor(list(params.logit_bias.values()), dtype=torch.float32, device=device)
-        self.wants_logprobs = params.logprobs is not None or params.best_of > params.n
-
-    def push(self, item: RequestOutput | BaseException) -> None:
-        """Hand ``item`` to the request's event loop; never blocks the worker."""
-        try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
-        except RuntimeError:  # the loop is closed: nobody is listening any more
-            pass
-
-
-class _Sequence:
-    """One candidate of a request: its generated tokens, text, and sampling state."""
-
-    def __init__(self, request: _Request, index: int, detokenizer: IncrementalDetokenizer) -> None:
-        self.request = request
-        self.index = index
-        params = request.params
-        self.generator: torch.Generator | None = None
-        if not params.greedy:
-            self.generator = torch.Generator(device=request.device)
-            if params.seed is not None:
-                self.generator.manual_seed(params.seed + index)
-            else:
-                self.generator.seed()
-        self.detokenizer = detokenizer
-        self.length = len(request.prompt_ids)  # tokens in the KV cache once joined
-        self.next_token = -1  # sampled, not yet in the KV cache
-        self.token_ids: list[int] = []
-        self.texts: list[str] = []
-        self.logprobs: list[TokenLogprob] = []
-        self.text = ""
-        self.stop_matcher = StopMatcher(request.params.stop)
-        self.cut: int | None = None  # where a stop string begins, once found
-        self.released_tokens = 0
-        self.released_chars = 0
-        self.cumulative_logprob = 0.0
-        self.counts: torch.Tensor | None = None
-        self.finish_reason: str | None = None
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
+    runner: str = "auto"  # auto | llama | transformers (inference.model_runner.build_runner)
 
 
 class RequestStream:
@@ -133,7 +69,7 @@ class RequestStream:
     early and calling it) removes the request's sequences from the batch before the next step.
     """
 
-    def __init__(self, engine: Engine, request: _Request) -> None:
+    def __init__(self, engine: Engine, request: Request) -> None:
         self._engine = engine
         self._request = request
         self.finished = False
@@ -184,12 +120,11 @@ class Engine:
         self.eos_token_ids: frozenset[int] = frozenset()
         self._lock = threading.Lock()
         self._wakeup = threading.Event()
-        self._inbox: collections.deque[_Request] = collections.deque()
+        self._inbox: collections.deque[Request] = collections.deque()
         self._aborted: set[str] = set()
-        self._waiting: collections.deque[_Request] = collections.deque()
-        self._running: list[_Sequence] = []
-        self._cache: BatchKVCache | None = None
-        self._mask: torch.Tensor | None = None  # [batch, width] 1 for real columns, 0 for padding
+        self.scheduler = Scheduler(self.config.max_batch_size, self.config.prefill_chunk)
+        self._running: list[SequenceState] = []
+        self.runner: ModelRunner | None = None
         self._recent_tokens: collections.deque[tuple[float, int]] = collections.deque()
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -226,7 +161,7 @@ class Engine:
         with self._lock:
             tokens = sum(n for t, n in self._recent_tokens if now - t <= RATE_WINDOW_SECONDS)
             running = len({id(s.request) for s in self._running})
-            waiting = len(self._waiting) + len(self._inbox)
+            waiting = len(self.scheduler) + len(self._inbox)
         return {
             "running": running,
             "waiting": waiting,
@@ -272,8 +207,12 @@ class Engine:
                 return [token_id]
         return [0]
 
-    def submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> RequestStream:
+    def submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams, group: str | None = None) -> RequestStream:
         """Queue ``params.best_of`` candidates for ``prompt_ids``; iterate the result for each step's outputs.
+
+        ``group`` names the API request the prompt belongs to (default: ``request_id``): prefill
+        turns are shared between groups, so one request of many prompts cannot hold up the first
+        token of the requests behind it (:class:`~inference.scheduler.Scheduler`).
 
         Raises :class:`EngineNotReady` or :class:`EngineOverloaded` at once, so the caller can still
         answer with an HTTP error; iterating raises :class:`EngineError` if a step fails.  Must be
@@ -283,9 +222,9 @@ class Engine:
             raise EngineNotReady("The model is loading; try again shortly.")
         if not prompt_ids:
             raise ValueError("prompt_ids must not be empty")
-        request = _Request(request_id, list(prompt_ids), params, asyncio.get_running_loop(), self.device)
+        request = Request(request_id, list(prompt_ids), params, asyncio.get_running_loop(), self.device, group)
         with self._lock:
-            if len(self._waiting) + len(self._inbox) >= self.config.max_queue:
+            if len(self.scheduler) + len(self._inbox) >= self.config.max_queue:
                 raise EngineOverloaded(
                     f"The server is overloaded: {self.config.max_queue} requests are already waiting."
                 )
@@ -310,6 +249,12 @@ class Engine:
             else:
                 self.device = next(model.parameters()).device
             self._install(model, tokenizer)
+            # Before ready: the first request after /healthz says 200 finds kernels chosen and
+            # buffers grown, and is as fast as later ones (issue 12).
+            started = time.perf_counter()
+            with torch.inference_mode():
+                self.runner.warm_up()
+            logger.info("Model runner: %s; warmed up in %.1f s", self.runner.description, time.perf_counter() - started)
         except BaseException as error:  # noqa: BLE001 - reported through /healthz and the log
             logger.exception("The model failed to load")
             self.load_error = error
@@ -323,9 +268,9 @@ class Engine:
     def _install(self, model, tokenizer) -> None:
         self.model = model
         self.tokenizer = tokenizer
-        config = model.config.get_text_config(decoder=True)
-        self.max_context = int(getattr(config, "max_position_embeddings", 0) or tokenizer.model_max_length)
-        self.vocab_size = int(model.get_output_embeddings().out_features)
+        self.runner = build_runner(model, self.config.runner, self.config.max_batch_size)
+        self.max_context = self.runner.max_context or int(tokenizer.model_max_length)
+        self.vocab_size = self.runner.vocab_size
         eos = set()
         for source in (model.generation_config.eos_token_id, tokenizer.eos_token_id):
             if isinstance(source, int):
@@ -336,10 +281,11 @@ class Engine:
         if document_end is not None:
             eos.add(document_end)  # the GPT-style document separator ends a text, as on OpenAI
         self.eos_token_ids = frozenset(eos)
+        self.output_processor = OutputProcessor(tokenizer, self.eos_token_ids, self.vocab_size, self.max_context, self.device)
 
     def _loop_once(self) -> None:
         self._take_inbox()
-        if not self._running and not self._waiting:
+        if not self._running and not len(self.scheduler):
             if not self._trimmed:  # the batch just emptied: its freed memory goes back to the system
                 memory.trim()
                 self._trimmed = True
@@ -348,7 +294,7 @@ class Engine:
             return
         self._trimmed = False
         try:
-            if self._waiting and self._has_room_for(self._waiting[0]):
+            if len(self.scheduler):
                 self._prefill()
             if self._running:
                 self._decode_step()
@@ -358,328 +304,95 @@ class Engine:
 
     def _take_inbox(self) -> None:
         with self._lock:
-            self._waiting.extend(self._inbox)
+            self.scheduler.add(self._inbox)
             self._inbox.clear()
             aborted, self._aborted = self._aborted, set()
         if not aborted:
             return
-        self._waiting = collections.deque(r for r in self._waiting if r.request_id not in aborted)
+        for request in self.scheduler.remove(aborted):
+            self.runner.release(request.key)  # its partial prefill, if any
         keep = [row for row, seq in enumerate(self._running) if seq.request.request_id not in aborted]
         if len(keep) != len(self._running):
             self._select_rows(keep)
 
-    def _has_room_for(self, request: _Request) -> bool:
-        # A request larger than the whole batch still runs, alone.
-        return not self._running or len(self._running) + request.params.best_of <= self.config.max_batch_size
-
     def _prefill(self) -> None:
-        """One prefill forward pass: a chunk of one long prompt, or several short prompts together.
-
-        Short prompts (no ``prompt_logprobs``, at most ``prefill_chunk`` tokens together) waiting
-        at the head of the queue share one left-padded forward pass, so a burst of new requests
-        costs about one step instead of one step each.
-        """
-        head = self._waiting[0]
-        if head.prefilled or head.prompt_logprobs is not None or len(head.prompt_ids) > self.config.prefill_chunk:
-            self._prefill_chunk(head)
+        """Run the scheduler's prefill chunks in one runner call; requests whose prompt is then
+        complete start their candidates and join the batch."""
+        scheduled = self.scheduler.schedule(len(self._running))
+        if not scheduled:
             return
-        group: list[_Request] = []
-        tokens = 0
-        rows = len(self._running)
-        for request in self._waiting:
-            size = len(request.prompt_ids)
-            if request.prompt_logprobs is not None or tokens + size > self.config.prefill_chunk:
-                break
-            if group and rows + request.params.best_of > self.config.max_batch_size:
-                break
-            group.append(request)
-            tokens += size
-            rows += request.params.best_of
-        self._prefill_group(group)
+        chunks = [
+            PrefillChunk(item.request.key, item.request.prompt_ids[item.start : item.end], item.start, item.request.prompt_logprobs is not None)
+            for item in scheduled
+        ]
+        for item, logits in zip(scheduled, self.runner.prefill(chunks)):
+            request = item.request
+            request.prefilled = item.end
+            if request.prompt_logprobs is not None:
+                self.output_processor.add_prompt_logprobs(request, logits, request.prompt_ids[item.start + 1 : item.end + 1])
+            if not item.final:
+                continue
+            alive = self._start_sequences(request, logits[-1:])
+            self.runner.join(request.key, len(alive))
+            self._running.extend(alive)
+        self.scheduler.finish_prefills()
 
-    def _prefill_group(self, group: list[_Request]) -> None:
-        """Prefill every prompt of ``group`` in one left-padded forward pass, then join the batch."""
-        width = max(len(request.prompt_ids) for request in group)
-        input_ids = torch.zeros(len(group), width, dtype=torch.long)
-        mask = torch.zeros(len(group), width, dtype=torch.long)
-        for row, request in enumerate(group):
-            size = len(request.prompt_ids)
-            input_ids[row, width - size :] = torch.tensor(request.prompt_ids)
-            mask[row, width - size :] = 1
-        input_ids, mask = input_ids.to(self.device), mask.to(self.device)
-        cache = BatchKVCache(self.model.config)
-        output = self.model(
-            input_ids=input_ids,
-            attention_mask=mask,
-            position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
-            cache=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        logits = output.logits[:, -1].float()  # [group, vocab]
-        sources: list[int] = []
-        sequences: list[_Sequence] = []
-        for row, request in enumerate(group):
-            alive = self._start_sequences(request, logits[row : row + 1])
-            sources.extend([row] * len(alive))
-            sequences.extend(alive)
-        if sequences:
-            self._join(cache, mask, sources, sequences)
-        # Only now, so that a failure above still reaches these requests through _fail_all.
-        for _ in group:
-            self._waiting.popleft()
-
-    def _prefill_chunk(self, request: _Request) -> None:
-        """Run the next chunk of one request's prompt; after the last one, join the batch."""
-        ids = request.prompt_ids
-        start = request.prefilled
-        # Chunks bound how long running streams wait for a prefill; with none running, one pass
-        # (up to IDLE_PREFILL_CHUNK tokens) gives the shortest time to first token.
-        # (Not with prompt_logprobs, whose logits for every position would make it a big pass.)
-        busy = self._running or request.prompt_logprobs is not None
-        chunk = self.config.prefill_chunk if busy else max(self.config.prefill_chunk, IDLE_PREFILL_CHUNK)
-        end = min(len(ids), start + chunk)
-        if request.cache is None:
-            request.cache = BatchKVCache(self.model.config)
-        output = self.model(
-            input_ids=torch.tensor([ids[start:end]], device=self.device),
-            position_ids=torch.arange(start, end, device=self.device)[None],
-            cache=request.cache,
-            use_cache=True,
-            logits_to_keep=0 if request.prompt_logprobs is not None else 1,
-        )
-        request.prefilled = end
-        logits = output.logits[0].float()  # [chunk or 1, vocab]
-        if request.prompt_logprobs is not None:
-            self._add_prompt_logprobs(request, logits, ids[start + 1 : end + 1])
-        if end < len(ids):
-            return
-        alive = self._start_sequences(request, logits[-1:])
-        cache, request.cache = request.cache, None
-        if alive:
-            mask = torch.ones(1, len(ids), dtype=torch.long, device=self.device)
-            self._join(cache, mask, [0] * len(alive), alive)
-        self._waiting.popleft()
-
-    def _add_prompt_logprobs(self, request: _Request, logits: torch.Tensor, targets: list[int]) -> None:
-        """Log-probabilities of each next prompt token under the raw distribution (no temperature)."""
-        logprobs = torch.log_softmax(logits[: len(targets)], dim=-1)
-        target = torch.tensor(targets, dtype=torch.long, device=logprobs.device)
-        chosen = logprobs.gather(-1, target[:, None])[:, 0].tolist()
-        k = request.params.logprobs or 0
-        tops = sampling.top_logprobs(logprobs, k) if k else None
-        for row, token_id in enumerate(targets):
-            top = list(zip(tops[1][row].tolist(), tops[0][row].tolist())) if tops is not None else []
-            request.prompt_logprobs.append(TokenLogprob(token_id, chosen[row], top))
-
-    def _start_sequences(self, request: _Request, logits: torch.Tensor) -> list[_Sequence]:
+    def _start_sequences(self, request: Request, logits: torch.Tensor) -> list[SequenceState]:
         """Create the request's candidates and sample their first tokens from ``logits`` ``[1, vocab]``.
 
         Returns the candidates still running (the others finished on their first token).
         """
-        params = request.params
-        request.sequences = [
-            _Sequence(request, index, IncrementalDetokenizer(self.tokenizer, request.prompt_ids))
-            for index in range(params.best_of)
-        ]
-        if params.max_tokens == 0:  # a scoring request (echo with max_tokens 0): nothing to generate
-            for seq in request.sequences:
-                seq.finish_reason = "length"
-        else:
-            self._sample(request.sequences, logits.expand(len(request.sequences), -1).clone())
+        sequences = self.output_processor.new_sequences(request)
+        if request.params.max_tokens:
+            self._sample(sequences, logits.expand(len(sequences), -1).clone())
         self._publish(request.sequences)
         return [seq for seq in request.sequences if not seq.finished]
-
-    def _join(self, cache: BatchKVCache, mask: torch.Tensor, sources: list[int], sequences: list[_Sequence]) -> None:
-        """Append ``sequences`` to the running batch; sequence ``k`` takes row ``sources[k]`` of
-        ``cache`` and of its ``mask`` ``[rows, width]``."""
-        if self._cache is None:
-            self._cache = BatchKVCache(self.model.config)
-            self._mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)
-        index = torch.tensor(sources, device=self.device)
-        old_width, width = self._mask.shape[1], mask.shape[1]
-        total = max(old_width, width)
-        self._cache.join(cache, index)
-        self._mask = torch.cat(
-            [
-                torch.nn.functional.pad(self._mask, (total - old_width, 0)),
-                torch.nn.functional.pad(mask.index_select(0, index), (total - width, 0)),
-            ]
-        )
-        self._running.extend(sequences)
 
     def _decode_step(self) -> None:
         """One forward pass for every running sequence, then sampling, then release and cleanup."""
         sequences = self._running
-        input_ids = torch.tensor([[seq.next_token] for seq in sequences], device=self.device)
-        position_ids = torch.tensor([[seq.length] for seq in sequences], device=self.device)
-        mask = torch.cat([self._mask, torch.ones(len(sequences), 1, dtype=torch.long, device=self.device)], 1)
-        output = self.model(
-            input_ids=input_ids,
-            attention_mask=mask,
-            position_ids=position_ids,
-            cache=self._cache,
-            use_cache=True,
-        )
-        self._mask = mask
+        logits = self.runner.decode([seq.next_token for seq in sequences])
         for seq in sequences:
             seq.length += 1
-        self._sample(sequences, output.logits[:, -1, :].float())
+        self._sample(sequences, logits)
         self._publish(sequences)
         keep = [row for row, seq in enumerate(sequences) if not seq.finished]
         if len(keep) != len(sequences):
             self._select_rows(keep)
 
     def _select_rows(self, keep: list[int]) -> None:
-        """Keep only batch rows ``keep``; trim columns that are now padding in every row."""
+        """Keep only batch rows ``keep`` (finished and aborted sequences leave)."""
         self._running = [self._running[row] for row in keep]
-        if not keep:
-            self._cache, self._mask = None, None
-            return
-        index = torch.tensor(keep, device=self.device)
-        mask = self._mask.index_select(0, index)
-        first = int((mask.sum(0) > 0).nonzero()[0])  # first column that some row still uses
-        self._mask = mask[:, first:]
-        self._cache.select(index, first)
+        self.runner.keep(keep)
 
     # --- sampling and text ---------------------------------------------------------------------
 
-    def _sample(self, sequences: list[_Sequence], logits: torch.Tensor) -> None:
+    def _sample(self, sequences: list[SequenceState], logits: torch.Tensor) -> None:
         """Pick each sequence's next token from its row of ``logits`` ``[batch, vocab]`` (float32)."""
-        for row, seq in enumerate(sequences):
-            request = seq.request
-            params = request.params
-            if params.logit_bias:
-                sampling.apply_logit_bias(logits[row], request.bias_ids, request.bias_values)
-            if seq.counts is not None:
-                sampling.apply_penalties(logits[row], seq.counts, params.presence_penalty, params.frequency_penalty)
-        temperature = torch.tensor(
-            [0.0 if seq.request.params.greedy else seq.request.params.temperature for seq in sequences],
-            device=logits.device,
-        )
-        sampling.apply_temperature(logits, temperature)
-        wants = [row for row, seq in enumerate(sequences) if seq.request.wants_logprobs]
-        logprobs = torch.log_softmax(logits[wants], dim=-1) if wants else None
-        chosen = logits.argmax(dim=-1).tolist()
-        sampled = [row for row, seq in enumerate(sequences) if not seq.request.params.greedy]
-        if sampled:
-            probs = torch.softmax(logits[sampled], dim=-1)
-            top_p = torch.tensor([sequences[row].request.params.top_p for row in sampled], device=logits.device)
-            if bool((top_p < 1.0).any()):
-                probs = sampling.top_p_mask(probs, top_p)
-            for position, row in enumerate(sampled):
-                chosen[row] = sampling.sample_row(probs[position], sequences[row].generator)
-        wants_row = {row: position for position, row in enumerate(wants)}
-        for row, seq in enumerate(sequences):
-            entry = None
-            if row in wants_row:
-                row_logprobs = logprobs[wants_row[row]]
-                k = seq.request.params.logprobs or 0
-                top: list[tuple[int, float]] = []
-                if k:
-                    values, ids = sampling.top_logprobs(row_logprobs, k)
-                    top = list(zip(ids.tolist(), values.tolist()))
-                entry = TokenLogprob(chosen[row], float(row_logprobs[chosen[row]]), top)
-            self._append(seq, chosen[row], entry)
+        for seq, (token_id, logprob) in zip(sequences, sampling.sample(sequences, logits)):
+            self.output_processor.append(seq, token_id, logprob)
 
-    def _append(self, seq: _Sequence, token_id: int, logprob: TokenLogprob | None) -> None:
-        """Add a sampled token to ``seq``: text, stop strings, limits."""
-        params = seq.request.params
-        seq.next_token = token_id
-        if logprob is not None and logprob.logprob is not None:
-            seq.cumulative_logprob += logprob.logprob
-        if token_id in self.eos_token_ids and not params.ignore_eos:
-            seq.finish_reason = "stop"
-            return
-        seq.token_ids.append(token_id)
-        if params.needs_penalties:
-            if seq.counts is None:
-                seq.counts = torch.zeros(self.vocab_size, dtype=torch.float32, device=self.device)
-            seq.counts[token_id] += 1
-        piece = seq.detokenizer.add(token_id)
-        seq.texts.append(piece)
-        if logprob is not None:
-            seq.logprobs.append(logprob)
-        seq.text += piece
-        if params.stop and piece:
-            index = seq.stop_matcher.feed(piece)
-            if index != -1:
-                seq.cut = index
-                seq.finish_reason = "stop"
-                return
-        if len(seq.token_ids) >= params.max_tokens or seq.length + 1 >= self.max_context:
-            seq.finish_reason = "length"
-
-    def _release(self, seq: _Sequence) -> CompletionOutput | None:
-        """The tokens and text of ``seq`` that can be shown now, or None if nothing changed.
-
-        While running, a tail of text that could still become a stop string is held back, and
-        tokens are released whole (a token whose bytes end mid-character waits for the token that
-        completes the character).  At a stop string, tokens that begin before it are released,
-        the last one cut short where the stop string begins.
-        """
-        if seq.cut is not None:
-            end = seq.cut
-        elif seq.finished:
-            end = len(seq.text)
-        else:
-            end = len(seq.text) - seq.stop_matcher.holdback
-        position = seq.released_chars
-        first = seq.released_tokens
-        texts: list[str] = []
-        for piece in seq.texts[first:]:
-            if seq.cut is not None:
-                if position >= end:
-                    break
-                piece = piece[: end - position]
-            elif position + len(piece) > end:
-                break
-            texts.append(piece)
-            position += len(piece)
-        if not seq.finished:
-            while texts and not texts[-1]:
-                texts.pop()
-        if not texts and not seq.finished:
-            return None
-        last = first + len(texts)
-        seq.released_tokens, seq.released_chars = last, position
-        return CompletionOutput(
-            index=seq.index,
-            text="".join(texts),
-            token_ids=seq.token_ids[first:last],
-            texts=texts,
-            logprobs=seq.logprobs[first:last] if seq.request.params.logprobs is not None else None,
-            finish_reason=seq.finish_reason,
-            num_tokens=last,
-            cumulative_logprob=seq.cumulative_logprob,
-        )
-
-    def _publish(self, sequences: list[_Sequence]) -> None:
+    def _publish(self, sequences: list[SequenceState]) -> None:
         """Send each request its sequences' released outputs for this step."""
-        by_request: dict[int, tuple[_Request, list[CompletionOutput]]] = {}
-        for seq in sequences:
-            output = self._release(seq)
-            if output is not None:
-                by_request.setdefault(id(seq.request), (seq.request, []))[1].append(output)
+        results = self.output_processor.outputs(sequences)
         now = time.monotonic()
         with self._lock:
             self._recent_tokens.append((now, len(sequences)))  # one token sampled per sequence
             while self._recent_tokens and now - self._recent_tokens[0][0] > RATE_WINDOW_SECONDS:
                 self._recent_tokens.popleft()
-        for request, outputs in by_request.values():
-            prompt_logprobs, request.prompt_logprobs = request.prompt_logprobs, None
-            finished = all(seq.finished for seq in request.sequences)
-            request.push(RequestOutput(request.request_id, outputs, prompt_logprobs, finished))
+        for request, output in results:
+            request.push(output)
 
     def _fail_all(self, error: EngineError) -> None:
         """Fail every running and waiting request with ``error`` and reset the batch."""
         requests = {id(seq.request): seq.request for seq in self._running}
-        requests.update({id(r): r for r in self._waiting})
+        requests.update({id(r): r for r in self.scheduler.clear()})
         with self._lock:
             requests.update({id(r): r for r in self._inbox})
             self._inbox.clear()
         for request in requests.values():
             request.push(error)
-        self._running, self._cache, self._mask = [], None, None
-        self._waiting.clear()
+        self._running = []
+        if self.runner is not None:
+            self.runner.reset()
 

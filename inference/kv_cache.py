@@ -11,6 +11,8 @@ column for all rows.  The engine keeps the matching ``attention_mask`` (0 on pad
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
@@ -89,21 +91,23 @@ class BatchKVCache(DynamicCache):
     def width(self) -> int:
         return self.layers[0].get_seq_length()
 
-    def join(self, other: BatchKVCache, rows: torch.Tensor) -> None:
-        """Append ``other``'s rows ``rows`` (``[k]`` int64, repeats allowed), left-padding whichever
-        side is shorter."""
-        width, other_width = self.width, other.width
-        total = max(width, other_width)
-        for mine, theirs in zip(self.layers, other.layers):
-            new_keys = _pad_left(theirs.keys.index_select(0, rows), total - other_width)
-            new_values = _pad_left(theirs.values.index_select(0, rows), total - other_width)
-            if width == 0:
-                mine.assign(new_keys, new_values)
-            else:
-                mine.assign(
-                    torch.cat([_pad_left(mine.keys, total - width), new_keys]),
-                    torch.cat([_pad_left(mine.values, total - width), new_values]),
-                )
+    def join(self, parts: Sequence[tuple[BatchKVCache, torch.Tensor, int]]) -> None:
+        """Append rows of other caches, in one copy: for each ``(cache, rows, first_column)``, rows
+        ``rows`` (``[k]`` int64, repeats allowed) of ``cache`` from column ``first_column`` on,
+        left-padding whichever rows are shorter than the widest."""
+        width = self.width
+        widths = [cache.width - first for cache, _, first in parts]
+        total = max([width, *widths])
+        for index, mine in enumerate(self.layers):
+            keys, values = [], []
+            if width:
+                keys.append(_pad_left(mine.keys, total - width))
+                values.append(_pad_left(mine.values, total - width))
+            for (cache, rows, first), part_width in zip(parts, widths):
+                theirs = cache.layers[index]
+                keys.append(_pad_left(theirs.keys.index_select(0, rows)[:, :, first:], total - part_width))
+                values.append(_pad_left(theirs.values.index_select(0, rows)[:, :, first:], total - part_width))
+            mine.assign(torch.cat(keys), torch.cat(values))
 
     def select(self, rows: torch.Tensor, first_column: int) -> None:
         """Keep batch ``rows`` (``[k]`` int64) and the columns from ``first_column`` on."""

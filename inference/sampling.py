@@ -17,9 +17,17 @@ OpenAI's documentation of the legacy Completions API and transformers' ``logits_
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
+
+from .outputs import TokenLogprob
+
+if TYPE_CHECKING:
+    from .sequence import SequenceState
+
 
 MIN_TEMPERATURE = 1e-5
 
@@ -106,3 +114,50 @@ def sample_row(probs: torch.Tensor, generator: torch.Generator | None) -> int:
 def top_logprobs(logprobs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``k`` most likely tokens of each row: ``(values, token_ids)``, each ``[batch, k]``."""
     return logprobs.topk(k, dim=-1)
+
+
+def sample(sequences: Sequence[SequenceState], logits: torch.Tensor) -> list[tuple[int, TokenLogprob | None]]:
+    """Each sequence's next token from its row of ``logits`` (``[batch, vocab]`` float32, changed in
+    place), by the steps above with the sequence's own parameters, penalty counts and generator.
+
+    Returns ``(token_id, logprob)`` per row; ``logprob`` is None unless the request wants
+    log-probabilities (``logprobs``, or ``best_of > n`` for ranking), else the chosen token's
+    log-probability and its request's ``logprobs`` top alternatives.
+    """
+    for row, seq in enumerate(sequences):
+        request = seq.request
+        params = request.params
+        if params.logit_bias:
+            apply_logit_bias(logits[row], request.bias_ids, request.bias_values)
+        if seq.counts is not None:
+            apply_penalties(logits[row], seq.counts, params.presence_penalty, params.frequency_penalty)
+    temperature = torch.tensor(
+        [0.0 if seq.request.params.greedy else seq.request.params.temperature for seq in sequences],
+        device=logits.device,
+    )
+    apply_temperature(logits, temperature)
+    wants = [row for row, seq in enumerate(sequences) if seq.request.wants_logprobs]
+    logprobs = torch.log_softmax(logits[wants], dim=-1) if wants else None
+    chosen = logits.argmax(dim=-1).tolist()
+    sampled = [row for row, seq in enumerate(sequences) if not seq.request.params.greedy]
+    if sampled:
+        probs = torch.softmax(logits[sampled], dim=-1)
+        top_p = torch.tensor([sequences[row].request.params.top_p for row in sampled], device=logits.device)
+        if bool((top_p < 1.0).any()):
+            probs = top_p_mask(probs, top_p)
+        for position, row in enumerate(sampled):
+            chosen[row] = sample_row(probs[position], sequences[row].generator)
+    wants_row = {row: position for position, row in enumerate(wants)}
+    results: list[tuple[int, TokenLogprob | None]] = []
+    for row, seq in enumerate(sequences):
+        entry = None
+        if logprobs is not None and row in wants_row:
+            row_logprobs = logprobs[wants_row[row]]
+            k = seq.request.params.logprobs or 0
+            top: list[tuple[int, float]] = []
+            if k:
+                values, ids = top_logprobs(row_logprobs, k)
+                top = list(zip(ids.tolist(), values.tolist()))
+            entry = TokenLogprob(chosen[row], float(row_logprobs[chosen[row]]), top)
+        results.append((chosen[row], entry))
+    return results

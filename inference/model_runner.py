@@ -1,0 +1,310 @@
+"""The ModelRunner seam: what the engine asks of a forward pass and its KV caches.
+
+A runner owns the weights, the KV cache of the running batch and of requests being prefilled,
+and the forward pass; it knows nothing of sampling, text or scheduling (vLLM's model-runner seam,
+``vllm/v1/worker/gpu_model_runner.py``).  The running batch is rows 0..B-1 in the engine's order.
+
+:class:`HFModelRunner` runs any transformers causal LM through its own modeling code, with the
+running batch in one left-padded :class:`~inference.kv_cache.BatchKVCache`: joining pads the
+shorter side on the left, leaving selects rows and trims columns that are padding in every row.
+``inference.llama.LlamaModelRunner`` (our own forward pass for the Llama family) implements the
+same protocol; :func:`build_runner` picks one.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from .kv_cache import BatchKVCache
+
+logger = logging.getLogger(__name__)
+
+RUNNERS = ("auto", "llama", "transformers")
+
+
+@dataclass(frozen=True)
+class PrefillChunk:
+    """Prompt tokens of one waiting request for one prefill call (the scheduler's choice)."""
+
+    key: int                 # the engine request's identity (id() of its state); the runner keeps its partial cache under it
+    token_ids: list[int]     # this chunk's prompt tokens
+    start: int               # position of token_ids[0] (tokens before it are in the runner's cache for `key`)
+    all_logits: bool         # True: logits for every position (prompt logprobs); False: last position only
+
+
+class ModelRunner(Protocol):
+    """The forward pass and KV caches behind the engine (see the module docstring)."""
+
+    vocab_size: int          # rows of the output layer
+    max_context: int         # max_position_embeddings
+    description: str         # e.g. "llama runner, weights int8 (batch<=8) / float32, activations bfloat16"
+    def prefill(self, chunks: Sequence[PrefillChunk]) -> list[torch.Tensor]:
+        """One forward pass over chunks of one or several waiting requests (several: short prompts, or
+        prompt-logprob requests, batched together). Returns per chunk float32 logits
+        [len(token_ids), vocab] if all_logits else [1, vocab]."""
+    def join(self, key: int, copies: int) -> None:
+        """Append `copies` rows to the running batch, each holding the (fully prefilled) cache of `key`
+        (n/best_of candidates share one prefill); the runner forgets `key`."""
+    def decode(self, input_ids: Sequence[int]) -> torch.Tensor:
+        """One decode step for every running row (input_ids[b] is row b's next token, at that row's next
+        position, which the runner tracks). Returns float32 logits [B, vocab]."""
+    def keep(self, rows: Sequence[int]) -> None:
+        """Keep only these running rows, in this order (finished/aborted rows leave)."""
+    def release(self, key: int) -> None:
+        """Forget a waiting request's partial cache (abort, failure). Harmless if unknown."""
+    def reset(self) -> None:
+        """Drop every cache (after a failed step)."""
+    def warm_up(self) -> None:
+        """Run representative prefill and decode shapes once, so the first request is as fast as the
+        hundredth (kernels, allocator, autotune); called before the engine reports ready."""
+
+
+def build_runner(model, kind: str = "auto", max_batch_size: int = 32) -> ModelRunner:
+    """The model runner for ``model`` (a loaded transformers causal LM, eval mode).
+
+    ``kind``: ``transformers`` (:class:`HFModelRunner`), ``llama`` (``inference.llama``'s
+    ``LlamaModelRunner``), or ``auto``: the Llama runner when that module is present and
+    ``supports(model)``, else transformers.  ``max_batch_size`` sizes the Llama runner's warm-up.
+    Raises ``ValueError`` for an unknown ``kind``, or for ``llama`` when that runner is missing or
+    does not support the model.
+    """
+    if kind not in RUNNERS:
+        raise ValueError(f"ENGINE_RUNNER must be one of {', '.join(RUNNERS)}, not {kind!r}")
+    if kind != "transformers":
+        try:
+            # Imported here: the module is optional, and importing it is the test of its presence.
+            from .llama import LlamaModelRunner, supports
+        except ImportError as error:
+            if kind == "llama":
+                raise ValueError(f"ENGINE_RUNNER=llama, but the Llama runner cannot be imported: {error}") from error
+            if getattr(error, "name", None) != f"{__package__}.llama":
+                logger.warning("The Llama runner failed to import (%s); using transformers' modeling", error)
+        else:
+            if supports(model):
+                dtype = next(model.parameters()).dtype
+                return LlamaModelRunner(model, dtype=dtype, max_batch_size=max_batch_size)
+            if kind == "llama":
+                raise ValueError(f"ENGINE_RUNNER=llama, but the Llama runner does not support {type(model).__name__}")
+    return HFModelRunner(model)
+
+
+@dataclass
+class _Prefilled:
+    """A waiting request's KV cache: row ``row`` of ``cache``, whose last ``length`` columns hold its
+    prompt's first ``length`` tokens (columns before them are left padding of a shared pass)."""
+
+    cache: BatchKVCache
+    row: int
+    length: int
+
+    @property
+    def alone(self) -> bool:
+        """Whether the cache holds this request only, without padding (so a chunk may extend it)."""
+        return self.cache.width == self.length and self.cache.layers[0].keys.shape[0] == 1
+
+
+class HFModelRunner:
+    """A :class:`ModelRunner` over transformers' modeling code, for any causal LM whose layers all
+    use full attention (``BatchKVCache`` raises ``NotImplementedError`` otherwise).
+
+    ``model``: a loaded ``PreTrainedModel`` in eval mode.  :meth:`prefill` runs the chunks that
+    begin a prompt together in one left-padded pass (two when some want every position's logits
+    and others the last only, so the big logits tensor covers the former only), and each chunk
+    that continues a prompt in a pass of its own, on that request's unpadded cache.  Joins are
+    applied at the next :meth:`decode` or :meth:`keep`, all in one copy of the batch's cache.
+    Not thread-safe: one worker thread calls it, under ``torch.inference_mode``.
+    """
+
+    def __init__(self, model) -> None:
+        self.model = model
+        self.device = next(model.parameters()).device
+        config = model.config.get_text_config(decoder=True)
+        self.max_context = int(getattr(config, "max_position_embeddings", 0) or 0)
+        self.vocab_size = int(model.get_output_embeddings().out_features)
+        dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+        self.description = f"transformers {type(model).__name__}, {dtype}"
+        self._prompts: dict[int, _Prefilled] = {}
+        self.reset()
+
+    # --- prefill ---------------------------------------------------------------------------------
+
+    def prefill(self, chunks: Sequence[PrefillChunk]) -> list[torch.Tensor]:
+        """See :class:`ModelRunner`.  Raises ``ValueError`` when a chunk does not start where its
+        request's cache ends."""
+        results: list[torch.Tensor | None] = [None] * len(chunks)
+        fresh = [i for i, chunk in enumerate(chunks) if chunk.start == 0]
+        if len(fresh) == 1:
+            results[fresh[0]] = self._prefill_alone(chunks[fresh[0]])
+        elif fresh:
+            for all_logits in (True, False):
+                group = [i for i in fresh if chunks[i].all_logits == all_logits]
+                if group:
+                    for i, logits in zip(group, self._prefill_together([chunks[i] for i in group])):
+                        results[i] = logits
+        for i, chunk in enumerate(chunks):
+            if chunk.start:
+                results[i] = self._prefill_alone(chunk)
+        return results
+
+    def _prefill_alone(self, chunk: PrefillChunk) -> torch.Tensor:
+        """One request's chunk, on its own cache: no padding, no attention mask."""
+        if chunk.start == 0:
+            self._prompts.pop(chunk.key, None)
+            cache = BatchKVCache(self.model.config)
+        else:
+            cache = self._own_cache(chunk)
+        end = chunk.start + len(chunk.token_ids)
+        output = self.model(
+            input_ids=torch.tensor([chunk.token_ids], device=self.device),
+            position_ids=torch.arange(chunk.start, end, device=self.device)[None],
+            cache=cache,
+            use_cache=True,
+            logits_to_keep=0 if chunk.all_logits else 1,
+        )
+        self._prompts[chunk.key] = _Prefilled(cache, 0, end)
+        return output.logits[0].float()
+
+    def _own_cache(self, chunk: PrefillChunk) -> BatchKVCache:
+        """The unpadded single-row cache of ``chunk``'s request, cut out of a shared pass's if needed."""
+        prefilled = self._prompts.get(chunk.key)
+        if prefilled is None or prefilled.length != chunk.start:
+            have = 0 if prefilled is None else prefilled.length
+            raise ValueError(f"a chunk starting at {chunk.start} follows {have} cached tokens")
+        if prefilled.alone:
+            return prefilled.cache
+        cache = BatchKVCache(self.model.config)
+        cache.join([(prefilled.cache, torch.tensor([prefilled.row], device=self.device), prefilled.cache.width - prefilled.length)])
+        return cache
+
+    def _prefill_together(self, chunks: Sequence[PrefillChunk]) -> list[torch.Tensor]:
+        """Chunks that begin their prompts, in one left-padded pass; per chunk its logits (float32)."""
+        width = max(len(chunk.token_ids) for chunk in chunks)
+        input_ids = torch.zeros(len(chunks), width, dtype=torch.long)
+        mask = torch.zeros(len(chunks), width, dtype=torch.long)
+        for row, chunk in enumerate(chunks):
+            size = len(chunk.token_ids)
+            input_ids[row, width - size :] = torch.tensor(chunk.token_ids)
+            mask[row, width - size :] = 1
+        input_ids, mask = input_ids.to(self.device), mask.to(self.device)
+        all_logits = chunks[0].all_logits  # prefill() passes chunks that agree on it
+        kept = max(len(chunk.token_ids) for chunk in chunks) if all_logits else 1
+        cache = BatchKVCache(self.model.config)
+        output = self.model(
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+            cache=cache,
+            use_cache=True,
+            logits_to_keep=kept,
+        )
+        results = []
+        for row, chunk in enumerate(chunks):
+            size = len(chunk.token_ids)
+            self._prompts[chunk.key] = _Prefilled(cache, row, size)
+            # The kept positions are the last `kept` columns; this row's real tokens are its last `size`.
+            results.append(output.logits[row, kept - size :].float() if all_logits else output.logits[row, -1:].float())
+        return results
+
+    # --- the running batch -----------------------------------------------------------------------
+
+    def join(self, key: int, copies: int) -> None:
+        """See :class:`ModelRunner`; raises ``KeyError`` for a request never prefilled."""
+        prefilled = self._prompts.pop(key)
+        if copies:
+            self._pending.append((prefilled, copies))
+            self._rows += copies
+
+    def _apply_joins(self) -> None:
+        """Append the pending joins' rows to the batch's cache, mask and positions, in one copy."""
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, []
+        if self._cache is None:
+            self._cache = BatchKVCache(self.model.config)
+        parts, masks, positions = [], [], [self._positions]
+        width = max([self._mask.shape[1]] + [prefilled.length for prefilled, _ in pending])
+        for prefilled, copies in pending:
+            rows = torch.full((copies,), prefilled.row, dtype=torch.long, device=self.device)
+            parts.append((prefilled.cache, rows, prefilled.cache.width - prefilled.length))
+            mask = torch.zeros(copies, width, dtype=torch.long, device=self.device)
+            mask[:, width - prefilled.length :] = 1
+            masks.append(mask)
+            positions.append(torch.full((copies,), prefilled.length, dtype=torch.long, device=self.device))
+        self._cache.join(parts)
+        old = torch.nn.functional.pad(self._mask, (width - self._mask.shape[1], 0))
+        self._mask = torch.cat([old, *masks])
+        self._positions = torch.cat(positions)
+
+    def decode(self, input_ids: Sequence[int]) -> torch.Tensor:
+        """See :class:`ModelRunner`; raises ``ValueError`` when ``input_ids`` does not have one
+        token per running row."""
+        self._apply_joins()
+        if len(input_ids) != self._rows or not self._rows:
+            raise ValueError(f"decode got {len(input_ids)} tokens for {self._rows} running rows")
+        mask = torch.cat([self._mask, torch.ones(self._rows, 1, dtype=torch.long, device=self.device)], 1)
+        output = self.model(
+            input_ids=torch.tensor(list(input_ids), device=self.device)[:, None],
+            attention_mask=mask,
+            position_ids=self._positions[:, None],
+            cache=self._cache,
+            use_cache=True,
+        )
+        self._mask = mask
+        self._positions = self._positions + 1
+        return output.logits[:, -1, :].float()
+
+    def keep(self, rows: Sequence[int]) -> None:
+        """See :class:`ModelRunner`."""
+        self._apply_joins()
+        if list(rows) == list(range(self._rows)):
+            return
+        if not rows:
+            self._clear_batch()
+            return
+        index = torch.tensor(list(rows), device=self.device)
+        mask = self._mask.index_select(0, index)
+        first = int((mask.sum(0) > 0).nonzero()[0])  # first column that some row still uses
+        self._mask = mask[:, first:]
+        self._positions = self._positions.index_select(0, index)
+        self._cache.select(index, first)
+        self._rows = len(rows)
+
+    def release(self, key: int) -> None:
+        self._prompts.pop(key, None)
+
+    def reset(self) -> None:
+        self._prompts.clear()
+        self._clear_batch()
+
+    def _clear_batch(self) -> None:
+        self._cache: BatchKVCache | None = None
+        self._mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)  # [rows, width] 1: real column
+        self._positions = torch.zeros(0, dtype=torch.long, device=self.device)  # [rows] next position
+        self._pending: list[tuple[_Prefilled, int]] = []
+        self._rows = 0
+
+    # --- warm-up ---------------------------------------------------------------------------------
+
+    def warm_up(self, lengths: Sequence[int] = (16, 100, 256), batch_sizes: Sequence[int] = (1, 8, 32)) -> None:
+        """Prefill prompts of ``lengths`` tokens (together, alone, continued, with every position's
+        logits), then decode two steps at each of ``batch_sizes``, on throwaway caches; see
+        :class:`ModelRunner`.  The first real request then finds the kernels chosen and the
+        allocator's pools grown."""
+        limit = max(2, self.max_context - 4) if self.max_context else 512
+        lengths = sorted({max(1, min(length, limit // 2)) for length in lengths})
+        tokens = lambda n, offset=0: [(offset + i) % self.vocab_size for i in range(n)]  # noqa: E731
+        chunks = [PrefillChunk(-1 - i, tokens(n, i), 0, False) for i, n in enumerate(lengths)]
+        self.prefill(chunks)
+        self.prefill([PrefillChunk(-1, tokens(lengths[0]), lengths[0], True)])
+        self.prefill([PrefillChunk(-100, tokens(lengths[-1]), 0, True)])
+        for size in batch_sizes:
+            self.prefill([PrefillChunk(-2, tokens(lengths[0]), 0, False)])
+            self.join(-2, size)
+            for step in range(2):
+                self.decode(tokens(size, step))
+            self.keep([])
+        self.reset()

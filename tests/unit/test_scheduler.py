@@ -1,0 +1,90 @@
+"""The scheduler alone: which prompt chunks each prefill pass takes, with hand-made requests and no model."""
+from __future__ import annotations
+
+import torch
+
+from inference.sampling import SamplingParams
+from inference.scheduler import IDLE_PREFILL_CHUNK, LOGITS_CHUNK, Scheduler
+from inference.sequence import Request
+
+CHUNK = 64
+
+
+def request(name: str, tokens: int, group: str | None = None, **params) -> Request:
+    return Request(name, list(range(1, tokens + 1)), SamplingParams(**params), None, torch.device("cpu"), group)
+
+
+def step(scheduler: Scheduler, running_rows: int = 1) -> list[tuple[str, int, int]]:
+    """One pass, as the engine runs it: schedule, mark the chunks prefilled, forget finished prompts."""
+    chunks = scheduler.schedule(running_rows)
+    for chunk in chunks:
+        chunk.request.prefilled = chunk.end
+    scheduler.finish_prefills()
+    return [(chunk.request.request_id, chunk.start, chunk.end) for chunk in chunks]
+
+
+def test_a_short_request_behind_a_big_group_is_prefilled_in_the_next_pass():
+    scheduler = Scheduler(max_batch_size=32, prefill_chunk=CHUNK)
+    scheduler.add([request(f"big-{i}", 200, group="big") for i in range(8)])
+    assert step(scheduler) == [("big-0", 0, 64)]
+    scheduler.add([request("small", 5)])
+    assert step(scheduler) == [("small", 0, 5), ("big-0", 64, 123)]
+    assert step(scheduler) == [("big-0", 123, 187)]
+
+
+def test_groups_take_turns_whoever_waited_longest_first():
+    scheduler = Scheduler(max_batch_size=32, prefill_chunk=CHUNK)
+    scheduler.add([request("a", 300, group="A"), request("b", 300, group="B"), request("c", 300, group="C")])
+    firsts = [step(scheduler)[0][0] for _ in range(6)]
+    assert firsts == ["a", "b", "c", "a", "b", "c"]
+
+
+def test_requests_of_one_group_keep_their_order_and_short_ones_share_a_pass():
+    scheduler = Scheduler(max_batch_size=32, prefill_chunk=CHUNK)
+    scheduler.add([request(f"p{i}", 10, group="g") for i in range(4)] + [request("other", 10)])
+    assert step(scheduler) == [("p0", 0, 10), ("other", 0, 10), ("p1", 0, 10), ("p2", 0, 10), ("p3", 0, 10)]
+    assert len(scheduler) == 0
+
+
+def test_a_short_prompt_waits_for_a_pass_it_fits_in_rather_than_being_cut():
+    scheduler = Scheduler(max_batch_size=32, prefill_chunk=CHUNK)
+    scheduler.add([request("a", 40), request("b", 40)])
+    assert step(scheduler) == [("a", 0, 40)]
+    assert step(scheduler) == [("b", 0, 40)]
+
+
+def test_with_nothing_running_a_pass_may_be_longer():
+    scheduler = Scheduler(max_batch_size=32, prefill_chunk=CHUNK)
+    scheduler.add([request("long", 3000)])
+    assert step(scheduler, running_rows=0) == [("long", 0, IDLE_PREFILL_CHUNK)]
+    assert step(scheduler, running_rows=4) == [("long", IDLE_PREFILL_CHUNK, IDLE_PREFILL_CHUNK + CHUNK)]
+
+
+def test_scoring_requests_are_prefilled_several_at_a_time_within_the_logits_budget():
+    scheduler = Scheduler(max_batch_size=32, prefill_chunk=CHUNK)
+    scoring = {"max_tokens": 0, "logprobs": 1, "prompt_logprobs": True}
+    size = 40
+    scheduler.add([request(f"s{i}", size, **scoring) for i in range(20)])
+    first = step(scheduler, running_rows=0)
+    assert len(first) == LOGITS_CHUNK // size and all(end - start == size for _, start, end in first)
+
+
+def test_no_request_joins_a_full_batch_but_scoring_requests_still_run():
+    scheduler = Scheduler(max_batch_size=4, prefill_chunk=CHUNK)
+    scheduler.add([request("wide", 5, n=2, best_of=2), request("scoring", 5, max_tokens=0, prompt_logprobs=True, logprobs=0)])
+    assert step(scheduler, running_rows=3) == [("scoring", 0, 5)]
+    assert step(scheduler, running_rows=2) == [("wide", 0, 5)]
+
+
+def test_a_request_wider_than_the_whole_batch_runs_alone():
+    scheduler = Scheduler(max_batch_size=2, prefill_chunk=CHUNK)
+    scheduler.add([request("wide", 5, n=3, best_of=3), request("next", 5)])
+    assert step(scheduler, running_rows=0) == [("wide", 0, 5)]
+    assert step(scheduler, running_rows=3) == []
+
+
+def test_aborted_requests_leave_the_queue():
+    scheduler = Scheduler(max_batch_size=32, prefill_chunk=CHUNK)
+    scheduler.add([request("a", 5, group="g"), request("b", 5, group="g"), request("c", 5)])
+    assert [r.request_id for r in scheduler.remove({"b", "c"})] == ["b", "c"]
+    assert len(scheduler) == 1 and step(scheduler) == [("a", 0, 5)]
