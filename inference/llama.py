@@ -301,8 +301,8 @@ class LlamaModelRunner:
                 )  # [1, heads, size, dim]
                 attended[rows] = output[0].transpose(0, 1).reshape(size, heads * dim)
                 offset += size
-            x = x + layer.o(attended)
-            x = x + self._mlp(layer, x)
+            x += layer.o(attended)
+            x += self._mlp(layer, x)
         wanted, offset = [], 0
         for chunk in chunks:
             size = len(chunk.token_ids)
@@ -367,7 +367,7 @@ class LlamaModelRunner:
         for index, layer in enumerate(self._layers):
             qkv = layer.qkv(F.rms_norm(x, (self.hidden_size,), layer.input_norm, self.eps))
             qk = self._rotate(qkv[:, :qk_width].view(rows, heads + kv_heads, dim), cos, sin)
-            cache_keys, cache_values = self._keys[index], self._values[index]  # [row capacity, kv_heads, capacity, dim]
+            cache_keys, cache_values = self._layer_keys[index], self._layer_values[index]  # [row capacity, kv_heads, capacity, dim]
             cache_keys.view(-1, dim).index_copy_(0, slots, qk[:, heads:].reshape(rows * kv_heads, dim))
             cache_values.view(-1, dim).index_copy_(0, slots, qkv[:, qk_width:].reshape(rows * kv_heads, dim))
             # Grouped-query attention: the `group` query heads of one KV head are its `group` queries.
@@ -377,8 +377,8 @@ class LlamaModelRunner:
                 cache_values[:rows, :, :longest],
                 attn_mask=mask,
             )  # [rows, kv_heads, group, dim]
-            x = x + layer.o(attended.reshape(rows, heads * dim))
-            x = x + self._mlp(layer, x)
+            x += layer.o(attended.reshape(rows, heads * dim))
+            x += self._mlp(layer, x)
         self._lengths = [length + 1 for length in self._lengths]
         return self._logits(x)
 
@@ -411,6 +411,8 @@ class LlamaModelRunner:
             keys[:, : len(sources), :, :used] = self._keys[:, index, :, :used]
             values[:, : len(sources), :, :used] = self._values[:, index, :, :used]
         self._keys, self._values = keys, values
+        # Each layer's view, taken once: indexing the 5-d buffers twice a layer per step costs more.
+        self._layer_keys, self._layer_values = keys.unbind(0), values.unbind(0)
 
     def join(self, key: int, copies: int) -> None:
         """Append ``copies`` rows holding the prefilled cache of ``key``, which is then forgotten.
@@ -441,8 +443,7 @@ class LlamaModelRunner:
             raise ValueError(f"rows {rows} repeat a row")
         lengths = [self._lengths[row] for row in rows]
         if not rows:
-            self._keys = self._values = None
-            self._lengths = []
+            self.reset_batch()
             return
         row_capacity, column_capacity = _round_up(len(rows), ROW_CHUNK), _round_up(max(lengths) + 1, COLUMN_CHUNK)
         if 2 * row_capacity * column_capacity <= self._keys.shape[1] * self._keys.shape[3]:
@@ -464,10 +465,16 @@ class LlamaModelRunner:
 
     def reset(self) -> None:
         """Drop every cache: the running batch's and the waiting requests'."""
+        self.reset_batch()
+        self._partials.clear()
+
+    def reset_batch(self) -> None:
+        """Drop the running batch's cache (its memory goes back to the allocator)."""
         self._keys: torch.Tensor | None = None  # [layers, row capacity, kv_heads, capacity, head_dim]
         self._values: torch.Tensor | None = None
+        self._layer_keys: tuple[torch.Tensor, ...] = ()
+        self._layer_values: tuple[torch.Tensor, ...] = ()
         self._lengths: list[int] = []  # positions cached per running row
-        self._partials.clear()
 
     @property
     def lengths(self) -> list[int]:
