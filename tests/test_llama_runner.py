@@ -173,7 +173,10 @@ def test_the_cache_grows_past_its_first_capacity(tiny):
             runner.join(key, 1)
         for _ in range(8):  # past 64 positions, in 10 rows (more than one chunk of rows)
             decode(runner, seqs, generator)
+        layers, kv_heads, dim, item = 2, 2, 16, 8  # the tiny model's, in float64
+        assert runner.cache_bytes == 2 * layers * 16 * kv_heads * 128 * dim * item  # 16 rows, 128 positions
         runner.keep([9])  # shrinks the buffers
+        assert runner.cache_bytes == 2 * layers * 8 * kv_heads * 128 * dim * item
         decode(runner, seqs[9:], generator)
     assert_matches_transformers(tiny, seqs, EXACT)
 
@@ -187,7 +190,7 @@ def test_an_emptied_batch_frees_its_cache_and_starts_again(tiny):
         runner.join(1, 1)
         decode(runner, [first], generator)
         runner.keep([])
-        assert runner.lengths == [] and runner._keys is None
+        assert runner.lengths == [] and runner.cache_bytes == 0
         second = Sequence(random_ids(generator, 4))
         prefill(runner, second, 2, [4], all_logits=False)
         runner.join(2, 1)
