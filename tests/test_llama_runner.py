@@ -89,6 +89,7 @@ def random_ids(generator: torch.Generator, size: int, vocab: int = VOCAB) -> lis
 # float32 (a relative 2**-24).  Float32: just above transformers' own disagreement with itself.
 EXACT = (1e-10, 2**-24)
 FLOAT32 = {"tiny": (3e-5, 0.0), "embedded": (1e-4, 0.0)}
+BFLOAT16 = (1.5, 0.0)
 
 
 @pytest.fixture(scope="module")
@@ -144,6 +145,13 @@ def test_tiny_llama_logits_equal_transformers_through_the_batch_lifecycle(tiny):
 
 def test_tiny_llama_in_float32_within_transformers_own_float32_noise(tiny32):
     run_scenario(tiny32, LlamaModelRunner(tiny32), VOCAB, FLOAT32["tiny"])
+
+
+def test_tiny_llama_in_bfloat16_stays_near_float32(tiny32):
+    """bfloat16 activations, KV cache and weights (oneDNN-packed where the CPU has bf16): a smoke
+    test of that wiring, not of its accuracy (8 significant bits, logits up to 9; measured 0.7 off
+    at most; a wrong layout would be off by the logits' size)."""
+    run_scenario(tiny32, LlamaModelRunner(tiny32, dtype=torch.bfloat16), VOCAB, BFLOAT16)
 
 
 def test_continued_chunk_and_new_prompt_prefill_together(tiny):
