@@ -135,8 +135,10 @@ def _round_up(value: int, chunk: int) -> int:
 class LlamaModelRunner:
     """The ModelRunner (:mod:`inference.model_runner`) for Llama-family models, forward pass our own.
 
-    ``model``: a loaded transformers Llama causal LM (float32 or any float dtype; its weights are
-    copied into fused matrices, so the caller may drop the model's layers afterwards).  ``dtype``:
+    ``model``: a loaded transformers Llama causal LM, on the CPU or one device, unchanged by the
+    runner.  Its q/k/v and gate/up weights are copied into stacked matrices; the others are shared
+    with it where ``make_linear`` keeps them as they are (float32 into float32), so an engine that
+    keeps only the runner should drop the model's decoder layers, or their memory counts twice.  ``dtype``:
     the activation and KV-cache dtype (float32 or bfloat16).  ``make_linear``: the factory of every
     linear layer (:func:`make_linear`'s signature).  ``max_batch_size``: the batch sizes
     :meth:`warm_up` runs (1 to it).  Raises ``ValueError`` when :func:`unsupported_reason` names a
