@@ -16,6 +16,7 @@ variant, against transformers' float32 greedy tokens (past end-of-text too): the
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 import time
@@ -38,7 +39,8 @@ PROMPTS = [
     "Once upon a time",
     "<|im_start|>user\nWhat is the boiling point of water?<|im_end|>\n<|im_start|>assistant\n",
 ]
-GREEDY_TOKENS = 48
+GREEDY_TOKENS = 32
+print = functools.partial(print, flush=True)  # noqa: A001  (partial results survive a stopped run)
 
 
 class HFVariant:

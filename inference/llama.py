@@ -492,17 +492,19 @@ class LlamaModelRunner:
         return list(self._lengths)
 
     def warm_up(self) -> None:
-        """Run every decode batch size up to ``max_batch_size``, a prefill batch, a continued chunk and
-        prompt logits once, then drop the caches, so oneDNN's kernels for each shape exist before the
-        first request.  Must not run while requests are in flight (it resets)."""
+        """Run decode at batch sizes 1, 2, 4, ... up to ``max_batch_size``, a prefill batch, a continued
+        chunk and prompt logits once, then drop the caches, so the kernels (oneDNN's primitives are
+        made per shape) and the allocator have seen each kind of step before the first request.
+        Must not run while requests are in flight (it resets)."""
         self.reset()
+        sizes = sorted({min(2**power, self.max_batch_size) for power in range(self.max_batch_size.bit_length() + 1)})
         with torch.inference_mode():
             prompt = [min(token, self.vocab_size - 1) for token in range(1, 33)]
             self.prefill([PrefillChunk(-1, prompt, 0, False), PrefillChunk(-2, prompt[:5], 0, True)])
             self.prefill([PrefillChunk(-1, prompt[:7], len(prompt), True)])
             self.join(-1, self.max_batch_size)
             self.release(-2)
-            for rows in range(self.max_batch_size, 0, -1):
+            for rows in reversed(sizes):
+                self.keep(range(rows))
                 self.decode([1] * rows)
-                self.keep(range(rows - 1))
         self.reset()
