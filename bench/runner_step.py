@@ -4,6 +4,8 @@
     ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 nice -n 10 .venv/bin/python bench/runner_step.py
 
 The second line makes torch, oneDNN and MKL take their AVX2 paths on an AVX-512 machine (issue 12).
+On a shared machine add ``OMP_WAIT_POLICY=PASSIVE``: spinning OpenMP threads of a process that
+neighbours preempt make every variant 10-50 times slower and the comparison meaningless.
 
 Variants, on the embedded model: ``hf fp32`` (transformers' forward as the engine calls it today:
 ``BatchKVCache``, attention mask, position ids), ``hf bf16 packed`` (the engine's bfloat16 with
@@ -145,21 +147,25 @@ def main() -> None:
             if isinstance(variant, RunnerVariant):
                 print(f"  {name}: {variant.runner.description}")
         prompt = torch.randint(100, 40000, (args.context,)).tolist()
-        print(f"\nms per decode step, context {args.context} tokens, median of {args.rounds} rounds x {args.steps} steps")
-        print("batch" + "".join(f"{name:>16}" for name in variants) + f"{'hf/llama fp32':>15}")
+        print(f"\nms per decode step, context {args.context} tokens, median of {args.rounds} rounds x {args.steps} steps"
+              " (in brackets: CPU ms of the process, all threads: what a step costs when neighbours take the cores)")
+        print("batch" + "".join(f"{name:>17}" for name in variants) + f"{'hf/llama fp32':>15}")
         for batch in args.batches:
             times: dict[str, list[float]] = {name: [] for name in variants}
+            cpu: dict[str, list[float]] = {name: [] for name in variants}
             for variant in variants.values():
                 variant.start(prompt, batch)
                 variant.step([7] * batch)  # a first step outside the timing
             for _ in range(args.rounds):
                 for name, variant in variants.items():
-                    started = time.perf_counter()
+                    started, cpu_started = time.perf_counter(), time.process_time()
                     for _ in range(args.steps):
                         variant.step([7] * batch)
                     times[name].append((time.perf_counter() - started) / args.steps * 1000)
+                    cpu[name].append((time.process_time() - cpu_started) / args.steps * 1000)
             medians = {name: statistics.median(values) for name, values in times.items()}
-            row = "".join(f"{medians[name]:16.1f}" for name in variants)
+            cpu_medians = {name: statistics.median(values) for name, values in cpu.items()}
+            row = "".join(f"{medians[name]:9.1f} ({cpu_medians[name]:5.0f})" for name in variants)
             print(f"{batch:5d}{row}{medians['hf fp32'] / medians['llama fp32']:15.2f}")
             for variant in variants.values():
                 if isinstance(variant, RunnerVariant):
