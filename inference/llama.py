@@ -139,8 +139,9 @@ class LlamaModelRunner:
     runner.  Its q/k/v and gate/up weights are copied into stacked matrices; the others are shared
     with it where ``make_linear`` keeps them as they are (float32 into float32), so an engine that
     keeps only the runner should drop the model's decoder layers, or their memory counts twice.  ``dtype``:
-    the activation and KV-cache dtype (float32 or bfloat16).  ``make_linear``: the factory of every
-    linear layer (:func:`make_linear`'s signature).  ``max_batch_size``: the batch sizes
+    the activation and KV-cache dtype (float32 or bfloat16).  ``linear_factory``: what builds every
+    linear layer, :func:`make_linear` or another with its signature (a ``description`` attribute,
+    if it has one, goes into :attr:`description`).  ``max_batch_size``: the batch sizes
     :meth:`warm_up` runs (1 to it).  Raises ``ValueError`` when :func:`unsupported_reason` names a
     reason.  Not thread-safe: one worker thread calls it, under ``torch.inference_mode``.
     """
@@ -149,7 +150,7 @@ class LlamaModelRunner:
         self,
         model,
         dtype: torch.dtype = torch.float32,
-        make_linear: LinearFactory = make_linear,
+        linear_factory: LinearFactory = make_linear,
         max_batch_size: int = 32,
     ) -> None:
         reason = unsupported_reason(model)
@@ -171,31 +172,31 @@ class LlamaModelRunner:
         self.device = output.weight.device
         with torch.no_grad():
             self._embedding = model.get_input_embeddings().weight.detach().to(dtype)
-            self._layers = [self._load_layer(layer, make_linear) for layer in model.model.layers]
+            self._layers = [self._load_layer(layer, linear_factory) for layer in model.model.layers]
             self._final_norm = model.model.norm.weight.detach().to(dtype)
-            self._lm_head = make_linear(output.weight, dtype)
+            self._lm_head = linear_factory(output.weight, dtype)
         self._inv_freq, self._rope_scaling = self._rope_frequencies(model)
         self._cos = self._sin = torch.empty(0, self.head_dim, dtype=dtype, device=self.device)
         linear_kind = "oneDNN-packed bfloat16" if dtype == torch.bfloat16 and onednn_linear_available() else str(dtype).removeprefix("torch.")
-        if make_linear is not globals()["make_linear"]:
-            linear_kind = getattr(make_linear, "description", make_linear.__name__)
+        if linear_factory is not make_linear:
+            linear_kind = getattr(linear_factory, "description", linear_factory.__name__)
         self.description = f"llama runner, weights {linear_kind}, activations {str(dtype).removeprefix('torch.')}"
         self._partials: dict[int, _Partial] = {}
         self.reset()
 
     # --- weights ---------------------------------------------------------------------------------
 
-    def _load_layer(self, layer, make_linear: LinearFactory) -> _Layer:
+    def _load_layer(self, layer, linear_factory: LinearFactory) -> _Layer:
         attention, mlp = layer.self_attn, layer.mlp
         qkv = torch.cat([attention.q_proj.weight, attention.k_proj.weight, attention.v_proj.weight])
         gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
         return _Layer(
             input_norm=layer.input_layernorm.weight.detach().to(self.dtype),
-            qkv=make_linear(qkv.detach(), self.dtype),
-            o=make_linear(attention.o_proj.weight.detach(), self.dtype),
+            qkv=linear_factory(qkv.detach(), self.dtype),
+            o=linear_factory(attention.o_proj.weight.detach(), self.dtype),
             post_norm=layer.post_attention_layernorm.weight.detach().to(self.dtype),
-            gate_up=make_linear(gate_up.detach(), self.dtype),
-            down=make_linear(mlp.down_proj.weight.detach(), self.dtype),
+            gate_up=linear_factory(gate_up.detach(), self.dtype),
+            down=linear_factory(mlp.down_proj.weight.detach(), self.dtype),
         )
 
     @staticmethod

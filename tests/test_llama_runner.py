@@ -274,3 +274,22 @@ def embedded():
 def test_embedded_model_logits_equal_transformers_through_the_batch_lifecycle(embedded):
     runner = LlamaModelRunner(embedded)
     run_scenario(embedded, runner, runner.vocab_size, FLOAT32["embedded"])
+
+
+def test_every_linear_layer_comes_from_the_given_factory(tiny):
+    """Another weight format plugs in through one factory: four products per layer and the output layer."""
+    from inference.llama import make_linear
+
+    shapes = []
+
+    def factory(weight: torch.Tensor, dtype: torch.dtype):
+        shapes.append(tuple(weight.shape))
+        return make_linear(weight, dtype)
+
+    factory.description = "counted float64"
+    runner = LlamaModelRunner(tiny, dtype=torch.float64, linear_factory=factory)
+    config = tiny.config
+    qkv_rows = (config.num_attention_heads + 2 * config.num_key_value_heads) * runner.head_dim
+    per_layer = [(qkv_rows, 64), (64, 64), (2 * config.intermediate_size, 64), (64, config.intermediate_size)]
+    assert shapes == per_layer * config.num_hidden_layers + [(VOCAB, 64)]
+    assert "counted float64" in runner.description
