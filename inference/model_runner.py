@@ -48,7 +48,7 @@ class ModelRunner(Protocol):
         [len(token_ids), vocab] if all_logits else [1, vocab]."""
     def join(self, key: int, copies: int) -> None:
         """Append `copies` rows to the running batch, each holding the (fully prefilled) cache of `key`
-        (n/best_of candidates share one prefill); the runner forgets `key`."""
+        (n/best_of candidates share one prefill; 0: none, every candidate ended on its first token); the runner forgets `key`."""
     def decode(self, input_ids: Sequence[int]) -> torch.Tensor:
         """One decode step for every running row (input_ids[b] is row b's next token, at that row's next
         position, which the runner tracks). Returns float32 logits [B, vocab]."""

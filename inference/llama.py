@@ -1,0 +1,514 @@
+"""Our own forward pass for the Llama family: :class:`LlamaModelRunner`, a ModelRunner without
+transformers' per-step overhead.
+
+transformers' modeling builds masks, updates its cache objects and dispatches dozens of small
+modules per layer each step; on a 2-core CPU that is most of a batch-1 decode step of the embedded
+model (issue 12).  This runner does what Llama's decoder layer does (Touvron et al. 2023, "LLaMA":
+pre-RMSNorm, rotary position embeddings, SwiGLU MLP, grouped-query attention from Ainslie et al.
+2023) with as few tensor operations as it can:
+
+- q/k/v and gate/up projections are each one matrix product of a stacked weight; every linear layer
+  is built by one factory, :func:`make_linear`, so other weight formats plug in there.
+- Rotary embeddings (Su et al. 2021, "RoFormer") read a precomputed cos/sin table, made from
+  transformers' own inverse frequencies, so its rope-scaling variants stay right.
+- The running batch's KV cache is preallocated per layer as ``[rows, kv_heads, capacity, head_dim]``
+  and written in place: a decode step writes one column per row and attends over a view, with a
+  boolean mask only when rows have different lengths.  Grouped-query attention folds each KV head's
+  query heads into the query-length axis of ``scaled_dot_product_attention`` (measured faster on CPU
+  than ``enable_gqa`` or repeating K/V, and it never materialises repeated keys and values).
+- Prefill runs the linear layers over the tokens of all chunks packed together (no padding), and
+  attention chunk by chunk, against each request's own partial cache (vLLM's "varlen" layout).
+
+Rows of the running batch are contiguous: ``keep`` moves only the rows whose place changes, so an
+engine that fills a leaving row's place with the last row moves one row, and decode never gathers.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+from .model_runner import PrefillChunk
+from .packed import PACKED_BATCH_HINT, onednn_linear_available
+
+Linear = Callable[[torch.Tensor], torch.Tensor]
+LinearFactory = Callable[[torch.Tensor, torch.dtype], Linear]
+
+MODEL_TYPES = ("llama",)
+# Rope variants whose frequencies do not depend on the sequence length within max_position_embeddings
+# ("dynamic" NTK scaling only changes them beyond it, where this runner never goes).
+STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "dynamic")
+ROW_CHUNK = 8  # the running batch's cache grows by this many rows: at most 4 copies on the way to 32
+COLUMN_CHUNK = 64  # ... and by this many positions: one copy per 64 decode steps, little unused memory
+ROPE_TABLE_CHUNK = 4096  # positions added to the cos/sin table at a time (Llama 3.1 allows 131072)
+
+
+def make_linear(weight: torch.Tensor, dtype: torch.dtype) -> Linear:
+    """A function computing ``x @ weight.T`` for ``x`` ``[tokens, in]`` of ``dtype``; returns ``[tokens, out]``.
+
+    ``weight`` is ``[out, in]``, float32 (or any float dtype), and is not modified.  bfloat16 on a CPU
+    with oneDNN's bf16 linear (:func:`~inference.packed.onednn_linear_available`) uses a weight reordered
+    once into oneDNN's blocked layout (1.4-1.6x faster than plain ``F.linear`` there, see
+    :mod:`inference.packed`); everything else is ``F.linear`` on ``weight`` converted to ``dtype`` (no
+    copy when it already is, so a tied output layer shares the embedding's memory in float32).
+    """
+    if dtype == torch.bfloat16 and weight.device.type == "cpu" and onednn_linear_available():
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(dtype).contiguous(), PACKED_BATCH_HINT)
+        pointwise = torch.ops.mkldnn._linear_pointwise
+
+        def packed_linear(x: torch.Tensor) -> torch.Tensor:
+            return pointwise(x, packed, None, "none", [], "")
+
+        return packed_linear
+    converted = weight.detach().to(dtype).contiguous()
+
+    def linear(x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, converted)
+
+    return linear
+
+
+def unsupported_reason(model) -> str | None:
+    """Why :class:`LlamaModelRunner` cannot run ``model`` (a transformers causal LM), or None if it can.
+
+    Supported: ``model_type`` ``llama`` with no attention or MLP bias, SiLU MLP, full rotary
+    embeddings of a static variant (:data:`STATIC_ROPE_TYPES`), plain ``nn.Linear`` layers (not
+    prepacked or quantized).  Mistral (sliding windows), Qwen2 (q/k/v bias), Qwen3 (q/k norms) and
+    longrope's length-dependent frequencies are not.
+    """
+    config = model.config
+    if getattr(config, "model_type", None) not in MODEL_TYPES:
+        return f"model_type {getattr(config, 'model_type', None)!r} is not one of {MODEL_TYPES}"
+    if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
+        return "attention or MLP layers have a bias"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"hidden_act {config.hidden_act!r} is not silu"
+    rope = getattr(config, "rope_parameters", None) or {}
+    if rope.get("rope_type", "default") not in STATIC_ROPE_TYPES:
+        return f"rope_type {rope.get('rope_type')!r} is not one of {STATIC_ROPE_TYPES}"
+    if rope.get("partial_rotary_factor", 1.0) != 1.0 or getattr(config, "partial_rotary_factor", 1.0) != 1.0:
+        return "partial rotary embeddings"
+    for layer in model.model.layers:
+        attention, mlp = layer.self_attn, layer.mlp
+        modules = (attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+        if any(type(module) is not torch.nn.Linear for module in modules):
+            return "linear layers are not plain nn.Linear (prepacked or quantized)"
+    if type(model.get_output_embeddings()) is not torch.nn.Linear:
+        return "the output layer is not a plain nn.Linear"
+    return None
+
+
+def supports(model) -> bool:
+    """Whether :class:`LlamaModelRunner` can run ``model``; :func:`unsupported_reason` says why not."""
+    return unsupported_reason(model) is None
+
+
+@dataclass
+class _Layer:
+    """One decoder layer's weights: RMSNorm scales ``[hidden]`` and linear functions."""
+
+    input_norm: torch.Tensor
+    qkv: Linear  # [tokens, hidden] -> [tokens, (heads + 2 kv_heads) * head_dim]
+    o: Linear  # [tokens, heads * head_dim] -> [tokens, hidden]
+    post_norm: torch.Tensor
+    gate_up: Linear  # [tokens, hidden] -> [tokens, 2 * intermediate]
+    down: Linear  # [tokens, intermediate] -> [tokens, hidden]
+
+
+@dataclass
+class _Partial:
+    """A waiting request's cache: ``length`` positions of ``keys``/``values`` ``[layers, kv_heads, capacity, head_dim]``."""
+
+    length: int
+    keys: torch.Tensor
+    values: torch.Tensor
+
+
+def _round_up(value: int, chunk: int) -> int:
+    return -(-value // chunk) * chunk
+
+
+class LlamaModelRunner:
+    """The ModelRunner (:mod:`inference.model_runner`) for Llama-family models, forward pass our own.
+
+    ``model``: a loaded transformers Llama causal LM, on the CPU or one device, unchanged by the
+    runner.  Its q/k/v and gate/up weights are copied into stacked matrices; the others are shared
+    with it where ``make_linear`` keeps them as they are (float32 into float32), so an engine that
+    keeps only the runner should drop the model's decoder layers, or their memory counts twice.  ``dtype``:
+    the activation and KV-cache dtype (float32 or bfloat16).  ``linear_factory``: what builds every
+    linear layer, :func:`make_linear` or another with its signature (a ``description`` attribute,
+    if it has one, goes into :attr:`description`).  ``max_batch_size``: the batch sizes
+    :meth:`warm_up` runs (1 to it).  Raises ``ValueError`` when :func:`unsupported_reason` names a
+    reason.  Not thread-safe: one worker thread calls it, under ``torch.inference_mode``.
+    """
+
+    def __init__(
+        self,
+        model,
+        dtype: torch.dtype = torch.float32,
+        linear_factory: LinearFactory = make_linear,
+        max_batch_size: int = 32,
+    ) -> None:
+        reason = unsupported_reason(model)
+        if reason is not None:
+            raise ValueError(f"LlamaModelRunner cannot run this model: {reason}")
+        config = model.config
+        self.dtype = dtype
+        self.max_batch_size = max_batch_size
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.hidden_size = config.hidden_size
+        self.intermediate_size = config.intermediate_size
+        self.eps = float(config.rms_norm_eps)
+        self.num_layers = config.num_hidden_layers
+        self.max_context = int(config.max_position_embeddings)
+        output = model.get_output_embeddings()
+        self.vocab_size = int(output.out_features)
+        self.device = output.weight.device
+        with torch.no_grad():
+            self._embedding = model.get_input_embeddings().weight.detach().to(dtype)
+            self._layers = [self._load_layer(layer, linear_factory) for layer in model.model.layers]
+            self._final_norm = model.model.norm.weight.detach().to(dtype)
+            self._lm_head = linear_factory(output.weight, dtype)
+        self._inv_freq, self._rope_scaling = self._rope_frequencies(model)
+        self._cos = self._sin = torch.empty(0, self.head_dim, dtype=dtype, device=self.device)
+        linear_kind = "oneDNN-packed bfloat16" if dtype == torch.bfloat16 and onednn_linear_available() else str(dtype).removeprefix("torch.")
+        if linear_factory is not make_linear:
+            linear_kind = getattr(linear_factory, "description", linear_factory.__name__)
+        self.description = f"llama runner, weights {linear_kind}, activations {str(dtype).removeprefix('torch.')}"
+        self._partials: dict[int, _Partial] = {}
+        self.reset()
+
+    # --- weights ---------------------------------------------------------------------------------
+
+    def _load_layer(self, layer, linear_factory: LinearFactory) -> _Layer:
+        attention, mlp = layer.self_attn, layer.mlp
+        qkv = torch.cat([attention.q_proj.weight, attention.k_proj.weight, attention.v_proj.weight])
+        gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
+        return _Layer(
+            input_norm=layer.input_layernorm.weight.detach().to(self.dtype),
+            qkv=linear_factory(qkv.detach(), self.dtype),
+            o=linear_factory(attention.o_proj.weight.detach(), self.dtype),
+            post_norm=layer.post_attention_layernorm.weight.detach().to(self.dtype),
+            gate_up=linear_factory(gate_up.detach(), self.dtype),
+            down=linear_factory(mlp.down_proj.weight.detach(), self.dtype),
+        )
+
+    @staticmethod
+    def _rope_frequencies(model) -> tuple[torch.Tensor, float]:
+        """Inverse frequencies ``[head_dim / 2]`` (float32) and the cos/sin scale, as transformers computes them."""
+        config = model.config
+        rope_type = (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default")
+        if rope_type == "default":
+            init = type(model.model.rotary_emb).compute_default_rope_parameters
+        else:
+            init = ROPE_INIT_FUNCTIONS[rope_type]
+        inv_freq, scaling = init(config)
+        return inv_freq.float().to(model.get_output_embeddings().weight.device), float(scaling)
+
+    def _rope_table(self, positions: int) -> None:
+        """Make the cos/sin table cover ``positions`` positions (in chunks, up to ``max_context``).
+
+        Rows are ``[head_dim]``: cos is transformers' ``cat(freqs, freqs).cos()``; sin has its first
+        half negated, so that ``x * cos + swap_halves(x) * sin`` is ``x * cos + rotate_half(x) * sin``.
+        """
+        if positions <= self._cos.shape[0]:
+            return
+        if positions > self.max_context:
+            raise ValueError(f"position {positions - 1} is past the model's context of {self.max_context}")
+        size = min(self.max_context, _round_up(positions, ROPE_TABLE_CHUNK))
+        freqs = torch.arange(size, device=self.device).float()[:, None] * self._inv_freq  # as transformers: in float32
+        angles = torch.cat((freqs, freqs), dim=-1)
+        cos = angles.cos() * self._rope_scaling
+        sin = angles.sin() * self._rope_scaling
+        half = self.head_dim // 2
+        sin[:, :half].neg_()
+        self._cos, self._sin = cos.to(self.dtype), sin.to(self.dtype)
+
+    # --- the forward pass ------------------------------------------------------------------------
+
+    def _rotate(self, qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Rotary embeddings of queries and keys together: ``qk`` ``[tokens, heads, head_dim]`` (any
+        strides), ``cos``/``sin`` ``[tokens, 1, head_dim]``; returns a new contiguous tensor."""
+        tokens, heads, dim = qk.shape
+        swapped = qk.unflatten(-1, (2, dim // 2)).flip(-2).view(tokens, heads, dim)
+        return torch.addcmul(qk * cos, swapped, sin)
+
+    def _mlp(self, layer: _Layer, x: torch.Tensor) -> torch.Tensor:
+        """SwiGLU (Shazeer 2020): ``down(silu(gate(x)) * up(x))``, ``x`` ``[tokens, hidden]``."""
+        gate_up = layer.gate_up(F.rms_norm(x, (self.hidden_size,), layer.post_norm, self.eps))
+        gate, up = gate_up.split(self.intermediate_size, dim=-1)
+        return layer.down(F.silu(gate) * up)
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Float32 logits ``[tokens, vocab]`` of final hidden states ``[tokens, hidden]``."""
+        return self._lm_head(F.rms_norm(hidden, (self.hidden_size,), self._final_norm, self.eps)).float()
+
+    def prefill(self, chunks: Sequence[PrefillChunk]) -> list[torch.Tensor]:
+        """One forward pass over ``chunks`` (see the seam); returns float32 logits per chunk,
+        ``[len(token_ids), vocab]`` if ``all_logits`` else ``[1, vocab]``.
+
+        A chunk with ``start == 0`` begins a new cache for its key (replacing any); one with
+        ``start > 0`` continues the key's cache, which must hold exactly ``start`` positions.
+        Raises ``ValueError`` for an empty chunk, a ``start`` that does not match, two chunks of one
+        key, or positions past ``max_context``; the caches are then unchanged.
+        """
+        if not chunks:
+            return []
+        keys = [chunk.key for chunk in chunks]
+        if len(set(keys)) != len(keys):
+            raise ValueError("two chunks of one request in one prefill")
+        for chunk in chunks:
+            if not chunk.token_ids:
+                raise ValueError("a prefill chunk has no tokens")
+            cached = self._partials[chunk.key].length if chunk.key in self._partials else 0
+            if chunk.start != 0 and chunk.start != cached:
+                raise ValueError(f"chunk starts at {chunk.start} but {cached} positions are cached for it")
+        end = max(chunk.start + len(chunk.token_ids) for chunk in chunks)
+        self._rope_table(end)
+        partials = [self._partial_for(chunk) for chunk in chunks]
+        ids = torch.tensor([token for chunk in chunks for token in chunk.token_ids], device=self.device)
+        positions = torch.cat(
+            [torch.arange(chunk.start, chunk.start + len(chunk.token_ids), device=self.device) for chunk in chunks]
+        )
+        masks = [self._prefill_mask(chunk) for chunk in chunks]
+        cos, sin = self._cos[positions][:, None], self._sin[positions][:, None]
+        heads, kv_heads, dim = self.num_heads, self.num_kv_heads, self.head_dim
+        qk_width = (heads + kv_heads) * dim
+        x = F.embedding(ids, self._embedding)  # [tokens, hidden]
+        tokens = x.shape[0]
+        for index, layer in enumerate(self._layers):
+            qkv = layer.qkv(F.rms_norm(x, (self.hidden_size,), layer.input_norm, self.eps))
+            qk = self._rotate(qkv[:, :qk_width].view(tokens, heads + kv_heads, dim), cos, sin)
+            values = qkv[:, qk_width:].view(tokens, kv_heads, dim)
+            attended = torch.empty(tokens, heads * dim, dtype=x.dtype, device=x.device)
+            offset = 0
+            for chunk, partial, mask in zip(chunks, partials, masks):
+                size, start = len(chunk.token_ids), chunk.start
+                rows = slice(offset, offset + size)
+                cache_keys, cache_values = partial.keys[index], partial.values[index]  # [kv_heads, capacity, dim]
+                cache_keys[:, start : start + size] = qk[rows, heads:].transpose(0, 1)
+                cache_values[:, start : start + size] = values[rows].transpose(0, 1)
+                output = F.scaled_dot_product_attention(
+                    qk[rows, :heads].transpose(0, 1)[None],
+                    cache_keys[None, :, : start + size],
+                    cache_values[None, :, : start + size],
+                    attn_mask=mask,
+                    is_causal=mask is None,
+                    enable_gqa=True,
+                )  # [1, heads, size, dim]
+                attended[rows] = output[0].transpose(0, 1).reshape(size, heads * dim)
+                offset += size
+            x += layer.o(attended)
+            x += self._mlp(layer, x)
+        wanted, offset = [], 0
+        for chunk in chunks:
+            size = len(chunk.token_ids)
+            wanted.append(torch.arange(offset, offset + size) if chunk.all_logits else torch.tensor([offset + size - 1]))
+            offset += size
+        logits = self._logits(x[torch.cat(wanted).to(self.device)])
+        for chunk, partial in zip(chunks, partials):
+            partial.length = chunk.start + len(chunk.token_ids)
+            self._partials[chunk.key] = partial
+        return list(logits.split([len(rows) for rows in wanted]))
+
+    def _prefill_mask(self, chunk: PrefillChunk) -> torch.Tensor | None:
+        """Boolean ``[size, start + size]`` (True: attend) for a chunk after a cached prefix; None
+        (SDPA's own causal mask) at ``start == 0``, where query ``i`` sees keys ``0..i``."""
+        if chunk.start == 0:
+            return None
+        size = len(chunk.token_ids)
+        columns = torch.arange(chunk.start + size, device=self.device)
+        return columns[None, :] <= (chunk.start + torch.arange(size, device=self.device))[:, None]
+
+    def _partial_for(self, chunk: PrefillChunk) -> _Partial:
+        """The key's cache with room for the chunk (a copy when it must grow; new at ``start == 0``)."""
+        needed = chunk.start + len(chunk.token_ids)
+        partial = self._partials.get(chunk.key) if chunk.start else None
+        if partial is not None and needed <= partial.keys.shape[2]:
+            return partial
+        capacity = _round_up(needed, COLUMN_CHUNK)
+        shape = (self.num_layers, self.num_kv_heads, capacity, self.head_dim)
+        # Empty is safe: attention reads only the positions a chunk has written.
+        grown = _Partial(0, torch.empty(shape, dtype=self.dtype, device=self.device), torch.empty(shape, dtype=self.dtype, device=self.device))
+        if partial is not None:
+            grown.keys[:, :, : partial.length] = partial.keys[:, :, : partial.length]
+            grown.values[:, :, : partial.length] = partial.values[:, :, : partial.length]
+            grown.length = partial.length
+        return grown
+
+    def decode(self, input_ids: Sequence[int]) -> torch.Tensor:
+        """One step for every running row: ``input_ids[b]`` goes at row ``b``'s next position.
+
+        Returns float32 logits ``[B, vocab]``.  Raises ``ValueError`` when ``len(input_ids)`` is not
+        the number of running rows or a row would pass ``max_context`` (nothing changes then).
+        """
+        rows = len(self._lengths)
+        if len(input_ids) != rows:
+            raise ValueError(f"{len(input_ids)} input ids for {rows} running rows")
+        if rows == 0:
+            return torch.empty(0, self.vocab_size, device=self.device)
+        longest = max(self._lengths) + 1
+        self._rope_table(longest)
+        self._reserve(rows, longest)
+        heads, kv_heads, dim = self.num_heads, self.num_kv_heads, self.head_dim
+        group, capacity = heads // kv_heads, self._column_capacity
+        qk_width = (heads + kv_heads) * dim
+        positions = torch.tensor(self._lengths, device=self.device)
+        # Where each row's new key goes in a layer's cache seen as [rows * kv_heads * capacity, dim].
+        slots = (torch.arange(rows * kv_heads, device=self.device).view(rows, kv_heads) * capacity + positions[:, None]).view(-1)
+        mask = None
+        if min(self._lengths) + 1 != longest:  # rows of one length attend to every column: no mask
+            mask = (torch.arange(longest, device=self.device)[None, :] <= positions[:, None]).view(rows, 1, 1, longest)
+        cos, sin = self._cos[positions][:, None], self._sin[positions][:, None]
+        x = F.embedding(torch.tensor(input_ids, device=self.device), self._embedding)  # [rows, hidden]
+        for index, layer in enumerate(self._layers):
+            qkv = layer.qkv(F.rms_norm(x, (self.hidden_size,), layer.input_norm, self.eps))
+            qk = self._rotate(qkv[:, :qk_width].view(rows, heads + kv_heads, dim), cos, sin)
+            cache_keys, cache_values = self._layer_keys[index], self._layer_values[index]  # [row capacity, kv_heads, capacity, dim]
+            cache_keys.view(-1, dim).index_copy_(0, slots, qk[:, heads:].reshape(rows * kv_heads, dim))
+            cache_values.view(-1, dim).index_copy_(0, slots, qkv[:, qk_width:].reshape(rows * kv_heads, dim))
+            # Grouped-query attention: the `group` query heads of one KV head are its `group` queries.
+            attended = F.scaled_dot_product_attention(
+                qk[:, :heads].view(rows, kv_heads, group, dim),
+                cache_keys[:rows, :, :longest],
+                cache_values[:rows, :, :longest],
+                attn_mask=mask,
+            )  # [rows, kv_heads, group, dim]
+            x += layer.o(attended.reshape(rows, heads * dim))
+            x += self._mlp(layer, x)
+        self._lengths = [length + 1 for length in self._lengths]
+        return self._logits(x)
+
+    # --- the running batch's cache ----------------------------------------------------------------
+
+    def _reserve(self, rows: int, columns: int) -> None:
+        """Make the batch cache hold ``rows`` rows of ``columns`` positions, growing by whole chunks."""
+        if rows <= self._row_capacity and columns <= self._column_capacity:
+            return
+        self._reallocate(
+            max(self._row_capacity, _round_up(rows, ROW_CHUNK)),
+            max(self._column_capacity, _round_up(columns, COLUMN_CHUNK)),
+            list(range(len(self._lengths))),
+        )
+
+    def _reallocate(self, row_capacity: int, column_capacity: int, sources: list[int]) -> None:
+        """New batch buffers of this capacity, holding the current rows ``sources`` as rows 0..k-1.
+
+        One layer at a time, each old buffer dropped once copied, so growing never holds two whole
+        caches (at 32 rows of 512 positions that would be 0.4 GB more at the peak, in bfloat16).
+        Zero-filled: masked columns meet zero attention weights, and stale memory could hold NaN.
+        """
+        shape = (row_capacity, self.num_kv_heads, column_capacity, self.head_dim)
+        used = max((self._lengths[row] for row in sources), default=0)
+        index = torch.tensor(sources, dtype=torch.long, device=self.device)
+        for buffers in (self._layer_keys, self._layer_values):
+            for layer in range(self.num_layers):
+                buffer = torch.zeros(shape, dtype=self.dtype, device=self.device)
+                if layer < len(buffers):
+                    if sources:
+                        buffer[: len(sources), :, :used] = buffers[layer][index, :, :used]
+                    buffers[layer] = buffer
+                else:
+                    buffers.append(buffer)
+        self._row_capacity, self._column_capacity = row_capacity, column_capacity
+
+    def join(self, key: int, copies: int) -> None:
+        """Append ``copies`` rows holding the prefilled cache of ``key``, which is then forgotten.
+
+        ``copies == 0`` (every candidate finished on its first token) only forgets ``key``, as the
+        seam allows.  Raises ``KeyError`` for a key with no prefilled cache, ``ValueError`` for
+        ``copies < 0``.
+        """
+        if copies < 0:
+            raise ValueError("copies must not be negative")
+        partial = self._partials.pop(key)
+        if copies == 0:
+            return
+        rows, length = len(self._lengths), partial.length
+        self._reserve(rows + copies, length + 1)
+        new = slice(rows, rows + copies)
+        for layer in range(self.num_layers):
+            self._layer_keys[layer][new, :, :length] = partial.keys[layer, None, :, :length]
+            self._layer_values[layer][new, :, :length] = partial.values[layer, None, :, :length]
+        self._lengths.extend([length] * copies)
+
+    def keep(self, rows: Sequence[int]) -> None:
+        """Keep running rows ``rows`` in this order; only rows whose place changes are copied.
+
+        The buffers shrink when what is kept fills less than half of them, and are freed when
+        nothing is.  Raises ``IndexError`` for a row that is not running, ``ValueError`` for a
+        repeated row.
+        """
+        rows = list(rows)
+        if any(not 0 <= row < len(self._lengths) for row in rows):
+            raise IndexError(f"rows {rows} are not all among {len(self._lengths)} running rows")
+        if len(set(rows)) != len(rows):
+            raise ValueError(f"rows {rows} repeat a row")
+        lengths = [self._lengths[row] for row in rows]
+        if not rows:
+            self.reset_batch()
+            return
+        row_capacity, column_capacity = _round_up(len(rows), ROW_CHUNK), _round_up(max(lengths) + 1, COLUMN_CHUNK)
+        if 2 * row_capacity * column_capacity <= self._row_capacity * self._column_capacity:
+            self._reallocate(row_capacity, column_capacity, rows)
+        else:
+            moves = [(place, row) for place, row in enumerate(rows) if place != row]
+            if moves:
+                used = max(lengths)
+                places = torch.tensor([place for place, _ in moves], device=self.device)
+                sources = torch.tensor([row for _, row in moves], device=self.device)
+                # Indexing with `sources` copies them first, so a row may move onto another that also moves.
+                for buffer in (*self._layer_keys, *self._layer_values):
+                    buffer[places, :, :used] = buffer[sources, :, :used]
+        self._lengths = lengths
+
+    def release(self, key: int) -> None:
+        """Forget a waiting request's partial cache; harmless if unknown."""
+        self._partials.pop(key, None)
+
+    def reset(self) -> None:
+        """Drop every cache: the running batch's and the waiting requests'."""
+        self.reset_batch()
+        self._partials.clear()
+
+    def reset_batch(self) -> None:
+        """Drop the running batch's cache (its memory goes back to the allocator)."""
+        self._layer_keys: list[torch.Tensor] = []  # per layer [row capacity, kv_heads, column capacity, head_dim]
+        self._layer_values: list[torch.Tensor] = []
+        self._row_capacity = self._column_capacity = 0
+        self._lengths: list[int] = []  # positions cached per running row
+
+    @property
+    def cache_bytes(self) -> int:
+        """Bytes held by the running batch's cache and the waiting requests' caches."""
+        tensors = [*self._layer_keys, *self._layer_values]
+        tensors += [t for partial in self._partials.values() for t in (partial.keys, partial.values)]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    @property
+    def lengths(self) -> list[int]:
+        """Positions cached per running row (a copy)."""
+        return list(self._lengths)
+
+    def warm_up(self) -> None:
+        """Run decode at batch sizes 1, 2, 4, ... up to ``max_batch_size``, a prefill batch, a continued
+        chunk and prompt logits once, then drop the caches, so the kernels (oneDNN's primitives are
+        made per shape) and the allocator have seen each kind of step before the first request.
+        Must not run while requests are in flight (it resets)."""
+        self.reset()
+        sizes = sorted({min(2**power, self.max_batch_size) for power in range(self.max_batch_size.bit_length() + 1)})
+        with torch.inference_mode():
+            prompt = [min(token, self.vocab_size - 1) for token in range(1, 33)]
+            self.prefill([PrefillChunk(-1, prompt, 0, False), PrefillChunk(-2, prompt[:5], 0, True)])
+            self.prefill([PrefillChunk(-1, prompt[:7], len(prompt), True)])
+            self.join(-1, self.max_batch_size)
+            self.release(-2)
+            for rows in reversed(sizes):
+                self.keep(range(rows))
+                self.decode([1] * rows)
+        self.reset()

@@ -1,0 +1,295 @@
+"""LlamaModelRunner computes the logits transformers computes, through every move of the running batch.
+
+The reference is transformers' own forward pass over each sequence's whole history, alone and
+without a cache: the runner's logits for a position (from a prefill chunk or a decode step, whatever
+the batch around it) must equal the reference's at that position.
+
+In float64 they agree up to the rounding of the returned logits to float32, which shows the
+computation is the same (transformers' RMSNorm rounds to float32 even in a float64 model, so the
+float64 reference computes it in float64).  In float32 the fused
+products and attention sum in another order than transformers' modules do, and float32 cannot
+promise more than transformers promises itself: its own logits for the same tokens differ by up to
+1.1e-5 (tiny model, logits up to 9) and 4.4e-5 (embedded model, logits up to 34) between its sdpa
+and eager attention or between a 47- and a 48-token pass.  The float32 bounds are set just above
+those figures: 3e-5 and 1e-4.
+"""
+from __future__ import annotations
+
+from contextlib import nullcontext
+from pathlib import Path
+from unittest.mock import patch
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+from inference.llama import LlamaModelRunner, supports, unsupported_reason
+from inference.model_runner import PrefillChunk
+from testing.tiny_model import tiny_model
+
+VOCAB = 70
+
+
+class Sequence:
+    """A request as the test drives it: its tokens so far and the runner's logits by position."""
+
+    def __init__(self, token_ids: list[int]) -> None:
+        self.token_ids = list(token_ids)
+        self.logits: dict[int, torch.Tensor] = {}  # position -> [vocab] predicting position + 1
+
+    def record(self, first_position: int, logits: torch.Tensor) -> None:
+        for offset, row in enumerate(logits):
+            self.logits[first_position + offset] = row
+
+
+def rms_norm_in_input_dtype(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    """LlamaRMSNorm without its rounding to float32 (a float64 reference must stay float64)."""
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
+
+
+def assert_matches_transformers(model, sequences: list[Sequence], tolerance: tuple[float, float]) -> None:
+    """Every recorded logit row equals transformers' for its sequence's history within ``tolerance``."""
+    exact = model.dtype == torch.float64
+    with torch.inference_mode(), patch.object(LlamaRMSNorm, "forward", rms_norm_in_input_dtype) if exact else nullcontext():
+        for seq in sequences:
+            reference = model(input_ids=torch.tensor([seq.token_ids])).logits[0]
+            positions = sorted(seq.logits)
+            got = torch.stack([seq.logits[p] for p in positions]).to(reference.dtype)
+            torch.testing.assert_close(got, reference[positions], atol=tolerance[0], rtol=tolerance[1])
+
+
+def prefill(runner, seq: Sequence, key: int, chunk_sizes: list[int], all_logits: bool = True) -> None:
+    """Prefill ``seq``'s tokens in chunks of these sizes, one pass per chunk, recording the logits."""
+    start = 0
+    for size in chunk_sizes:
+        ids = seq.token_ids[start : start + size]
+        (logits,) = runner.prefill([PrefillChunk(key, ids, start, all_logits)])
+        seq.record(start if all_logits else start + size - 1, logits)
+        start += size
+    assert start == len(seq.token_ids)
+
+
+def decode(runner, rows: list[Sequence], generator: torch.Generator) -> None:
+    """One decode step with random next tokens (any token will do: the reference reads the same)."""
+    tokens = torch.randint(0, VOCAB, (len(rows),), generator=generator).tolist()
+    logits = runner.decode(tokens)
+    assert logits.shape == (len(rows), runner.vocab_size) and logits.dtype == torch.float32
+    for seq, token, row in zip(rows, tokens, logits):
+        seq.token_ids.append(token)
+        seq.record(len(seq.token_ids) - 1, row[None])
+
+
+def random_ids(generator: torch.Generator, size: int, vocab: int = VOCAB) -> list[int]:
+    return torch.randint(0, vocab, (size,), generator=generator).tolist()
+
+
+# (atol, rtol).  Float64: the same computation, up to the rounding of the returned logits to
+# float32 (a relative 2**-24).  Float32: just above transformers' own disagreement with itself.
+EXACT = (1e-10, 2**-24)
+FLOAT32 = {"tiny": (3e-5, 0.0), "embedded": (1e-4, 0.0)}
+BFLOAT16 = (1.5, 0.0)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """The tiny random Llama in float64, where the runner must agree with transformers exactly."""
+    return tiny_model(vocab_size=VOCAB).double()
+
+
+@pytest.fixture(scope="module")
+def tiny32():
+    return tiny_model(vocab_size=VOCAB)
+
+
+def run_scenario(model, runner, vocab: int, tolerance: tuple[float, float]) -> None:
+    """Chunks, batched prefill, copies, rows of different lengths leaving and joining mid-way."""
+    generator = torch.Generator().manual_seed(1)
+    with torch.inference_mode():
+        long = Sequence(random_ids(generator, 40, vocab))
+        prefill(runner, long, key=1, chunk_sizes=[16, 16, 8])  # a multi-chunk prefill, every position
+        short, medium = Sequence(random_ids(generator, 5, vocab)), Sequence(random_ids(generator, 23, vocab))
+        logits = runner.prefill([PrefillChunk(2, short.token_ids, 0, False), PrefillChunk(3, medium.token_ids, 0, True)])
+        short.record(4, logits[0])
+        medium.record(0, logits[1])
+        runner.join(1, 1)
+        runner.join(2, 2)  # two candidates sharing one prefill
+        forked = Sequence(short.token_ids)
+        rows = [long, short, forked]
+        for _ in range(3):
+            decode(runner, rows, generator)
+        runner.join(3, 1)
+        rows.append(medium)
+        for _ in range(2):
+            decode(runner, rows, generator)
+        runner.keep([0, 3, 2])  # the short row leaves; the last row takes its place
+        rows = [rows[0], rows[3], rows[2]]
+        decode(runner, rows, generator)
+        late = Sequence(random_ids(generator, 11, vocab))
+        prefill(runner, late, key=4, chunk_sizes=[6, 5], all_logits=False)
+        runner.join(4, 1)
+        rows.append(late)
+        for _ in range(3):
+            decode(runner, rows, generator)
+        runner.keep([3, 1])  # reordered
+        rows = [rows[3], rows[1]]
+        decode(runner, rows, generator)
+    assert runner.lengths == [len(seq.token_ids) for seq in rows]
+    assert_matches_transformers(model, [long, short, forked, medium, late], tolerance)
+
+
+def test_tiny_llama_logits_equal_transformers_through_the_batch_lifecycle(tiny):
+    run_scenario(tiny, LlamaModelRunner(tiny, dtype=torch.float64, max_batch_size=4), VOCAB, EXACT)
+
+
+def test_tiny_llama_in_float32_within_transformers_own_float32_noise(tiny32):
+    run_scenario(tiny32, LlamaModelRunner(tiny32), VOCAB, FLOAT32["tiny"])
+
+
+def test_tiny_llama_in_bfloat16_stays_near_float32(tiny32):
+    """bfloat16 activations, KV cache and weights (oneDNN-packed where the CPU has bf16): a smoke
+    test of that wiring, not of its accuracy (8 significant bits, logits up to 9; measured 0.7 off
+    at most; a wrong layout would be off by the logits' size)."""
+    run_scenario(tiny32, LlamaModelRunner(tiny32, dtype=torch.bfloat16), VOCAB, BFLOAT16)
+
+
+def test_continued_chunk_and_new_prompt_prefill_together(tiny):
+    generator = torch.Generator().manual_seed(2)
+    runner = LlamaModelRunner(tiny, dtype=torch.float64)
+    first, second = Sequence(random_ids(generator, 30)), Sequence(random_ids(generator, 9))
+    with torch.inference_mode():
+        (head,) = runner.prefill([PrefillChunk(1, first.token_ids[:12], 0, True)])
+        first.record(0, head)
+        rest, new = runner.prefill(
+            [PrefillChunk(1, first.token_ids[12:], 12, True), PrefillChunk(2, second.token_ids, 0, True)]
+        )
+        first.record(12, rest)
+        second.record(0, new)
+    assert rest.shape == (18, VOCAB) and new.shape == (9, VOCAB)
+    assert_matches_transformers(tiny, [first, second], EXACT)
+
+
+def test_the_cache_grows_past_its_first_capacity(tiny):
+    """More rows and positions than the first allocation: the cache is copied while rows keep theirs."""
+    generator = torch.Generator().manual_seed(3)
+    runner = LlamaModelRunner(tiny, dtype=torch.float64)
+    seqs = [Sequence(random_ids(generator, 60 + i)) for i in range(10)]
+    with torch.inference_mode():
+        for key, seq in enumerate(seqs):
+            prefill(runner, seq, key, [len(seq.token_ids)], all_logits=False)
+            runner.join(key, 1)
+        for _ in range(8):  # past 64 positions, in 10 rows (more than one chunk of rows)
+            decode(runner, seqs, generator)
+        layers, kv_heads, dim, item = 2, 2, 16, 8  # the tiny model's, in float64
+        assert runner.cache_bytes == 2 * layers * 16 * kv_heads * 128 * dim * item  # 16 rows, 128 positions
+        runner.keep([9])  # shrinks the buffers
+        assert runner.cache_bytes == 2 * layers * 8 * kv_heads * 128 * dim * item
+        decode(runner, seqs[9:], generator)
+    assert_matches_transformers(tiny, seqs, EXACT)
+
+
+def test_an_emptied_batch_frees_its_cache_and_starts_again(tiny):
+    generator = torch.Generator().manual_seed(4)
+    runner = LlamaModelRunner(tiny, dtype=torch.float64)
+    with torch.inference_mode():
+        first = Sequence(random_ids(generator, 7))
+        prefill(runner, first, 1, [7], all_logits=False)
+        runner.join(1, 1)
+        decode(runner, [first], generator)
+        runner.keep([])
+        assert runner.lengths == [] and runner.cache_bytes == 0
+        second = Sequence(random_ids(generator, 4))
+        prefill(runner, second, 2, [4], all_logits=False)
+        runner.join(2, 1)
+        decode(runner, [second], generator)
+    assert_matches_transformers(tiny, [first, second], EXACT)
+
+
+def test_release_reset_and_errors(tiny):
+    runner = LlamaModelRunner(tiny, dtype=torch.float64)
+    with torch.inference_mode():
+        runner.prefill([PrefillChunk(1, [3, 4, 5], 0, False)])
+        with pytest.raises(ValueError):
+            runner.prefill([PrefillChunk(1, [6], 2, False)])  # 3 positions are cached, not 2
+        with pytest.raises(ValueError):
+            runner.prefill([PrefillChunk(9, [6], 4, False)])  # nothing cached for key 9
+        runner.release(1)
+        runner.release(1)  # harmless
+        with pytest.raises(KeyError):
+            runner.join(1, 1)
+        with pytest.raises(ValueError):
+            runner.decode([1])  # no running rows
+        runner.prefill([PrefillChunk(2, [3, 4], 0, False)])
+        runner.join(2, 2)
+        with pytest.raises(IndexError):
+            runner.keep([2])
+        with pytest.raises(ValueError):
+            runner.prefill([PrefillChunk(3, list(range(300)), 0, False)])  # past max_position_embeddings
+        runner.reset()
+        assert runner.lengths == []
+        assert runner.decode([]).shape == (0, VOCAB)
+
+
+def test_warm_up_leaves_no_cache_behind(tiny):
+    runner = LlamaModelRunner(tiny, dtype=torch.float64, max_batch_size=3)
+    runner.warm_up()
+    assert runner.lengths == [] and runner._partials == {}
+
+
+def test_tied_embeddings_and_scaled_rope_match_transformers():
+    """A tied output layer and llama3-scaled rotary frequencies (Llama 3.1's) are taken as transformers takes them."""
+    torch.manual_seed(5)
+    config = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=1, max_position_embeddings=512, tie_word_embeddings=True, initializer_range=0.3,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+    )
+    model = LlamaForCausalLM(config).eval().double()
+    assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    run_scenario(model, LlamaModelRunner(model, dtype=torch.float64), VOCAB, EXACT)
+
+
+def test_supports_plain_llama_only(tiny):
+    assert supports(tiny)
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, attention_bias=True)
+    assert "bias" in unsupported_reason(LlamaForCausalLM(config))
+    with pytest.raises(ValueError):
+        LlamaModelRunner(LlamaForCausalLM(config))
+
+
+@pytest.fixture(scope="module")
+def embedded():
+    from inference.model_loader import converted_gguf_dir, embedded_gguf_path
+
+    try:
+        folder = converted_gguf_dir(embedded_gguf_path(), Path(".cache/models"))
+    except FileNotFoundError as error:
+        pytest.skip(str(error))
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+
+
+def test_embedded_model_logits_equal_transformers_through_the_batch_lifecycle(embedded):
+    runner = LlamaModelRunner(embedded)
+    run_scenario(embedded, runner, runner.vocab_size, FLOAT32["embedded"])
+
+
+def test_every_linear_layer_comes_from_the_given_factory(tiny):
+    """Another weight format plugs in through one factory: four products per layer and the output layer."""
+    from inference.llama import make_linear
+
+    shapes = []
+
+    def factory(weight: torch.Tensor, dtype: torch.dtype):
+        shapes.append(tuple(weight.shape))
+        return make_linear(weight, dtype)
+
+    factory.description = "counted float64"
+    runner = LlamaModelRunner(tiny, dtype=torch.float64, linear_factory=factory)
+    config = tiny.config
+    qkv_rows = (config.num_attention_heads + 2 * config.num_key_value_heads) * runner.head_dim
+    per_layer = [(qkv_rows, 64), (64, 64), (2 * config.intermediate_size, 64), (64, config.intermediate_size)]
+    assert shapes == per_layer * config.num_hidden_layers + [(VOCAB, 64)]
+    assert "counted float64" in runner.description
