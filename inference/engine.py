@@ -701,6 +701,7 @@ def get_engine() -> Engine:
                     model_id=settings.MODEL_ID,
                     device=settings.MODEL_DEVICE,
                     dtype=settings.MODEL_DTYPE,
+                    weights=settings.MODEL_WEIGHTS,
                     cache_dir=settings.MODEL_CACHE_DIR,
                 ),
                 EngineConfig(
