@@ -216,6 +216,17 @@ class Int8Linear(WeightLinear):
             out = out + self.bias
         return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
+    @classmethod
+    def from_quantized(cls, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None,
+                       compute_dtype: torch.dtype = QUANTIZED_COMPUTE_DTYPE) -> Int8Linear:
+        """The layer of int8 values ``qweight [out, in]`` and per-row ``scales [out]``, as they are."""
+        layer = cls.__new__(cls)
+        layer.out_features, layer.in_features = qweight.shape
+        layer.qweight, layer.compute_dtype = qweight.contiguous(), compute_dtype
+        layer.scales = scales.to(compute_dtype)
+        layer.bias = None if bias is None else bias.detach().to(compute_dtype)
+        return layer
+
     def dequantized(self) -> torch.Tensor:
         """The float32 weight ``[out, in]`` this layer computes with (scales as stored)."""
         return self.qweight.float() * self.scales.float()[:, None]
@@ -535,23 +546,25 @@ def autotune_key(layer_shapes: Sequence[tuple[int, int]], layers: int, output_sh
     }
 
 
-def _random_weight(shape: tuple[int, int], generator: torch.Generator) -> torch.Tensor:
-    return torch.randn(shape, generator=generator) * 0.02
-
-
 def _build_random(name: str, shape: tuple[int, int], generator: torch.Generator) -> WeightLinear:
+    # Speed does not depend on the values, only on the bytes read: a random tile of 64 rows repeated
+    # fills the memory at the cost of a copy (randn and quantizing 100 M weights would take seconds).
+    out, inp = shape
+    repeats = -(-out // 64)
+
+    def tiled(tile: torch.Tensor) -> torch.Tensor:
+        return tile.repeat(repeats, 1)[:out].contiguous()
+
     if name == "int4":
-        # Random 4-bit values and scales time the same as quantized ones, without quantizing.
-        out, inp = shape
-        blocks = Q4_1Blocks(
-            torch.randint(0, 16, shape, dtype=torch.uint8, generator=generator),
-            torch.full((out, inp // INT4_GROUP), 0.01, dtype=torch.float16),
-            torch.full((out, inp // INT4_GROUP), -0.08, dtype=torch.float16),
-        )
-        layer = Int4Linear(blocks)
+        q = tiled(torch.randint(0, 16, (64, inp), dtype=torch.uint8, generator=generator))
+        d = torch.full((out, inp // INT4_GROUP), 0.01, dtype=torch.float16)
+        layer = Int4Linear(Q4_1Blocks(q, d, -8 * d))
         layer.release_debug_copy()
         return layer
-    return _BUILDERS[name](_random_weight(shape, generator), None)
+    if name == "int8":
+        q = tiled(torch.randint(-127, 128, (64, inp), dtype=torch.int8, generator=generator))
+        return Int8Linear.from_quantized(q, torch.full((out,), 0.001))
+    return _BUILDERS[name](tiled(torch.randn(64, inp, generator=generator) * 0.02), None)
 
 
 def _time_sweeps(formats: Sequence[str], layer_shapes: Sequence[tuple[int, int]], layers: int,
