@@ -176,3 +176,48 @@ def test_model_weights_setting_reaches_the_model_config(settings):
     from inference.model_loader import ModelConfig
 
     assert settings.MODEL_WEIGHTS == "auto" and ModelConfig(path="", model_id="m").weights == "auto"
+
+
+def test_q4_1_nibbles_pack_and_unpack_in_ggml_order():
+    q = synthetic_q4_1(4, 64).q
+    packed = weights._pack_nibbles(q)
+    assert packed.shape == (4, 32)
+    assert packed[0, 0].item() == q[0, 0].item() | (q[0, 16].item() << 4)  # weights i and i + 16 share a byte
+    assert torch.equal(weights._unpack_nibbles(packed), q)
+
+
+def write_gguf(path, tensors: dict[str, Q4_1Blocks]) -> None:
+    """A GGUF file of Q4_1 tensors (ggml's block_q4_1 bytes: d, m as float16, then 16 bytes of nibbles)."""
+    import numpy as np
+    from gguf import GGMLQuantizationType, GGUFWriter
+
+    writer = GGUFWriter(str(path), "llama")
+    for name, blocks in tensors.items():
+        rows = blocks.q.shape[0]
+        raw = np.concatenate([blocks.d.numpy().view(np.uint8).reshape(rows, -1, 2),
+                              blocks.m.numpy().view(np.uint8).reshape(rows, -1, 2),
+                              weights._pack_nibbles(blocks.q).numpy().reshape(rows, -1, 16)], axis=-1)
+        writer.add_tensor(name, raw.reshape(rows, -1), raw_dtype=GGMLQuantizationType.Q4_1)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def llama_cpp_permute(rows: torch.Tensor, heads: int) -> torch.Tensor:
+    """What llama.cpp's converter does to q/k rows (each head's rotary halves interleaved)."""
+    out = rows.shape[0]
+    return rows.reshape(heads, 2, out // heads // 2, *rows.shape[1:]).swapaxes(1, 2).reshape(rows.shape)
+
+
+def test_gguf_q4_1_blocks_read_back_in_transformers_order_and_from_the_cache(tmp_path):
+    q_proj, v_proj = synthetic_q4_1(32, 64, seed=1), synthetic_q4_1(16, 64, seed=2)
+    index = llama_cpp_permute(torch.arange(32), heads=4)
+    write_gguf(tmp_path / "tiny.gguf", {"blk.0.attn_q.weight": q_proj.rows(index), "blk.0.attn_v.weight": v_proj})
+    for attempt in range(2):  # read, then from the cache
+        blocks = weights.load_q4_1_blocks(tmp_path / "tiny.gguf", 4, 2, tmp_path / "cache")
+        assert set(blocks) == {"model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.v_proj.weight"}
+        for got, expected in ((blocks["model.layers.0.self_attn.q_proj.weight"], q_proj),
+                              (blocks["model.layers.0.self_attn.v_proj.weight"], v_proj)):
+            assert torch.equal(got.q, expected.q) and torch.equal(got.d, expected.d) and torch.equal(got.m, expected.m)
+        assert len(list((tmp_path / "cache").glob("*.safetensors"))) == 1
