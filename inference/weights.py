@@ -17,8 +17,9 @@ formats:
   scales to the kernel's dtype; built from float32 weights it quantizes them the way Q4_1 does.
 
 The quantized kernels run in bfloat16 activations whatever dtype the caller's are (a cast on the way
-in and out): ``bench/weight_formats.py`` measured int8 with float32 activations 5 to 30 times slower
-than with bfloat16 ones, and int4 with float32 activations 8 to 25 times slower, on AVX-512 and AVX2.
+in and out): ``bench/weight_formats.py`` measured int8 with float32 activations 5 (1 row) to 20 (8 rows)
+times slower than with bfloat16 ones, and int4 with float32 or float16 activations 12 to 110 times
+slower, on AVX-512 and on AVX2.
 
 :func:`choose_formats` times the formats this CPU supports on the model's shapes at batches of 1, 8
 and 32 rows, turns the timings into a :class:`Plan` per role (the decoder layers; the output layer),
@@ -55,11 +56,15 @@ WEIGHTS_CHOICES = ("auto", *FORMATS)
 # The dtype each quantized kernel computes in (see the module docstring for the measurements).
 QUANTIZED_COMPUTE_DTYPE = torch.bfloat16
 
-# Formats ``auto`` may pick.  The quality rule: greedy text over the benchmark prompts no further
-# from float32's than what shipped before (bfloat16, packed): bench/weight_formats.py on the
-# AMD EPYC Zen 4 (16 prompts, 128 greedy tokens, all 16 batched) measured how many diverge and where.
-# A format left out stays available by name (MODEL_WEIGHTS).
-AUTO_FORMATS = ("float32", "bfloat16", "int8", "int4")
+# Formats ``auto`` may pick: those whose greedy text over the benchmark prompts is no further from
+# float32's than what shipped before them (bfloat16, packed, on CPUs with AVX-512; float32, exact,
+# elsewhere).  bench/weight_formats.py on the AMD EPYC Zen 4, 16 prompts of 16 tokens, 128 greedy
+# tokens decoded together, prompts diverging from float32 (first diverging token min / median):
+# bfloat16 13 of 16 (4 / 29); int8 16 (1 / 16.5); int4 from the Q4_1 blocks with an int8 output
+# layer 15 (1 / 16), with a float32 one 14 (1 / 48.5).  Every quantized kernel computes in bfloat16
+# activations, so none is exact; none diverges less often than bfloat16.  int8 and int4 stay
+# available by name (MODEL_WEIGHTS) and as ``candidates``.
+AUTO_FORMATS = ("float32", "bfloat16")
 
 INT4_GROUP = 32
 # innerKTiles of torch's int4 CPU packing: the only value its CPU kernel takes besides 2 and 4;

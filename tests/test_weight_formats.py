@@ -221,3 +221,9 @@ def test_gguf_q4_1_blocks_read_back_in_transformers_order_and_from_the_cache(tmp
                               (blocks["model.layers.0.self_attn.v_proj.weight"], v_proj)):
             assert torch.equal(got.q, expected.q) and torch.equal(got.d, expected.d) and torch.equal(got.m, expected.m)
         assert len(list((tmp_path / "cache").glob("*.safetensors"))) == 1
+
+
+def test_auto_picks_only_formats_measured_no_worse_than_what_shipped(tmp_path):
+    choice = choose_formats(cache_dir=tmp_path, **TINY)
+    assert set(choice.layers.formats + choice.output.formats) <= set(weights.AUTO_FORMATS)
+    assert "int8" not in weights.AUTO_FORMATS and "int4" not in weights.AUTO_FORMATS  # see AUTO_FORMATS' measurements
