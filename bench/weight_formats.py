@@ -1,6 +1,7 @@
 """Weight formats (inference/weights.py) on this CPU: matrix-product speed and greedy divergence from float32.
 
-    .venv/bin/python bench/weight_formats.py [--rounds 2] [--tokens 128] [--threads N] [--skip-quality]
+    .venv/bin/python bench/weight_formats.py [--rounds 2] [--tokens 128] [--threads N] [--prompts 16]
+        [--isa both|native|avx2] [--skip-sweeps] [--skip-quality] [--json PATH]
 
 Runs each measurement in a child process, once with this CPU's own kernels and once with
 ``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2`` (torch's and oneDNN's
@@ -125,19 +126,24 @@ class Swapped(__import__("torch").nn.Module):
         return self.linear(x)
 
 
-def _prompts(tokenizer):
+TEMPLATES = ["Write a short paragraph about {}, for a reader who knows nothing about it yet, with care",
+             "Here is what everyone should know about {}: the facts, the people, the places and the dates",
+             "My grandmother once told me a long story about {} that I have never forgotten since that day"]
+
+
+def _prompts(tokenizer, count: int):
     import torch
 
     rows = []
-    for topic in TOPICS:
-        text = f"Write a short paragraph about {topic}, for a reader who knows nothing about it yet, with care"
+    for i in range(count):
+        text = TEMPLATES[i // len(TOPICS) % len(TEMPLATES)].format(TOPICS[i % len(TOPICS)])
         ids = tokenizer(text).input_ids[:PROMPT_TOKENS]
         assert len(ids) == PROMPT_TOKENS, text
         rows.append(ids)
     return torch.tensor(rows)
 
 
-def child_quality(tokens: int) -> dict:
+def child_quality(tokens: int, count: int, only: str) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -147,7 +153,7 @@ def child_quality(tokens: int) -> dict:
     folder, state = _state()
     tokenizer = AutoTokenizer.from_pretrained(folder)
     blocks = w.read_q4_1_blocks(embedded_gguf_path(), 9, 3)
-    ids = _prompts(tokenizer)
+    ids = _prompts(tokenizer, count)
     result = {"capability": w.cpu_capability(), "variants": {}, "int4_weights": {}}
     for dtype in ("float32", "bfloat16", "float16"):
         diff = 0.0
@@ -181,9 +187,10 @@ def child_quality(tokens: int) -> dict:
     supported = w.supported_formats()
     plan = [("bfloat16", "bfloat16", "bfloat16", "bfloat16"), ("int8", "int8", "bfloat16", "int8"),
             ("int4 (Q4_1) + int8 output", "int4", "bfloat16", "int8"),
-            ("int4 (Q4_1) + float32 output", "int4", "bfloat16", "float32")]
+            ("int4 (Q4_1) + float32 output", "int4", "bfloat16", "float32"),
+            ("int4 (Q4_1) + bfloat16 output", "int4", "bfloat16", "bfloat16")]
     for label, fmt, act, output_fmt in plan:
-        if fmt not in supported or output_fmt not in supported:
+        if fmt not in supported or output_fmt not in supported or (only and label not in only.split(",")):
             continue
         got = generate(label, fmt, act, output_fmt)
         firsts = [next((i for i, (a, b) in enumerate(zip(r, g)) if a != b), None) for r, g in zip(reference, got)]
@@ -194,11 +201,11 @@ def child_quality(tokens: int) -> dict:
     return result
 
 
-def run_child(mode: str, avx2: bool, tokens: int, threads: int) -> dict:
+def run_child(mode: str, avx2: bool, tokens: int, threads: int, prompts: int = len(TOPICS), only: str = "") -> dict:
     env = dict(os.environ, **(AVX2_ENV if avx2 else {}))
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
-    out = subprocess.run([sys.executable, __file__, "--child", mode, "--tokens", str(tokens)], env=env, cwd=ROOT,
+    out = subprocess.run([sys.executable, __file__, "--child", mode, "--tokens", str(tokens), "--prompts", str(prompts), "--only", only], env=env, cwd=ROOT,
                          check=True, stdout=subprocess.PIPE, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -215,6 +222,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--skip-quality", action="store_true")
+    parser.add_argument("--skip-sweeps", action="store_true")
+    parser.add_argument("--prompts", type=int, default=len(TOPICS), help="greedy prompts (up to 48)")
+    parser.add_argument("--only", default="", help="greedy variants to run, comma-separated labels (default: all)")
+    parser.add_argument("--isa", choices=["both", "native", "avx2"], default="both")
     # On a shared machine two OpenMP threads wait for each other at every product's barrier while
     # other programs hold the cores (sweeps of 120 small products then take seconds): --threads 1
     # measures the kernels, not the scheduler.
@@ -223,18 +234,19 @@ def main() -> None:
     parser.add_argument("--child", choices=["sweeps", "quality"])
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child_sweeps() if args.child == "sweeps" else child_quality(args.tokens)))
+        print(json.dumps(child_sweeps() if args.child == "sweeps" else child_quality(args.tokens, args.prompts, args.only)))
         return
     flags = next((l for l in Path("/proc/cpuinfo").read_text().splitlines() if l.startswith("flags")), "")
     print(f"{cpu_name()}, {os.cpu_count()} CPUs, AVX-512 bf16: {'avx512_bf16' in flags}; load average {os.getloadavg()[0]:.1f}")
-    sweeps: dict[bool, list[dict]] = {False: [], True: []}
+    isas = {"both": (False, True), "native": (False,), "avx2": (True,)}[args.isa]
+    sweeps: dict[bool, list[dict]] = {avx2: [] for avx2 in isas}
     started = time.perf_counter()
-    for _ in range(args.rounds):
-        for avx2 in (False, True):
+    for _ in range(0 if args.skip_sweeps else args.rounds):
+        for avx2 in isas:
             sweeps[avx2].append(run_child("sweeps", avx2, args.tokens, args.threads))
             if args.json:
                 args.json.write_text(json.dumps({"sweeps": {str(k): v for k, v in sweeps.items()}}))
-    for avx2 in (False, True):
+    for avx2 in isas if not args.skip_sweeps else ():
         runs = sweeps[avx2]
         print(f"\n## {runs[0]['capability']} ({'AVX2 env vars' if avx2 else 'native'}), {runs[0]['threads']} threads: "
               f"ms per sweep, best of {len(runs)} rounds (load average now {os.getloadavg()[0]:.1f})")
@@ -247,13 +259,13 @@ def main() -> None:
     print(f"\n(sweeps took {time.perf_counter() - started:.0f} s)")
     if args.skip_quality:
         return
-    for avx2 in (False, True):
-        quality = run_child("quality", avx2, args.tokens, args.threads)
+    for avx2 in isas:
+        quality = run_child("quality", avx2, args.tokens, args.threads, args.prompts, args.only)
         if args.json:
-            raw = json.loads(args.json.read_text())
+            raw = json.loads(args.json.read_text()) if args.json.exists() else {}
             raw[f"quality {quality['capability']}"] = quality
             args.json.write_text(json.dumps(raw))
-        print(f"\n## Greedy divergence from float32, {quality['capability']}: 16 prompts x {args.tokens} tokens, batched")
+        print(f"\n## Greedy divergence from float32, {quality['capability']}: {args.prompts} prompts x {args.tokens} tokens, batched")
         print(f"Q4_1 blocks d*q+m vs the float32 cache: max abs diff {quality['q4_1_dequantized_vs_cache']:.3g}; int4 kernel "
               "weights vs the cache, by scale dtype: " + ", ".join(f"{k} {v:.3g}" for k, v in quality["int4_weights"].items()))
         print("| weights | prompts diverging | first diverging token (min / median) |")

@@ -66,6 +66,9 @@ QUANTIZED_COMPUTE_DTYPE = torch.bfloat16
 # available by name (MODEL_WEIGHTS) and as ``candidates``.
 AUTO_FORMATS = ("float32", "bfloat16")
 
+# The usual winners first (bench/weight_formats.py): see choose_formats.
+TIMING_ORDER = ("bfloat16", "int4", "int8", "float32")
+
 INT4_GROUP = 32
 # innerKTiles of torch's int4 CPU packing: the only value its CPU kernel takes besides 2 and 4;
 # the layout is an implementation detail of the kernel, 8 matching the CUDA one.
@@ -624,10 +627,16 @@ def _time_sweeps(formats: Sequence[str], layer_shapes: Sequence[tuple[int, int]]
     inputs = {(b, k): torch.randn(b, k, dtype=act_dtype) for b in batch_sizes for k in
               {s[1] for s in layer_shapes} | {output_shape[1]}}
     for name in formats:
+        if timings["layers"] and time.perf_counter() - started > time_limit:
+            # A start must not wait on a busy machine: the formats timed so far decide.
+            logger.warning("Weight format autotune past %.0f s; %s not timed", time_limit, name)
+            continue
         stack = [[_build_random(name, shape, generator) for shape in layer_shapes] for _ in range(layers)]
         output = _build_random(name, output_shape, generator)
         layer_ms, output_ms = {}, {}
         for batch in batch_sizes:
+            if layer_ms and time.perf_counter() - started > time_limit:
+                break
             best_layers = min((t[batch] for t in timings["layers"].values() if batch in t), default=math.inf)
             for rep in range(repeats + 1):  # the first run warms the kernels and is not counted
                 t0 = time.perf_counter()
@@ -697,7 +706,8 @@ def choose_formats(requested: str = "auto", *, cache_dir: Path = Path(".cache/we
     autotune: each supported format in ``candidates`` built for ``layers`` distinct layers of
     ``layer_shapes`` (so that weights stream from memory as they do in the model) plus the output
     layer, timed at each of ``batch_sizes`` rows with ``act_dtype`` activations (best of ``repeats``
-    after a warm-up; ``time_limit`` seconds cap the repeats), then :func:`plan_from_timings` per role.
+    after a warm-up; past ``time_limit`` seconds no more repeats, batch sizes or formats are timed,
+    the formats timed so far deciding), then :func:`plan_from_timings` per role.
     The choice is logged and written to ``cache_dir`` as JSON (a failed write is logged, not raised).
     """
     if requested != "auto":
@@ -705,7 +715,9 @@ def choose_formats(requested: str = "auto", *, cache_dir: Path = Path(".cache/we
         choice = Choice(Plan.single(requested), Plan.single(requested), "requested")
         logger.info("Weight formats: %s", choice.describe())
         return choice
-    formats = [name for name in candidates if name in supported_formats()]
+    # Timed in the order of TIMING_ORDER: if a busy machine cuts the autotune short, the formats
+    # timed first (the ones that usually win) are those it chooses among.
+    formats = sorted((name for name in candidates if name in supported_formats()), key=TIMING_ORDER.index)
     key = autotune_key(layer_shapes, layers, output_shape, batch_sizes, act_dtype, memory_budget, formats)
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     path = Path(cache_dir) / f"{digest}.json"
@@ -732,6 +744,10 @@ def choose_formats(requested: str = "auto", *, cache_dir: Path = Path(".cache/we
     choice = Choice(layers_plan, output_plan, "autotune", readable)
     logger.info("Weight formats: %s; autotuned in %.1f s on %s (%s, %d threads); ms per sweep: %s",
                 choice.describe(), time.perf_counter() - started, key["cpu"], key["capability"], key["threads"], readable)
+    complete = len(timings["layers"]) == len(formats) and all(len(t) == len(batch_sizes) for t in timings["layers"].values())
+    if not complete:
+        logger.warning("Weight formats not cached: the autotune ran out of time (a busy machine?); the next start times again")
+        return choice
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(f".{os.getpid()}.partial")
