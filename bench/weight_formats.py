@@ -250,12 +250,12 @@ def main() -> None:
         runs = sweeps[avx2]
         print(f"\n## {runs[0]['capability']} ({'AVX2 env vars' if avx2 else 'native'}), {runs[0]['threads']} threads: "
               f"ms per sweep, best of {len(runs)} rounds (load average now {os.getloadavg()[0]:.1f})")
-        print(f"| format | " + " | ".join(f"layers b{b}" for b in BATCHES) + " | " + " | ".join(f"output b{b}" for b in BATCHES) + " |")
+        print("| format | " + " | ".join(f"layers b{b}" for b in BATCHES) + " | " + " | ".join(f"output b{b}" for b in BATCHES) + " |")
         print("| --- " * (1 + 2 * len(BATCHES)) + "|")
         for label in runs[0]["layers"]:
-            cells = [min((r[role][label].get(str(b), float("nan")) for r in runs), default=float("nan"))
+            cells = [min((r[role][label][str(b)] for r in runs if str(b) in r[role][label]), default=None)
                      for role in ("layers", "output") for b in BATCHES]
-            print(f"| {label} | " + " | ".join("-" if c != c else f"{c:.1f}" for c in cells) + " |")
+            print(f"| {label} | " + " | ".join("-" if c is None else f"{c:.1f}" for c in cells) + " |")
     print(f"\n(sweeps took {time.perf_counter() - started:.0f} s)")
     if args.skip_quality:
         return

@@ -38,15 +38,15 @@ import math
 import os
 import platform
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .packed import PackedLinear, onednn_linear_available
+from .packed import PackedLinear
 
 logger = logging.getLogger(__name__)
 

@@ -12,8 +12,17 @@ import torch
 
 from inference import weights
 from inference.weights import (
-    Choice, Int4Linear, Int8Linear, Plan, PlannedLinear, Q4_1Blocks, check_format, choose_formats, make_linear,
-    quantize_q4_1, supported_formats,
+    Choice,
+    Int4Linear,
+    Int8Linear,
+    Plan,
+    PlannedLinear,
+    Q4_1Blocks,
+    check_format,
+    choose_formats,
+    make_linear,
+    quantize_q4_1,
+    supported_formats,
 )
 
 # Tolerances, relative to the largest output of the product: bfloat16 rounds weights and activations
