@@ -30,6 +30,7 @@ def engine_configs() -> tuple[ModelConfig, EngineConfig]:
         model_id=settings.MODEL_ID,
         device=settings.MODEL_DEVICE,
         dtype=settings.MODEL_DTYPE,
+        weights=settings.MODEL_WEIGHTS,
         cache_dir=settings.MODEL_CACHE_DIR,
     )
     engine = EngineConfig(

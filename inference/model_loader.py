@@ -36,13 +36,16 @@ class ModelConfig:
     ``path``: a local folder, a hub id, or ``""`` for the embedded GGUF.  ``device``: ``auto``
     (CUDA when present), ``cpu``, ``cuda`` or ``cuda:N``.  ``dtype``: ``auto`` or a name in
     :data:`DTYPES`; ``auto`` is bfloat16 (measured faster than float32 on the 2-core CPU, with the
-    same greedy text; see the README) except float32 on CPUs without bf16 support.
+    same greedy text; see the README) except float32 on CPUs without bf16 support.  ``weights``:
+    the linear layers' format for runners built on :mod:`inference.weights` (``auto``, ``float32``,
+    ``bfloat16``, ``int8``, ``int4``; see :func:`inference.weights.choose_formats`).
     """
 
     path: str
     model_id: str
     device: str = "auto"
     dtype: str = "auto"
+    weights: str = "auto"
     cache_dir: Path = Path(".cache/models")
 
 
