@@ -26,11 +26,12 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from . import memory, sampling
-from .model_loader import ModelConfig, load_model
+from .model_loader import ModelConfig, embedded_gguf_path, load_model
 from .model_runner import ModelRunner, PrefillChunk, build_runner
 from .output_processor import OutputProcessor
 from .outputs import (  # noqa: F401  (re-exported: the engine's API)
@@ -244,11 +245,12 @@ class Engine:
         try:
             if self.config.num_threads:
                 torch.set_num_threads(self.config.num_threads)
-            if model is None:
+            loaded = model is None  # loaded here: nobody else uses the transformers model's layers
+            if loaded:
                 model, tokenizer, self.device = load_model(self.model_config)
             else:
                 self.device = next(model.parameters()).device
-            self._install(model, tokenizer)
+            self._install(model, tokenizer, loaded)
             # Before ready: the first request after /healthz says 200 finds kernels chosen and
             # buffers grown, and is as fast as later ones (issue 12).
             started = time.perf_counter()
@@ -265,10 +267,19 @@ class Engine:
                 self._loop_once()
         self._fail_all(EngineError("The server is shutting down."))
 
-    def _install(self, model, tokenizer) -> None:
+    def _install(self, model, tokenizer, loaded: bool = False) -> None:
         self.model = model
         self.tokenizer = tokenizer
-        self.runner = build_runner(model, self.config.runner, self.config.max_batch_size)
+        gguf = None if self.model_config.path else embedded_gguf_path()  # its Q4_1 blocks make int4 weights
+        self.runner = build_runner(
+            model,
+            self.config.runner,
+            self.config.max_batch_size,
+            weights=self.model_config.weights,
+            cache_dir=Path(self.model_config.cache_dir),
+            gguf=gguf,
+            drop_model_layers=loaded,
+        )
         self.max_context = self.runner.max_context or int(tokenizer.model_max_length)
         self.vocab_size = self.runner.vocab_size
         eos = set()

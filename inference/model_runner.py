@@ -15,11 +15,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 import torch
 
+from . import memory
 from .kv_cache import BatchKVCache
+from .packed import onednn_linear_available, prepack_linear_layers
 
 logger = logging.getLogger(__name__)
 
@@ -63,12 +66,28 @@ class ModelRunner(Protocol):
         hundredth (kernels, allocator, autotune); called before the engine reports ready."""
 
 
-def build_runner(model, kind: str = "auto", max_batch_size: int = 32) -> ModelRunner:
+def build_runner(
+    model,
+    kind: str = "auto",
+    max_batch_size: int = 32,
+    *,
+    weights: str = "auto",
+    cache_dir: Path | None = None,
+    gguf: Path | None = None,
+    drop_model_layers: bool = False,
+) -> ModelRunner:
     """The model runner for ``model`` (a loaded transformers causal LM, eval mode).
 
     ``kind``: ``transformers`` (:class:`HFModelRunner`), ``llama`` (``inference.llama``'s
     ``LlamaModelRunner``), or ``auto``: the Llama runner when that module is present and
     ``supports(model)``, else transformers.  ``max_batch_size`` sizes the Llama runner's warm-up.
+    ``weights`` (``MODEL_WEIGHTS``): the Llama runner's linear formats, chosen by
+    :func:`inference.weights.choose_formats` (an autotune cached under ``cache_dir``); ``gguf``: the
+    GGUF file the model was converted from, whose Q4_1 blocks make lossless int4 weights (int4 is
+    a candidate of ``auto`` only then).  The Llama runner keeps its own copies of the decoder
+    layers; ``drop_model_layers`` drops the transformers model's (a server's memory; tests keep
+    them to compare with ``model.generate``).  The transformers runner gets oneDNN-prepacked
+    bf16 linears where the CPU has them (:mod:`inference.packed`).
     Raises ``ValueError`` for an unknown ``kind``, or for ``llama`` when that runner is missing or
     does not support the model.
     """
@@ -86,10 +105,52 @@ def build_runner(model, kind: str = "auto", max_batch_size: int = 32) -> ModelRu
         else:
             if supports(model):
                 dtype = next(model.parameters()).dtype
-                return LlamaModelRunner(model, dtype=dtype, max_batch_size=max_batch_size)
+                factory = _weight_factory(model, dtype, weights, cache_dir, gguf)
+                runner = LlamaModelRunner(model, dtype=dtype, linear_factory=factory, max_batch_size=max_batch_size)
+                if drop_model_layers:  # the runner holds its own (fused, converted) weights
+                    model.model.layers = torch.nn.ModuleList()
+                    memory.trim()
+                return runner
             if kind == "llama":
                 raise ValueError(f"ENGINE_RUNNER=llama, but the Llama runner does not support {type(model).__name__}")
+    device = next(model.parameters()).device
+    if device.type == "cpu" and next(model.parameters()).dtype == torch.bfloat16 and onednn_linear_available():
+        prepack_linear_layers(model)
     return HFModelRunner(model)
+
+
+def _weight_factory(model, dtype: torch.dtype, weights: str, cache_dir: Path | None, gguf: Path | None):
+    """The Llama runner's linear factory in the formats :func:`inference.weights.choose_formats` picks.
+
+    ``auto`` chooses among float32 and bfloat16 (where the CPU runs it) for every layer, and int4
+    for the decoder layers when ``gguf`` has their Q4_1 blocks: those reproduce the shipped weights
+    (bench/weight_formats.py measures the greedy text against float32 within bfloat16's noise).
+    """
+    from . import weights as formats
+
+    config = model.config
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    hidden, inter = config.hidden_size, config.intermediate_size
+    qkv_rows = (config.num_attention_heads + 2 * config.num_key_value_heads) * head_dim
+    shapes = ((qkv_rows, hidden), (hidden, config.num_attention_heads * head_dim), (2 * inter, hidden), (hidden, inter))
+    output = model.get_output_embeddings().weight
+    candidates = [*formats.AUTO_FORMATS, *(["int4"] if gguf is not None else [])]
+    choice = formats.choose_formats(
+        weights,
+        cache_dir=Path(cache_dir or ".cache") / "weight_formats",
+        layer_shapes=shapes,
+        layers=config.num_hidden_layers,
+        output_shape=tuple(output.shape),
+        act_dtype=dtype,
+        candidates=candidates,
+        output_candidates=formats.AUTO_FORMATS,
+    )
+    q4_1 = None
+    if gguf is not None and "int4" in choice.layers.formats:
+        q4_1 = formats.load_q4_1_blocks(
+            gguf, config.num_attention_heads, config.num_key_value_heads, Path(cache_dir or ".cache")
+        )
+    return formats.llama_linear_factory(choice, q4_1)
 
 
 @dataclass

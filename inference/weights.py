@@ -700,6 +700,7 @@ def choose_formats(requested: str = "auto", *, cache_dir: Path = Path(".cache/we
                    layer_shapes: Sequence[tuple[int, int]] = EMBEDDED_LAYER_SHAPES, layers: int = EMBEDDED_LAYERS,
                    output_shape: tuple[int, int] = EMBEDDED_OUTPUT_SHAPE, batch_sizes: Sequence[int] = BATCH_SIZES,
                    act_dtype: torch.dtype = torch.float32, candidates: Sequence[str] = AUTO_FORMATS,
+                   output_candidates: Sequence[str] | None = None,
                    memory_budget: int = DEFAULT_MEMORY_BUDGET, repeats: int = 3, time_limit: float = 6.0) -> Choice:
     """The weight formats to build the model's linears in (``MODEL_WEIGHTS``): a :class:`Choice`.
 
@@ -710,7 +711,8 @@ def choose_formats(requested: str = "auto", *, cache_dir: Path = Path(".cache/we
     ``layer_shapes`` (so that weights stream from memory as they do in the model) plus the output
     layer, timed at each of ``batch_sizes`` rows with ``act_dtype`` activations (best of ``repeats``
     after a warm-up; past ``time_limit`` seconds no more repeats, batch sizes or formats are timed,
-    the formats timed so far deciding), then :func:`plan_from_timings` per role.
+    the formats timed so far deciding), then :func:`plan_from_timings` per role; the output layer
+    chooses among ``output_candidates`` (default: ``candidates``).
     The choice is logged and written to ``cache_dir`` as JSON (a failed write is logged, not raised).
     """
     if requested != "auto":
@@ -721,7 +723,9 @@ def choose_formats(requested: str = "auto", *, cache_dir: Path = Path(".cache/we
     # Timed in the order of TIMING_ORDER: if a busy machine cuts the autotune short, the formats
     # timed first (the ones that usually win) are those it chooses among.
     formats = sorted((name for name in candidates if name in supported_formats()), key=TIMING_ORDER.index)
+    output_formats = [name for name in (output_candidates or candidates) if name in formats] or formats
     key = autotune_key(layer_shapes, layers, output_shape, batch_sizes, act_dtype, memory_budget, formats)
+    key["output_formats"] = output_formats
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     path = Path(cache_dir) / f"{digest}.json"
     try:
@@ -741,7 +745,8 @@ def choose_formats(requested: str = "auto", *, cache_dir: Path = Path(".cache/we
     # The two roles share the budget: the output layer gets what the layers' plan leaves.
     layers_plan = plan_from_timings(timings["layers"], batch_sizes, layer_sizes, memory_budget)
     left = memory_budget - sum(layer_sizes[name] for name in layers_plan.formats)
-    output_plan = plan_from_timings(timings["output"], batch_sizes, output_sizes, max(left, 0))
+    output_timings = {name: by_batch for name, by_batch in timings["output"].items() if name in output_formats}
+    output_plan = plan_from_timings(output_timings or timings["output"], batch_sizes, output_sizes, max(left, 0))
     readable = {role: {name: {str(b): round(ms, 2) for b, ms in by_batch.items()} for name, by_batch in table.items()}
                 for role, table in timings.items()}
     choice = Choice(layers_plan, output_plan, "autotune", readable)
@@ -760,3 +765,26 @@ def choose_formats(requested: str = "auto", *, cache_dir: Path = Path(".cache/we
     except OSError as error:
         logger.warning("Could not cache the weight formats in %s: %s", path, error)
     return choice
+
+
+def llama_linear_factory(choice: Choice, q4_1: dict[str, Q4_1Blocks] | None = None):
+    """The ``linear_factory`` of :class:`inference.llama.LlamaModelRunner` building ``choice``'s formats.
+
+    The runner calls it with ``(weight [out, in], activation dtype, names)``, ``names`` the model's
+    parameters stacked into ``weight`` (``("lm_head.weight",)`` for the output layer).  Decoder
+    projections follow ``choice.layers``, built from their own Q4_1 blocks (``q4_1``, by name, as
+    :func:`load_q4_1_blocks` returns them; stacked with :meth:`Q4_1Blocks.cat`) when the plan has
+    int4 and every stacked name has blocks; the output layer follows ``choice.output``.  Each
+    returned linear keeps the activation's dtype.
+    """
+
+    def factory(weight: torch.Tensor, dtype: torch.dtype, names: tuple[str, ...] = ()) -> WeightLinear:
+        if names == ("lm_head.weight",):
+            return choice.make_output(weight)
+        blocks = None
+        if q4_1 is not None and "int4" in choice.layers.formats and names and all(name in q4_1 for name in names):
+            blocks = Q4_1Blocks.cat([q4_1[name] for name in names])
+        return choice.make_layer(weight, q4_1=blocks)
+
+    factory.description = choice.describe()  # type: ignore[attr-defined]
+    return factory

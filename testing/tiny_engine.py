@@ -13,7 +13,7 @@ from testing.tiny_model import tiny_model, tiny_tokenizer
 def start_tiny_engine(**config) -> Engine:
     """An engine serving the tiny random model, started and ready."""
     tokenizer = tiny_tokenizer()
-    engine = Engine(ModelConfig(path="tiny", model_id="tiny"), EngineConfig(**config))
+    engine = Engine(ModelConfig(path="tiny", model_id="tiny", weights="float32"), EngineConfig(**config))
     engine.start(tiny_model(len(tokenizer)), tokenizer)
     assert engine.wait_ready(30)
     return engine

@@ -1,4 +1,4 @@
-"""End to end, in the documented deterministic mode (MODEL_DTYPE=float32): batching changes nothing.
+"""End to end, in the documented deterministic mode (MODEL_DTYPE=float32 MODEL_WEIGHTS=float32): batching changes nothing.
 
 In bfloat16 a greedy token in a near-tie can flip when the batch around a request changes (see
 README); in float32 every request gets the text it gets alone.
@@ -17,7 +17,7 @@ PROMPTS = ["The weather is very nice today", "def fibonacci(n):", "The capital o
 
 @pytest.fixture(scope="module")
 def float32_server(tmp_path_factory):
-    live = start_server(tmp_path_factory.mktemp("fp32"), MODEL_DTYPE="float32")
+    live = start_server(tmp_path_factory.mktemp("fp32"), MODEL_DTYPE="float32", MODEL_WEIGHTS="float32")
     yield live
     stop_server(live)
 

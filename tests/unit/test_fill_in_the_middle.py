@@ -15,7 +15,7 @@ def test_fim_prompt_is_prefix_suffix_middle_in_psm_order():
     from inference.engine import Engine, EngineConfig
     from inference.model_loader import ModelConfig
 
-    engine = Engine(ModelConfig(path="tiny", model_id="tiny"), EngineConfig())
+    engine = Engine(ModelConfig(path="tiny", model_id="tiny", weights="float32"), EngineConfig())
     engine.start(tiny_model(len(tokenizer)), tokenizer)
     assert engine.wait_ready(30)
     try:

@@ -280,10 +280,11 @@ def test_every_linear_layer_comes_from_the_given_factory(tiny):
     """Another weight format plugs in through one factory: four products per layer and the output layer."""
     from inference.llama import make_linear
 
-    shapes = []
+    shapes, names = [], []
 
-    def factory(weight: torch.Tensor, dtype: torch.dtype):
+    def factory(weight: torch.Tensor, dtype: torch.dtype, sources: tuple[str, ...]):
         shapes.append(tuple(weight.shape))
+        names.append(sources)
         return make_linear(weight, dtype)
 
     factory.description = "counted float64"
@@ -292,4 +293,10 @@ def test_every_linear_layer_comes_from_the_given_factory(tiny):
     qkv_rows = (config.num_attention_heads + 2 * config.num_key_value_heads) * runner.head_dim
     per_layer = [(qkv_rows, 64), (64, 64), (2 * config.intermediate_size, 64), (64, config.intermediate_size)]
     assert shapes == per_layer * config.num_hidden_layers + [(VOCAB, 64)]
+    # Each is told which of the model's parameters it stacks (a weight format may look their source up).
+    assert names[0] == tuple(f"model.layers.0.self_attn.{p}_proj.weight" for p in "qkv")
+    assert names[2] == ("model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.up_proj.weight")
+    assert names[-1] == ("lm_head.weight",)
+    parameters = dict(tiny.named_parameters())
+    assert all(name in parameters for group in names[:-1] for name in group)
     assert "counted float64" in runner.description

@@ -109,7 +109,7 @@ def test_the_engine_warms_its_runner_up_before_it_reports_ready(monkeypatch):
     from testing.tiny_model import tiny_tokenizer
 
     tokenizer = tiny_tokenizer()
-    engine = Engine(ModelConfig(path="tiny", model_id="tiny"), EngineConfig(runner="transformers"))
+    engine = Engine(ModelConfig(path="tiny", model_id="tiny", weights="float32"), EngineConfig(runner="transformers"))
     ready_during_warm_up = []
     monkeypatch.setattr(HFModelRunner, "warm_up", lambda self: ready_during_warm_up.append(engine.ready))
     engine.start(tiny_model(len(tokenizer)), tokenizer)
