@@ -5,7 +5,7 @@
     .venv/bin/python bench/bench_serving.py --quick             # N = 1 and 8 only, fewer requests
     .venv/bin/python bench/bench_serving.py --json results.json # also write every figure as JSON
     .venv/bin/python bench/bench_serving.py --no-peers          # our server only
-    .venv/bin/python bench/bench_serving.py --phases n1,n8,scoring --no-transformers
+    .venv/bin/python bench/bench_serving.py --phases n1,n8,scoring --servers ours,llama-server
     .venv/bin/python bench/bench_serving.py --baseline before.json  # the scoring goal: 4x that run's
 
 The run prints the CPU (model name; avx2, fma, avx512f, avx512_bf16 and amx flags; the capability
@@ -1226,7 +1226,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="N = 1 and 8 only, fewer requests, no 32 x 512 phase")
     parser.add_argument("--json", type=Path, metavar="PATH", help="write every figure to PATH")
     parser.add_argument("--no-peers", action="store_true", help="measure our server only")
-    parser.add_argument("--no-transformers", action="store_true", help="leave transformers serve out")
+    parser.add_argument("--servers", default="ours,transformers,llama-server",
+                        help="comma-separated, from ours,transformers,llama-server (default: all three)")
     parser.add_argument("--phases", default=",".join(PHASES),
                         help=f"comma-separated, from {','.join(PHASES)} (default: all)")
     parser.add_argument("--baseline", type=Path, metavar="JSON",
@@ -1263,10 +1264,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.baseline:
         report["baseline"] = str(args.baseline)
         report["baseline_results"] = json.loads(args.baseline.read_text())["servers"]["ours"]["results"]
-    starters: list[tuple[str, Callable[[Path], Server]]] = [("ours", start_ours)]
-    if not args.no_peers:
-        if not args.no_transformers:
-            starters.append(("transformers", lambda d: start_transformers(d, folder)))
+    wanted = {name.strip() for name in args.servers.split(",")} - ({"transformers", "llama-server"} if args.no_peers else set())
+    starters: list[tuple[str, Callable[[Path], Server]]] = [("ours", start_ours)] if "ours" in wanted else []
+    if "transformers" in wanted:
+        starters.append(("transformers", lambda d: start_transformers(d, folder)))
+    if "llama-server" in wanted:
         binary = find_llama_server()
         if binary:
             report["llama_server"] = binary
