@@ -407,7 +407,17 @@ class Stream:
 
 
 async def stream_once(client: httpx.AsyncClient, server: Server, prompt: str, max_tokens: int, deadline: float) -> Stream:
-    """POST one streamed request and time its chunks until ``[DONE]`` or ``deadline`` (loop time)."""
+    """POST one streamed request and time its chunks until ``[DONE]`` or ``deadline`` (loop time).
+
+    A pooled connection that the server had closed (llama-server drops idle keep-alive connections)
+    fails before anything is sent back: the request is sent once more, on a new connection."""
+    result = await _stream_once(client, server, prompt, max_tokens, deadline)
+    if result.error and result.error.startswith("RemoteProtocolError") and result.chunks == 0:
+        result = await _stream_once(client, server, prompt, max_tokens, deadline)
+    return result
+
+
+async def _stream_once(client: httpx.AsyncClient, server: Server, prompt: str, max_tokens: int, deadline: float) -> Stream:
     result = Stream(sent=time.perf_counter())
     try:
         async with asyncio.timeout_at(deadline):
@@ -455,10 +465,14 @@ def _read_chunk(server: Server, result: Stream, event: dict[str, Any], now: floa
 
 
 async def post_once(client: httpx.AsyncClient, server: Server, prompt: str, deadline: float) -> tuple[bool, str | None]:
-    """One non-streamed ``max_tokens: 1`` request: ``(ok, error)``."""
+    """One non-streamed ``max_tokens: 1`` request: ``(ok, error)`` (sent again once on a stale connection)."""
     try:
         async with asyncio.timeout_at(deadline):
-            response = await client.post(server.url, json=server.body(prompt, 1, stream=False), headers=server.headers)
+            body = server.body(prompt, 1, stream=False)
+            try:
+                response = await client.post(server.url, json=body, headers=server.headers)
+            except httpx.RemoteProtocolError:
+                response = await client.post(server.url, json=body, headers=server.headers)
     except TimeoutError:
         return False, None
     except httpx.HTTPError as error:
@@ -1366,6 +1380,11 @@ def render(report: dict[str, Any], plan: Plan) -> str:
         "",
         goals_table(report),
     ]
+    busiest = max(machine["load_average_start"][0], machine["load_average_end"][0])
+    if busiest > machine["cpus"]:
+        lines.append(f"WARNING: load average {busiest:.1f} on {machine['cpus']} cores: other programs shared the CPU, "
+                     "and a server whose threads spin (llama-server's, libgomp's by default) slows far more than "
+                     "one whose threads sleep; these ratios are not the quiet-machine comparison the goals mean.")
     if report.get("baseline"):
         lines.append(f"baseline: {report['baseline']}")
     contention = ours.get("contention")
