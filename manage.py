@@ -5,6 +5,9 @@ import sys
 
 
 def main() -> None:
+    from completions_site.threads import apply_thread_policy
+
+    apply_thread_policy()  # before torch is imported (completions_site/threads.py)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "completions_site.settings")
     from django.core.management import execute_from_command_line
 

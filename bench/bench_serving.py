@@ -1,10 +1,18 @@
-"""Serving benchmark (issue 4): our server against its peers, over HTTP, on the same workloads.
+"""Serving benchmark (issues 4 and 12): our server against its peers, over HTTP, on the same workloads.
 
     make bench                                   # installs bench/requirements.txt, then the full run
     make bench BENCH_ARGS="--quick --json out.json"
     .venv/bin/python bench/bench_serving.py --quick             # N = 1 and 8 only, fewer requests
     .venv/bin/python bench/bench_serving.py --json results.json # also write every figure as JSON
     .venv/bin/python bench/bench_serving.py --no-peers          # our server only
+    .venv/bin/python bench/bench_serving.py --phases n1,n8,scoring --servers ours,llama-server
+    .venv/bin/python bench/bench_serving.py --baseline before.json  # the scoring goal: 4x that run's
+
+The run prints the CPU (model name; avx2, fma, avx512f, avx512_bf16 and amx flags; the capability
+torch reports, which ``ATEN_CPU_CAPABILITY=avx2`` lowers), the thread and ISA variables set, our
+engine's ``runner`` and ``weights`` from ``/healthz`` (``n/a`` when it does not report them), the
+figures of every server, and issue 12's goals: ours / llama-server for throughput, requests/s and
+idle TTFT, our own figure for the rest, each ``met`` or ``NOT MET``.
 
 Each server is started in a subprocess, measured alone, and stopped (also on an error or Ctrl-C):
 
@@ -17,6 +25,9 @@ Each server is started in a subprocess, measured alone, and stopped (also on an 
   or named by ``LLAMA_SERVER``; the table then also gives our aggregate tok/s at N = 32 over its
   own with 8 slots at N = 8 (issue 4's target: at least 1.5).
 
+llama-server is found as ``LLAMA_SERVER``, else the build of ``bench/build_llama_server.sh`` under
+``.cache/llama.cpp/``, else ``PATH``.
+
 Workloads (streamed unless said otherwise; temperature 0; end of sequence suppressed with
 ``logit_bias: {"2": -100}``, so that every request makes ``max_tokens`` tokens):
 
@@ -27,6 +38,23 @@ Workloads (streamed unless said otherwise; temperature 0; end of sequence suppre
 - peak RSS with 32 streams of 512-token contexts (384-token prompts + 128 new tokens);
 - requests/s of non-streamed ``max_tokens: 1`` requests from 16 clients over about 10 s, with
   16-token prompts, then again with 1-token prompts (nearly no model work: the HTTP and Django path).
+
+Issue 12's phases (``--phases`` names them; the last three run against our server only):
+
+- *warmup*: the time of each of the first 3 completions (16-token prompts, 32 tokens) right after
+  ``/healthz`` answered 200, before anything else is sent, against 3 more after the contention phase,
+  when the server has answered 100-odd requests;
+- *scoring*: what lm-evaluation-harness sends for log-likelihoods: 64 non-streamed requests with
+  ``echo: true, logprobs: 1, max_tokens: 0`` and 160-token prompts from 8 clients (16 in ``--quick``):
+  requests/s and prompt tokens/s (llama-server has no prompt log-probabilities);
+- *contention*: tokens/s at 1 stream (64 tokens) and 8 streams (32 tokens each), quiet and then
+  beside two busy loops (``python -c "while True: pass"``, killed after), and then a second server of
+  ours started beside the first, both under 8 streams at once: the share of the quiet 8-stream
+  figure each keeps (goal: at least 40%);
+- *fairness*: the time to first token of a short request sent while one streamed request of 64
+  prompts x 2,000 tokens is being prefilled (goal: within 1 s); each wait is capped at the phase's
+  deadline, then the big request is dropped.  It runs last, as the engine may go on with the
+  dropped request for a while.
 
 Figures:
 
@@ -45,7 +73,7 @@ per decoded piece of text, so its tokens are read from the usage of its last chu
 without ``data: [DONE]``; a finish reason ends them.)
 
 Every phase has a deadline (``FULL`` and ``QUICK`` below), and the server is left to go idle for at
-most 8 s after each, so a full run takes about 10 minutes at worst, when every phase runs out.  A request still waiting or streaming at the deadline is cut: the
+most 8 s after each (60 s after the fairness phase), so a full run takes about 15 minutes at worst, when every phase runs out.  A request still waiting or streaming at the deadline is cut: the
 tokens it received count, and a first token it never got makes its TTFT unknown, shown as
 ``>deadline`` (which bounds the percentile from below).  ``transformers serve`` runs one request at
 a time, so its concurrent phases end at their deadlines and its figures there are censored.
@@ -106,6 +134,8 @@ class Plan:
     rps_seconds: float
     deadlines: dict[str, float]
     peer_deadlines: dict[str, float]
+    scoring_requests: int = 64
+    contention_seconds: float = 20.0
 
 
 FULL = Plan(
@@ -115,8 +145,12 @@ FULL = Plan(
     probes=20,
     context_streams=32,
     rps_seconds=10.0,
-    deadlines={"n1": 30, "n8": 40, "n32": 50, "idle_ttft": 15, "load_ttft": 30, "context": 70, "rps": 15},
-    peer_deadlines={"n1": 20, "n8": 20, "n32": 20, "idle_ttft": 15, "load_ttft": 20, "context": 20, "rps": 15},
+    deadlines={"n1": 30, "n8": 40, "n32": 50, "idle_ttft": 15, "load_ttft": 30, "context": 70, "rps": 15,
+               "scoring": 90, "fairness": 30, "warmup": 30},
+    peer_deadlines={"n1": 20, "n8": 20, "n32": 20, "idle_ttft": 15, "load_ttft": 20, "context": 20, "rps": 15,
+                    "warmup": 30},
+    scoring_requests=64,
+    contention_seconds=20.0,
 )
 QUICK = Plan(
     concurrency=(1, 8),
@@ -125,41 +159,62 @@ QUICK = Plan(
     probes=6,
     context_streams=0,
     rps_seconds=4.0,
-    deadlines={"n1": 20, "n8": 30, "idle_ttft": 15, "load_ttft": 20, "rps": 10},
-    peer_deadlines={"n1": 15, "n8": 15, "idle_ttft": 10, "load_ttft": 15, "rps": 8},
+    deadlines={"n1": 20, "n8": 30, "idle_ttft": 15, "load_ttft": 20, "rps": 10,
+               "scoring": 45, "fairness": 15, "warmup": 30},
+    peer_deadlines={"n1": 15, "n8": 15, "idle_ttft": 10, "load_ttft": 15, "rps": 8, "warmup": 20},
+    scoring_requests=16,
+    contention_seconds=10.0,
 )
 
+# Every phase, in the order they run (the warm-up's second half runs after contention); ``--phases``
+# picks some.  The last three are ours only (the
+# peers cannot answer prompt log-probabilities, and the others measure our own process).
+PHASES = ("warmup", "n1", "n8", "n32", "idle_ttft", "load_ttft", "context", "rps", "rps_1",
+          "scoring", "contention", "fairness")
+OURS_ONLY = {"scoring", "fairness", "contention"}
 
-# --- Targets (issue 4) -----------------------------------------------------------------------------
+
+# --- Goals (issue 12) ------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class Target:
-    """A figure we must reach: ``key`` in the results, ``>=`` or ``<`` ``value``."""
+class Goal:
+    """A goal of issue 12: on ``key`` of our results, either the ratio ours / llama-server
+    (``against="llama-server"``), ours / a baseline run's (``against="baseline"``), or our figure itself
+    (``against=None``), compared by ``op`` (``>=``, ``<=`` or ``<``) with ``value``."""
 
+    label: str
     key: str
     op: str
     value: float
-    text: str
+    against: str | None = None
 
     def met(self, figure: float | None) -> bool | None:
         if figure is None:
             return None
-        return figure >= self.value if self.op == ">=" else figure < self.value
+        return {">=": figure >= self.value, "<=": figure <= self.value, "<": figure < self.value}[self.op]
+
+    @property
+    def text(self) -> str:
+        what = {"llama-server": "ratio ", "baseline": "x baseline "}.get(self.against, "")
+        return f"{what}{self.op} {self.value:g}"
 
 
-TARGETS = {
-    t.key: t
-    for t in (
-        Target("n1.per_stream_tps", ">=", 30, ">=30"),
-        Target("n8.aggregate_tps", ">=", 150, ">=150"),
-        Target("n32.aggregate_tps", ">=", 300, ">=300"),
-        Target("idle_ttft.median_s", "<", 0.6, "<0.6"),
-        Target("load_ttft.p95_s", "<", 1.0, "<1"),
-        Target("context.peak_rss_mb", "<", 1500, "<1500"),
-        Target("rps.requests_per_s", ">=", 50, ">=50"),
-    )
-}
+GOALS = (
+    Goal("tokens/s, 1 stream", "n1.aggregate_tps", ">=", 1.0, "llama-server"),
+    Goal("tokens/s in all, 8 streams", "n8.aggregate_tps", ">=", 1.5, "llama-server"),
+    Goal("tokens/s in all, 32 streams", "n32.aggregate_tps", ">=", 2.0, "llama-server"),
+    Goal("req/s, max_tokens 1, 16 clients, 16-token prompts", "rps.requests_per_s", ">=", 1.0, "llama-server"),
+    Goal("TTFT s, 512-token prompt at idle", "idle_ttft.median_s", "<=", 0.5, "llama-server"),
+    Goal("TTFT p95 s, new requests while 8 stream", "load_ttft.p95_s", "<", 0.25),
+    Goal("peak RSS MB, 32 streams x 512-token contexts", "context.peak_rss_mb", "<", 1200),
+    Goal("scoring prompt tok/s (64 x 160, echo+logprobs)", "scoring.prompt_tps", ">=", 4.0, "baseline"),
+    Goal("fairness: short TTFT s beside 64 x 2000 tokens", "fairness.probe_ttft_max_s", "<", 1.0),
+    Goal("warm-up: first 3 / later completions, time", "warmup.ratio", "<=", 1.2),
+    Goal("contention: kept beside 2 busy loops, 1 stream", "contention.busy_kept_1", ">=", 0.4),
+    Goal("contention: kept beside 2 busy loops, 8 streams", "contention.busy_kept_8", ">=", 0.4),
+    Goal("contention: kept as one of 2 servers, 8 streams", "contention.two_servers_kept", ">=", 0.4),
+)
 
 
 # --- Servers ---------------------------------------------------------------------------------------
@@ -198,9 +253,10 @@ class Server:
         return {**body, **self.extra_body}
 
 
-def start_ours(directory: Path) -> Server:
-    """Our daphne server with the embedded model, as the end-to-end tests start it."""
-    live = start_server(directory, DJANGO_DEBUG="false", DJANGO_SECRET_KEY=os.urandom(24).hex(), LOG_LEVEL="WARNING")
+def start_ours(directory: Path, **env: str) -> Server:
+    """Our daphne server with the embedded model, as the end-to-end tests start it; ``env`` on top of ours."""
+    live = start_server(directory, DJANGO_DEBUG="false", DJANGO_SECRET_KEY=os.urandom(24).hex(), LOG_LEVEL="WARNING",
+                        **env)
     return Server(
         name="ours",
         base_url=live.base_url,
@@ -351,7 +407,17 @@ class Stream:
 
 
 async def stream_once(client: httpx.AsyncClient, server: Server, prompt: str, max_tokens: int, deadline: float) -> Stream:
-    """POST one streamed request and time its chunks until ``[DONE]`` or ``deadline`` (loop time)."""
+    """POST one streamed request and time its chunks until ``[DONE]`` or ``deadline`` (loop time).
+
+    A pooled connection that the server had closed (llama-server drops idle keep-alive connections)
+    fails before anything is sent back: the request is sent once more, on a new connection."""
+    result = await _stream_once(client, server, prompt, max_tokens, deadline)
+    if result.error and result.error.startswith("RemoteProtocolError") and result.chunks == 0:
+        result = await _stream_once(client, server, prompt, max_tokens, deadline)
+    return result
+
+
+async def _stream_once(client: httpx.AsyncClient, server: Server, prompt: str, max_tokens: int, deadline: float) -> Stream:
     result = Stream(sent=time.perf_counter())
     try:
         async with asyncio.timeout_at(deadline):
@@ -399,10 +465,14 @@ def _read_chunk(server: Server, result: Stream, event: dict[str, Any], now: floa
 
 
 async def post_once(client: httpx.AsyncClient, server: Server, prompt: str, deadline: float) -> tuple[bool, str | None]:
-    """One non-streamed ``max_tokens: 1`` request: ``(ok, error)``."""
+    """One non-streamed ``max_tokens: 1`` request: ``(ok, error)`` (sent again once on a stale connection)."""
     try:
         async with asyncio.timeout_at(deadline):
-            response = await client.post(server.url, json=server.body(prompt, 1, stream=False), headers=server.headers)
+            body = server.body(prompt, 1, stream=False)
+            try:
+                response = await client.post(server.url, json=body, headers=server.headers)
+            except httpx.RemoteProtocolError:
+                response = await client.post(server.url, json=body, headers=server.headers)
     except TimeoutError:
         return False, None
     except httpx.HTTPError as error:
@@ -644,6 +714,227 @@ async def phase_rps(bench: Bench, duration: float, prompt_tokens: int, name: str
     }
 
 
+# --- Scoring, fairness, warm-up (issue 12) ---------------------------------------------------------
+
+
+SCORING_PROMPT = 160
+FAIRNESS_PROMPTS = 64
+FAIRNESS_PROMPT = 2000
+WARMUP_TOKENS = 32
+
+
+async def phase_scoring(bench: Bench, requests: int, clients: int = 8) -> None:
+    """What lm-evaluation-harness sends for log-likelihoods: ``echo: true, logprobs: 1, max_tokens: 0``
+    with 160-token prompts, non-streamed, from ``clients`` clients; requests/s and prompt tokens/s."""
+    seconds, deadline = bench.deadline("scoring")
+    bench.rss.take_peak()
+    queue = [bench.prompts.make(SCORING_PROMPT) for _ in range(requests)]
+    ok: list[float] = []
+    errors: list[str] = []
+    cut = 0
+    started = time.perf_counter()
+
+    async def client() -> None:
+        nonlocal cut
+        while queue:
+            body = {"model": bench.server.model, "prompt": queue.pop(), "max_tokens": 0, "echo": True,
+                    "logprobs": 1, "temperature": 0}
+            try:
+                async with asyncio.timeout_at(deadline):
+                    response = await bench.client.post(bench.server.url, json=body, headers=bench.server.headers)
+            except TimeoutError:
+                cut += 1
+                continue
+            except httpx.HTTPError as error:
+                errors.append(f"{type(error).__name__}: {error}")
+                continue
+            if response.status_code != 200:
+                errors.append(f"HTTP {response.status_code}: {response.text[:160]}")
+                continue
+            data = response.json()
+            logprobs = ((data.get("choices") or [{}])[0].get("logprobs") or {}).get("token_logprobs") or []
+            if data.get("usage", {}).get("prompt_tokens") != SCORING_PROMPT or len(logprobs) != SCORING_PROMPT:
+                errors.append(f"prompt_tokens {data.get('usage', {}).get('prompt_tokens')}, "
+                              f"{len(logprobs)} prompt log-probabilities, not {SCORING_PROMPT}")
+                continue
+            ok.append(time.perf_counter())
+
+    await asyncio.gather(*(client() for _ in range(clients)))
+    wall = (max(ok) - started) if ok else None
+    bench.results["scoring"] = {
+        "deadline_s": seconds, "requests": requests, "ok": len(ok), "cut_at_deadline": cut,
+        "errors": sorted(set(errors)),
+        "requests_per_s": len(ok) / wall if wall else 0.0,
+        "prompt_tps": len(ok) * SCORING_PROMPT / wall if wall else 0.0,
+        "peak_rss_mb": bench.rss.take_peak() / MB,
+    }
+
+
+async def phase_fairness(bench: Bench, probes: int = 3, gap: float = 1.0) -> None:
+    """Time to first token of short requests (16-token prompts) sent while one streamed request of
+    64 prompts x 2,000 tokens is being prefilled; each probe waits at most the phase's deadline, then
+    the big request is dropped (the disconnect aborts it)."""
+    seconds, _ = bench.deadline("fairness")
+    loop = asyncio.get_running_loop()
+    big_prompts = [bench.prompts.make(FAIRNESS_PROMPT) for _ in range(FAIRNESS_PROMPTS)]
+    body = {**bench.server.body("", 1, stream=True), "prompt": big_prompts}
+    big_started = time.perf_counter()
+    big_first: list[float] = []
+
+    async def big() -> None:
+        async with bench.client.stream("POST", bench.server.url, json=body, headers=bench.server.headers) as response:
+            async for line in response.aiter_lines():
+                if line.startswith("data: ") and big_first == []:
+                    big_first.append(time.perf_counter())
+
+    big_task = asyncio.create_task(big())
+    # Let it be admitted and start its prefill.
+    until = loop.time() + 5
+    while loop.time() < until and (await health(bench)).get("running", 0) < 1:
+        await asyncio.sleep(0.1)
+    await asyncio.sleep(0.5)
+    measured: list[Stream] = []
+    for _ in range(probes):
+        if big_task.done():
+            break
+        deadline = loop.time() + seconds
+        measured.append(await stream_once(bench.client, bench.server, bench.prompts.make(SHORT_PROMPT), 4, deadline))
+        if measured[-1].cut:  # one wait of the whole cap is enough to know
+            break
+        await asyncio.sleep(gap)
+    big_done = big_task.done()
+    big_task.cancel()
+    await asyncio.gather(big_task, return_exceptions=True)
+    ttfts = [s.ttft for s in measured]
+    bench.results["fairness"] = {
+        "deadline_s": seconds,
+        "requests": len(measured),
+        "cut_at_deadline": sum(s.cut for s in measured),
+        "errors": sorted({s.error for s in measured if s.error}),
+        "probe_ttfts_s": [_finite(t) for t in ttfts],
+        "probe_ttft_max_s": _finite(max(ttfts)) if ttfts else None,
+        "ttft_censored_at_s": seconds if any(math.isinf(t) for t in ttfts) else None,
+        "big_request_finished_first": big_done,
+        "big_request_ttft_s": (big_first[0] - big_started) if big_first else None,
+    }
+    await settle(bench, "the fairness phase's aborted request", limit=60)
+
+
+async def timed_completions(bench: Bench, count: int) -> list[Stream]:
+    """``count`` streamed completions one after another (16-token prompts, 32 tokens), each cut after
+    the warm-up phase's deadline."""
+    streams = []
+    for _ in range(count):
+        _, deadline = bench.deadline("warmup")
+        streams.append(await stream_once(bench.client, bench.server, bench.prompts.make(SHORT_PROMPT),
+                                         WARMUP_TOKENS, deadline))
+    return streams
+
+
+def warmup_latencies(streams: list[Stream]) -> list[float | None]:
+    return [None if s.cut or s.error or s.last is None else s.last - s.sent for s in streams]
+
+
+async def phase_warmup_first(bench: Bench, count: int = 3) -> None:
+    """The first completions right after ``/healthz`` said 200 (before anything else is sent)."""
+    streams = await timed_completions(bench, count)
+    bench.results["warmup"] = {"first_s": warmup_latencies(streams),
+                               "errors": sorted({s.error for s in streams if s.error})}
+
+
+async def phase_warmup_late(bench: Bench, count: int = 3) -> None:
+    """The same completions after the whole run (the server has answered 100-odd requests by then)."""
+    if "warmup" not in bench.results:
+        return
+    figures = bench.results["warmup"]
+    figures["late_s"] = warmup_latencies(await timed_completions(bench, count))
+    first = [x for x in figures["first_s"] if x is not None]
+    late = [x for x in figures["late_s"] if x is not None]
+    figures["first_mean_s"] = statistics.mean(first) if first else None
+    figures["late_mean_s"] = statistics.mean(late) if late else None
+    figures["ratio"] = (figures["first_mean_s"] / figures["late_mean_s"]
+                        if first and late and len(first) == len(figures["first_s"]) else None)
+
+
+# --- Contention (issue 12) -------------------------------------------------------------------------
+
+BUSY_LOOP = "while True: pass"
+
+
+@contextlib.contextmanager
+def busy_loops(count: int = 2):
+    """``count`` Python processes spinning on the CPU, killed on the way out."""
+    loops = [subprocess.Popen([sys.executable, "-c", BUSY_LOOP]) for _ in range(count)]
+    try:
+        time.sleep(0.5)
+        yield loops
+    finally:
+        for loop_process in loops:
+            loop_process.kill()
+        for loop_process in loops:
+            loop_process.wait(timeout=10)
+
+
+async def throughput(client: httpx.AsyncClient, server: Server, prompts: Prompts, streams: int, tokens: int,
+                     seconds: float) -> dict[str, Any]:
+    """``streams`` concurrent streamed requests of ``tokens`` tokens each, cut after ``seconds``:
+    tokens received / time to the last one (or to the cut)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    started = time.perf_counter()
+    texts = [prompts.make(SHORT_PROMPT) for _ in range(streams)]
+    done = await asyncio.gather(*(stream_once(client, server, text, tokens, deadline) for text in texts))
+    received = sum(s.tokens(server) for s in done)
+    cut = sum(s.cut for s in done)
+    ends = [s.last for s in done if s.last is not None]
+    wall = seconds if cut or not ends else max(ends) - started
+    return {"tps": received / wall if wall else 0.0, "tokens": received, "cut": cut,
+            "errors": sorted({s.error for s in done if s.error})}
+
+
+def kept(busy: dict[str, Any], quiet: dict[str, Any]) -> float | None:
+    return busy["tps"] / quiet["tps"] if quiet.get("tps") else None
+
+
+async def contention_pair(bench: Bench, seconds: float) -> dict[str, Any]:
+    """Tokens/s at 1 stream (64 tokens) and 8 streams (32 tokens each), quiet then beside two busy loops."""
+    figures: dict[str, Any] = {}
+    for condition in ("quiet", "busy"):
+        with busy_loops() if condition == "busy" else contextlib.nullcontext():
+            for streams, tokens in ((1, 64), (8, 32)):
+                result = await throughput(bench.client, bench.server, bench.prompts, streams, tokens, seconds)
+                figures[f"{condition}_{streams}"] = result
+        if condition == "quiet":
+            await settle(bench, "the quiet contention runs")
+    figures["busy_kept_1"] = kept(figures["busy_1"], figures["quiet_1"])
+    figures["busy_kept_8"] = kept(figures["busy_8"], figures["quiet_8"])
+    return figures
+
+
+async def phase_contention(bench: Bench, seconds: float, second: Callable[[], Server] | None) -> None:
+    """Ours quiet vs beside two busy loops; then, with ``second`` (a starter of another of our servers),
+    both servers under 8 streams at once against this one alone (its quiet 8-stream figure)."""
+    figures = await contention_pair(bench, seconds)
+    await settle(bench, "the busy loops")
+    if second is not None:
+        other = await asyncio.to_thread(second)
+        try:
+            async with httpx.AsyncClient(timeout=httpx.Timeout(None)) as client:
+                await throughput(client, other, bench.prompts, 1, 8, seconds)  # its first request
+                both = await asyncio.gather(
+                    throughput(bench.client, bench.server, bench.prompts, 8, 32, seconds),
+                    throughput(client, other, bench.prompts, 8, 32, seconds),
+                )
+        finally:
+            await asyncio.to_thread(other.stop)
+        figures["two_servers_8"] = list(both)
+        shares = [kept(result, figures["quiet_8"]) for result in both]
+        figures["two_servers_kept"] = min(shares) if None not in shares else None
+    figures["deadline_s"] = seconds
+    figures["cut_at_deadline"] = 0  # cuts are part of the figure here
+    bench.results["contention"] = figures
+
+
 async def health(bench: Bench) -> dict[str, Any]:
     try:
         response = await bench.client.get(bench.server.base_url + bench.server.health_path, timeout=5)
@@ -692,28 +983,45 @@ async def warm_up(bench: Bench, limit: float = 40.0) -> None:
             raise RuntimeError(f"{bench.server.name}: a {length}-token prompt counted {result.prompt_tokens} tokens")
 
 
-async def run_server(server: Server, plan: Plan, prompts: Prompts, deadlines: dict[str, float]) -> dict[str, Any]:
-    """Every phase of ``plan`` against ``server``; the figures, with notes on anything odd."""
+async def run_server(server: Server, plan: Plan, prompts: Prompts, deadlines: dict[str, float],
+                     phases: tuple[str, ...] = PHASES, second: Callable[[], Server] | None = None) -> dict[str, Any]:
+    """The ``phases`` of ``plan`` against ``server``; the figures, with notes on anything odd.
+    ``second`` starts another server like this one (the contention phase's neighbour)."""
     limits = httpx.Limits(max_connections=128, max_keepalive_connections=128)
     async with httpx.AsyncClient(timeout=httpx.Timeout(None), limits=limits) as client:
         with RssSampler(server.pid) as rss:
             bench = Bench(server, client, rss, prompts, deadlines)
             started = time.perf_counter()
+            if server.health_path:
+                bench.results["health_start"] = await health(bench)
+            if "warmup" in phases:  # first, before anything else reaches the server
+                await phase_warmup_first(bench)
+                print(f"  {server.name}: first {len(bench.results['warmup']['first_s'])} completions after "
+                      f"/healthz: {bench.results['warmup']['first_s']}", flush=True)
             await warm_up(bench)
             await settle(bench, "the warm-up")
             idle_rss = rss.rss() / MB
-            phases: list[tuple[str, Callable[[], Any]]] = [
-                (f"N={n}", lambda n=n: phase_concurrency(bench, n, plan.requests_per_client[n])) for n in plan.concurrency
+            steps: list[tuple[str, str, Callable[[], Any]]] = [
+                (f"n{n}", f"N={n}", lambda n=n: phase_concurrency(bench, n, plan.requests_per_client[n]))
+                for n in plan.concurrency
             ]
-            phases += [
-                ("TTFT 512 idle", lambda: phase_idle_ttft(bench, plan.idle_ttft_requests)),
-                ("TTFT under load", lambda: phase_load_ttft(bench, plan.probes)),
+            steps += [
+                ("idle_ttft", "TTFT 512 idle", lambda: phase_idle_ttft(bench, plan.idle_ttft_requests)),
+                ("load_ttft", "TTFT under load", lambda: phase_load_ttft(bench, plan.probes)),
             ]
             if plan.context_streams:
-                phases.append(("32x512 contexts", lambda: phase_context(bench, plan.context_streams)))
-            phases.append(("req/s", lambda: phase_rps(bench, plan.rps_seconds, SHORT_PROMPT, "rps")))
-            phases.append(("req/s, 1-token prompts", lambda: phase_rps(bench, plan.rps_seconds, 1, "rps_1")))
-            for label, phase in phases:
+                steps.append(("context", "32x512 contexts", lambda: phase_context(bench, plan.context_streams)))
+            steps.append(("rps", "req/s", lambda: phase_rps(bench, plan.rps_seconds, SHORT_PROMPT, "rps")))
+            steps.append(("rps_1", "req/s, 1-token prompts", lambda: phase_rps(bench, plan.rps_seconds, 1, "rps_1")))
+            steps.append(("scoring", "scoring", lambda: phase_scoring(bench, plan.scoring_requests)))
+            steps.append(("contention", "contention",
+                          lambda: phase_contention(bench, plan.contention_seconds, second)))
+            steps.append(("warmup", "warm-up, after the run", lambda: phase_warmup_late(bench)))
+            # Last: the engine may go on with the big request after its client has gone.
+            steps.append(("fairness", "fairness", lambda: phase_fairness(bench)))
+            for name, label, phase in steps:
+                if name not in phases or (name in OURS_ONLY and server.name != "ours"):
+                    continue
                 t0 = time.perf_counter()
                 await phase()
                 print(f"  {server.name}: {label} done in {time.perf_counter() - t0:.1f} s", flush=True)
@@ -732,6 +1040,8 @@ def odd_things(bench: Bench) -> list[str]:
     if "background" in phases.get("load_ttft", {}):
         phases["load_ttft.background"] = phases["load_ttft"]["background"]
     for phase, figures in phases.items():
+        if not isinstance(figures, dict) or phase in ("health_start", "idle"):
+            continue
         for key, label in (("errors", "errors"), ("wrong_token_counts", "finished with token counts")):
             if figures.get(key):
                 notes.append(f"{phase}: {label} {figures[key]}")
@@ -776,14 +1086,26 @@ EXTRA_ROWS = [
     ("aggregate tok/s, 32 x 512-token contexts", "context.aggregate_tps", "{:.1f}", False),
     ("req/s, max_tokens 1, 16 clients", "rps.requests_per_s", "{:.1f}", False),
     ("req/s, max_tokens 1, 16 clients, 1-token prompts", "rps_1.requests_per_s", "{:.1f}", False),
+    ("scoring req/s (64 x 160 tokens, echo+logprobs)", "scoring.requests_per_s", "{:.2f}", False),
+    ("scoring prompt tok/s", "scoring.prompt_tps", "{:.0f}", False),
+    ("fairness: short TTFT s (max) beside 64 x 2000", "fairness.probe_ttft_max_s", "{:.3f}", True),
+    ("warm-up: first 3 completions, mean s", "warmup.first_mean_s", "{:.3f}", True),
+    ("warm-up: 3 completions after the run, mean s", "warmup.late_mean_s", "{:.3f}", True),
+    ("contention: tok/s 1 stream, quiet", "contention.quiet_1.tps", "{:.1f}", False),
+    ("contention: tok/s 1 stream, 2 busy loops", "contention.busy_1.tps", "{:.1f}", False),
+    ("contention: tok/s 8 streams, quiet", "contention.quiet_8.tps", "{:.1f}", False),
+    ("contention: tok/s 8 streams, 2 busy loops", "contention.busy_8.tps", "{:.1f}", False),
+    ("contention: kept as one of 2 servers (min)", "contention.two_servers_kept", "{:.2f}", False),
 ]
 
 
 def lookup(results: dict[str, Any], key: str) -> tuple[float | None, float | None]:
     """``(value, censored_at)``: a TTFT that is None with ``censored_at`` set means ``> censored_at`` s."""
-    phase, name = key.split(".")
+    phase, *path = key.split(".")
     figures = results.get(phase) or {}
-    value = figures.get(name)
+    value: Any = figures
+    for name in path:
+        value = value.get(name) if isinstance(value, dict) else None
     is_ttft = "ttft" in key
     return value, figures.get("ttft_censored_at_s") if value is None and is_ttft else None
 
@@ -803,18 +1125,59 @@ def ratio(ours: tuple[float | None, float | None], theirs: tuple[float | None, f
     return f"{a / b:.2f}x" if b else "-"
 
 
-def met_cell(target: Target | None, figure: tuple[float | None, float | None], results: dict[str, Any], key: str) -> str:
-    """``yes`` or ``NO``, with ``*`` when some requests of the phase were cut at its deadline."""
-    if target is None:
-        return ""
-    value, censored = figure
-    met = target.met(value)
-    if met is None and censored:  # more than the deadline: a "<" target is missed
-        met = target.met(censored)
-    if met is None:
-        return "-"
-    cut = (results.get(key.split(".")[0]) or {}).get("cut_at_deadline")
-    return ("yes" if met else "NO") + ("*" if cut else "")
+def goal_row(goal: Goal, ours: dict[str, Any], other: dict[str, Any] | None) -> tuple[str, str, str, str]:
+    """``(ours, other, ratio, met)`` cells of ``goal``; ``other`` is llama-server's or the baseline's results
+    (None: not measured).  A figure censored at a deadline bounds the ratio on one side; ``?`` when that
+    bound does not decide the goal; ``*`` when some requests of the phase were cut."""
+    fmt = "{:.0f}" if "rss" in goal.key else "{:.3f}" if ("ttft" in goal.key or "kept" in goal.key
+                                                               or "ratio" in goal.key) else "{:.1f}"
+    mine = lookup(ours, goal.key)
+    mine_cell = cell(*mine, fmt)
+    cut = "*" if (ours.get(goal.key.split(".")[0]) or {}).get("cut_at_deadline") else ""
+    if goal.against is None:
+        value, censored = mine
+        met = goal.met(value)
+        if met is None and censored is not None and goal.op != ">=":
+            met = False  # more than the deadline
+        return mine_cell, "", "", {True: "met", False: "NOT MET", None: "-"}[met] + cut
+    if other is None:
+        why = "no llama-server" if goal.against == "llama-server" else "no --baseline"
+        return mine_cell, "-", "-", f"n/a ({why})"
+    theirs = lookup(other, goal.key)
+    (a, a_cut), (b, b_cut) = mine, theirs
+    figure: float | None = None
+    text = "-"
+    met: bool | None = None
+    if a is not None and b:
+        figure = a / b
+        text = f"{figure:.2f}"
+        met = goal.met(figure)
+    elif a is None and a_cut and b:  # ours more than a_cut: the ratio is more than a_cut / b
+        text = f">{a_cut / b:.2f}"
+        met = False if goal.op != ">=" and not goal.met(a_cut / b) else None
+    elif a is not None and b is None and b_cut:  # theirs more than b_cut: the ratio is less
+        text = f"<{a / b_cut:.2f}"
+        met = True if goal.op != ">=" and goal.met(a / b_cut) else None
+    return mine_cell, cell(*theirs, fmt), text, {True: "met", False: "NOT MET", None: "?"}[met] + cut
+
+
+def goals_table(report: dict[str, Any]) -> str:
+    """Issue 12's goals, one line each: our figure, llama-server's (or the baseline's), the ratio, met or not."""
+    servers = report["servers"]
+    ours = servers.get("ours", {}).get("results", {})
+    llama = servers.get("llama-server", {}).get("results") or None
+    baseline = report.get("baseline_results")
+    head = f"{'goal (issue 12)':50} {'ours':>9} {'llama/base':>10} {'ratio':>7} {'goal':>16} {'':>8}"
+    lines = [head, "-" * len(head)]
+    for goal in GOALS:
+        phase = goal.key.split(".")[0]
+        if phase not in ours:
+            lines.append(f"{goal.label:50} {'-':>9} {'':>10} {'':>7} {goal.text:>16} not run")
+            continue
+        other = llama if goal.against == "llama-server" else baseline if goal.against == "baseline" else None
+        mine, theirs, ratio_text, met = goal_row(goal, ours, other)
+        lines.append(f"{goal.label:50} {mine:>9} {theirs:>10} {ratio_text:>7} {goal.text:>16} {met}")
+    return "\n".join(lines)
 
 
 def table(report: dict[str, Any], plan: Plan) -> str:
@@ -823,14 +1186,15 @@ def table(report: dict[str, Any], plan: Plan) -> str:
     peers = [name for name in servers if name != "ours"]
     rows = [(label.format(n=n), key.format(n=n), fmt, low) for n in plan.concurrency for label, key, fmt, low in ROWS]
     rows += [row for row in EXTRA_ROWS if not (row[1].startswith("context") and not plan.context_streams)]
-    head = f"{'figure':48} {'ours':>9} {'target':>7} {'met':>4}"
+    rows = [row for row in rows if any(row[1].split(".")[0] in (servers[name].get("results") or {})
+                                       for name in servers)]
+    head = f"{'figure':48} {'ours':>9}"
     for peer in peers:
         head += f" {peer:>13} {'ours/' + peer[:6]:>12}"
     lines = [head, "-" * len(head)]
     for label, key, fmt, _low in rows:
         mine = lookup(ours, key)
-        target = TARGETS.get(key)
-        line = f"{label:48} {cell(*mine, fmt):>9} {target.text if target else '':>7} {met_cell(target, mine, ours, key):>4}"
+        line = f"{label:48} {cell(*mine, fmt):>9}"
         for peer in peers:
             theirs = lookup(servers[peer].get("results", {}), key)
             line += f" {cell(*theirs, fmt):>13} {ratio(mine, theirs):>12}"
@@ -841,13 +1205,56 @@ def table(report: dict[str, Any], plan: Plan) -> str:
 # --- Main ------------------------------------------------------------------------------------------
 
 
+CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_int8", "amx_tile")
+THREAD_ENV = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS", "ENGINE_NUM_THREADS", "ATEN_CPU_CAPABILITY",
+              "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "MODEL_WEIGHTS", "MODEL_DTYPE")
+
+
+def cpu_info() -> dict[str, Any]:
+    """The CPU's model name, the flags that matter here, and what torch makes of them."""
+    model, flags = platform.processor() or "?", set()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags") and not flags:
+                flags = set(line.split(":", 1)[1].split())
+    import torch
+
+    return {"model": model, "flags": {flag: flag in flags for flag in CPU_FLAGS},
+            "torch_capability": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__,
+            "torch_threads": torch.get_num_threads(),
+            "env": {name: os.environ[name] for name in THREAD_ENV if name in os.environ}}
+
+
+def find_llama_server() -> str | None:
+    """``LLAMA_SERVER``, else the one ``bench/build_llama_server.sh`` built under ``.cache/``, else ``PATH``'s."""
+    if os.environ.get("LLAMA_SERVER"):
+        return os.environ["LLAMA_SERVER"]
+    built = sorted((ROOT / ".cache" / "llama.cpp").glob("build-*/bin/llama-server"))
+    return str(built[-1]) if built else shutil.which("llama-server")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="N = 1 and 8 only, fewer requests, no 32 x 512 phase")
     parser.add_argument("--json", type=Path, metavar="PATH", help="write every figure to PATH")
     parser.add_argument("--no-peers", action="store_true", help="measure our server only")
+    parser.add_argument("--servers", default="ours,transformers,llama-server",
+                        help="comma-separated, from ours,transformers,llama-server (default: all three)")
+    parser.add_argument("--phases", default=",".join(PHASES),
+                        help=f"comma-separated, from {','.join(PHASES)} (default: all)")
+    parser.add_argument("--baseline", type=Path, metavar="JSON",
+                        help="an earlier --json of this machine: the scoring goal is a multiple of its figure")
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
+    phases = tuple(name.strip() for name in args.phases.split(",") if name.strip())
+    unknown = set(phases) - set(PHASES)
+    if unknown:
+        parser.error(f"unknown phases: {', '.join(sorted(unknown))}")
+    plan = Plan(**{**plan.__dict__, "concurrency": tuple(n for n in plan.concurrency if f"n{n}" in phases)})
+    if "context" not in phases:
+        plan = Plan(**{**plan.__dict__, "context_streams": 0})
     # A SIGTERM (a CI timeout, say) unwinds like Ctrl-C so that every server is stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
@@ -858,30 +1265,44 @@ def main(argv: list[str] | None = None) -> int:
 
     folder = converted_gguf_dir(embedded_gguf_path(), ROOT / ".cache" / "models")
     prompts = Prompts(AutoTokenizer.from_pretrained(folder))
+    cpu = cpu_info()
+    print(cpu_line(cpu), flush=True)
     report: dict[str, Any] = {
         "mode": "quick" if args.quick else "full",
+        "phases": list(phases),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-                    "load_average_start": load_start},
+                    "load_average_start": load_start, "cpu": cpu},
         "transformers": transformers_version,
         "servers": {},
         "skipped": [],
     }
-    starters: list[tuple[str, Callable[[Path], Server]]] = [("ours", start_ours)]
-    if not args.no_peers:
+    if args.baseline:
+        report["baseline"] = str(args.baseline)
+        report["baseline_results"] = json.loads(args.baseline.read_text())["servers"]["ours"]["results"]
+    wanted = {name.strip() for name in args.servers.split(",")} - ({"transformers", "llama-server"} if args.no_peers else set())
+    starters: list[tuple[str, Callable[[Path], Server]]] = [("ours", start_ours)] if "ours" in wanted else []
+    if "transformers" in wanted:
         starters.append(("transformers", lambda d: start_transformers(d, folder)))
-        binary = os.environ.get("LLAMA_SERVER") or shutil.which("llama-server")
+    if "llama-server" in wanted:
+        binary = find_llama_server()
         if binary:
+            report["llama_server"] = binary
             starters.append(("llama-server", lambda d: start_llama_server(d, binary)))
         else:
-            report["skipped"].append("llama-server: not on PATH (or LLAMA_SERVER)")
+            report["skipped"].append("llama-server: not built (bench/build_llama_server.sh), not on PATH, "
+                                     "LLAMA_SERVER unset")
     try:
         with tempfile.TemporaryDirectory(prefix="bench-serving-") as tmp:
             for name, start in starters:
                 directory = Path(tmp) / name
                 directory.mkdir()
-                print(f"starting {name} ...", flush=True)
+                print(f"starting {name} (load average {load_text(os.getloadavg())}) ...", flush=True)
                 prompts.reset()
-                report["servers"][name] = measure(name, start, directory, plan, prompts)
+                second = None
+                if name == "ours":
+                    neighbour = Path(tmp) / "ours-neighbour"
+                    second = lambda neighbour=neighbour: (neighbour.mkdir(exist_ok=True), start_ours(neighbour))[1]  # noqa: E731
+                report["servers"][name] = measure(name, start, directory, plan, prompts, phases, second)
     finally:
         stop_children()
     report["machine"]["load_average_end"] = os.getloadavg()
@@ -889,9 +1310,21 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(render(report, plan))
     if args.json:
+        report.pop("baseline_results", None)
         args.json.write_text(json.dumps(report, indent=2, default=str) + "\n")
         print(f"\nwrote {args.json}")
     return 0
+
+
+def load_text(load: tuple[float, ...] | list[float]) -> str:
+    return "/".join(f"{x:.1f}" for x in load)
+
+
+def cpu_line(cpu: dict[str, Any]) -> str:
+    flags = " ".join(f"{name}{'+' if present else '-'}" for name, present in cpu["flags"].items())
+    env = " ".join(f"{k}={v}" for k, v in cpu["env"].items()) or "none set"
+    return (f"CPU: {cpu['model']}; {flags}; torch {cpu['torch']} capability {cpu['torch_capability']}, "
+            f"{cpu['torch_threads']} threads; thread/ISA env: {env}")
 
 
 def stop_children() -> None:
@@ -906,7 +1339,8 @@ def stop_children() -> None:
             child.kill()
 
 
-def measure(name: str, start: Callable[[Path], Server], directory: Path, plan: Plan, prompts: Prompts) -> dict[str, Any]:
+def measure(name: str, start: Callable[[Path], Server], directory: Path, plan: Plan, prompts: Prompts,
+            phases: tuple[str, ...] = PHASES, second: Callable[[], Server] | None = None) -> dict[str, Any]:
     """Start the server, run every phase, stop it whatever happens; a failure is noted, not raised."""
     t0 = time.perf_counter()
     try:
@@ -916,7 +1350,7 @@ def measure(name: str, start: Callable[[Path], Server], directory: Path, plan: P
     startup = time.perf_counter() - t0
     try:
         deadlines = plan.deadlines if name == "ours" else plan.peer_deadlines
-        outcome = asyncio.run(run_server(server, plan, prompts, deadlines))
+        outcome = asyncio.run(run_server(server, plan, prompts, deadlines, phases, second))
     except Exception as error:  # noqa: BLE001
         outcome = {"results": {}, "notes": [f"the run failed: {type(error).__name__}: {error}"[:600]]}
     finally:
@@ -927,25 +1361,50 @@ def measure(name: str, start: Callable[[Path], Server], directory: Path, plan: P
 
 def render(report: dict[str, Any], plan: Plan) -> str:
     machine = report["machine"]
-    load = lambda key: "/".join(f"{x:.1f}" for x in machine[key])  # noqa: E731
+    cpu = machine["cpu"]
+    ours = report["servers"].get("ours", {}).get("results", {})
+    health_start = ours.get("health_start") or {}
     lines = [
-        f"Serving benchmark ({report['mode']}): SmolLM2-135M-Instruct, bfloat16, CPU ({machine['cpus']} cores); "
-        f"load average {load('load_average_start')} at the start, {load('load_average_end')} at the end; "
-        f"{report['seconds']:.0f} s in all",
+        f"Serving benchmark ({report['mode']}): SmolLM2-135M-Instruct on {machine['cpus']} cores; load average "
+        f"{load_text(machine['load_average_start'])} at the start, {load_text(machine['load_average_end'])} "
+        f"at the end; {report['seconds']:.0f} s in all",
+        cpu_line(cpu),
+        f"our engine: runner {health_start.get('runner', 'n/a')}, weights {health_start.get('weights', 'n/a')} "
+        "(from /healthz)",
         f"16-token prompts, {NEW_TOKENS} new tokens, temperature 0, EOS suppressed; transformers "
         f"{report['transformers']} serve runs one request at a time.",
-        "'>X': a request had no first token by the X s deadline of its phase; met*: some requests of that phase "
+        "'>X': a request had no first token by the X s deadline of its phase; '*': some requests of that phase "
         "were cut at its deadline.",
         "ours/peer: above 1 is better for tok/s and req/s, below 1 for TTFT and RSS. MB = 10^6 bytes.",
         "",
         table(report, plan),
+        "",
+        goals_table(report),
     ]
-    ours = report["servers"].get("ours", {}).get("results", {})
-    llama = report["servers"].get("llama-server", {}).get("results", {})
-    if 32 in plan.concurrency and llama:
-        mine, theirs = lookup(ours, "n32.aggregate_tps"), lookup(llama, "n8.aggregate_tps")
-        lines += ["", f"aggregate tok/s, ours at N=32 / llama-server's with 8 slots at N=8: "
-                      f"{ratio(mine, theirs)} (target >=1.5x)"]
+    busiest = max(machine["load_average_start"][0], machine["load_average_end"][0])
+    if busiest > machine["cpus"]:
+        lines.append(f"WARNING: load average {busiest:.1f} on {machine['cpus']} cores: other programs shared the CPU, "
+                     "and a server whose threads spin (llama-server's, libgomp's by default) slows far more than "
+                     "one whose threads sleep; these ratios are not the quiet-machine comparison the goals mean.")
+    if report.get("baseline"):
+        lines.append(f"baseline: {report['baseline']}")
+    contention = ours.get("contention")
+    if contention:
+        parts = [f"{key} {contention[key]['tps']:.1f} tok/s" + (f" ({contention[key]['cut']} cut)"
+                                                                 if contention[key]["cut"] else "")
+                 for key in ("quiet_1", "busy_1", "quiet_8", "busy_8") if key in contention]
+        both = contention.get("two_servers_8")
+        if both:
+            parts.append("two servers at 8 streams each " + " + ".join(f"{r['tps']:.1f}" for r in both) + " tok/s")
+        lines += ["", "contention: " + "; ".join(parts)]
+    fairness = ours.get("fairness")
+    if fairness:
+        lines.append(f"fairness: probe TTFTs {fairness['probe_ttfts_s']} s (cap {fairness['deadline_s']:.0f} s), "
+                     f"the big request finished first: {fairness['big_request_finished_first']}")
+    warmup = ours.get("warmup")
+    if warmup:
+        lines.append(f"warm-up: first {warmup.get('first_s')} s, after the run {warmup.get('late_s')} s "
+                     f"({WARMUP_TOKENS} tokens each)")
     for name, outcome in report["servers"].items():
         idle = outcome.get("results", {}).get("idle")
         head = f"{name}: started in {outcome.get('startup_s', 0):.1f} s"

@@ -7,15 +7,21 @@ WebSockets go to the channels routes of ``dashboard/routing.py``.
 Starting the server also starts the engine's worker thread, which loads the model in the
 background (``/healthz`` answers 503 until it is ready).  The system checks run first, so a
 production start with the default secret key refuses to serve.
+
+The OpenMP wait policy is set first of all (``completions_site/threads.py``): torch's threads must
+not spin while another process needs the cores.
 """
 import os
 
+from completions_site.threads import apply_thread_policy
+
+apply_thread_policy()  # before anything imports torch: libgomp reads it once, when it is loaded
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "completions_site.settings")
 
-from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
-from django.core.asgi import get_asgi_application
+from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402 - after the thread policy, before torch
+from django.core.asgi import get_asgi_application  # noqa: E402 - after the thread policy, before torch
 
-from api.handlers import APIHandler, route
+from api.handlers import APIHandler, route  # noqa: E402 - after the thread policy, before torch
 
 # The admin's CSS and JavaScript come from the apps' static folders through Django's own handler,
 # so a fresh checkout needs no collectstatic and no separate file server.  The API's paths skip

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Builds llama.cpp's llama-server (the benchmark's reference server) from the llama.cpp source
+# vendored inside the llama-cpp-python sdist, into .cache/llama.cpp/. Nothing of llama.cpp is
+# committed. Idempotent: does nothing when the binary already exists.
+#   bench/build_llama_server.sh            # then `make bench` finds it
+#   JOBS=4 bench/build_llama_server.sh     # more parallel jobs (default 2)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VERSION="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
+JOBS="${JOBS:-2}"
+PY="${PY:-.venv/bin/python}"
+ROOT="$(pwd)/.cache/llama.cpp"
+SRC="$ROOT/llama-cpp-python-$VERSION/vendor/llama.cpp"
+BUILD="$ROOT/build-$VERSION"
+BIN="$BUILD/bin/llama-server"
+
+if [ -x "$BIN" ]; then
+    echo "llama-server already built: $BIN"
+    exit 0
+fi
+mkdir -p "$ROOT"
+if [ ! -f "$SRC/CMakeLists.txt" ]; then
+    echo "downloading the llama-cpp-python==$VERSION sdist"
+    "$PY" -m pip download --quiet --no-binary :all: --no-deps --dest "$ROOT" "llama-cpp-python==$VERSION"
+    tar -xzf "$ROOT/llama_cpp_python-$VERSION.tar.gz" -C "$ROOT" 2>/dev/null \
+        || tar -xzf "$ROOT/llama-cpp-python-$VERSION.tar.gz" -C "$ROOT"
+    [ -d "$ROOT/llama-cpp-python-$VERSION" ] || mv "$ROOT/llama_cpp_python-$VERSION" "$ROOT/llama-cpp-python-$VERSION"
+fi
+GEN=()
+command -v ninja >/dev/null && GEN=(-G Ninja)
+cmake -S "$SRC" -B "$BUILD" "${GEN[@]}" \
+    -DCMAKE_BUILD_TYPE=Release \
+    -DLLAMA_CURL=OFF \
+    -DLLAMA_BUILD_TESTS=OFF \
+    -DLLAMA_BUILD_EXAMPLES=OFF \
+    -DLLAMA_BUILD_SERVER=ON \
+    -DBUILD_SHARED_LIBS=OFF
+cmake --build "$BUILD" --config Release --target llama-server -j "$JOBS"
+test -x "$BIN"
+echo "built $BIN"
