@@ -8,7 +8,7 @@ import pytest
 
 from completions_site.threads import DEFAULT_POLICY, apply_thread_policy
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_default_policy_is_set_when_the_operator_set_none():
