@@ -62,13 +62,14 @@ def test_best_of_with_several_prompts_keeps_prompt_major_order(server, candidate
 
 
 @pytest.mark.parametrize(
-    ("fields", "message"),
-    [({"best_of": 1, "n": 2}, "best_of must be greater than or equal to n"),
-     ({"best_of": 2, "stream": True}, "best_of > 1 cannot be used with stream")],
+    ("fields", "code", "message"),
+    [({"best_of": 1, "n": 2}, "integer_below_min_value", "best_of must be greater than or equal to n"),
+     ({"best_of": 2, "stream": True}, "invalid_value", "best_of > 1 cannot be used with stream")],
     ids=["below_n", "with_stream"],
 )
-def test_best_of_below_n_or_with_stream_is_a_400_naming_best_of(server, fields, message):
+def test_best_of_below_n_or_with_stream_is_a_400_naming_best_of(server, fields, code, message):
     response = server.post({"model": "smollm2-135m-instruct", "prompt": PROMPT, **fields})
     assert response.status_code == 400
-    assert response.json()["error"]["param"] == "best_of"
-    assert response.json()["error"]["message"] == message
+    error = response.json()["error"]
+    assert (error["param"], error["code"]) == ("best_of", code)
+    assert "'best_of'" in error["message"] and message in error["message"]
