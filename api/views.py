@@ -339,6 +339,9 @@ async def healthz(request: HttpRequest) -> HttpResponse:
     """``GET /healthz``: 200 once the model is loaded, 503 while loading (or if loading failed)."""
     engine = get_engine()
     body = {"status": "ok" if engine.ready else "loading", "model": engine.model_id, **engine.stats()}
+    if engine.ready and engine.runner is not None:  # what serves: the forward pass and weight formats
+        body["runner"] = engine.runner.description
+        body["weights"] = engine.runner.weight_formats
     if engine.load_error is not None:
         body["status"] = "error"
         body["error"] = f"{type(engine.load_error).__name__}: {engine.load_error}"

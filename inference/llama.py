@@ -186,6 +186,7 @@ class LlamaModelRunner:
         if linear_factory is not make_linear:
             linear_kind = getattr(linear_factory, "description", linear_factory.__name__)
         self.description = f"llama runner, weights {linear_kind}, activations {str(dtype).removeprefix('torch.')}"
+        self.weight_formats = linear_kind
         self._partials: dict[int, _Partial] = {}
         self.reset()
 

@@ -45,6 +45,7 @@ class ModelRunner(Protocol):
     vocab_size: int          # rows of the output layer
     max_context: int         # max_position_embeddings
     description: str         # e.g. "llama runner, weights int8 (batch<=8) / float32, activations bfloat16"
+    weight_formats: str      # the linear layers' formats, e.g. "layers: int4; output layer: float32 (cache)"
     def prefill(self, chunks: Sequence[PrefillChunk]) -> list[torch.Tensor]:
         """One forward pass over chunks of one or several waiting requests (several: short prompts, or
         prompt-logprob requests, batched together). Returns per chunk float32 logits
@@ -187,7 +188,9 @@ class HFModelRunner:
         self.max_context = int(getattr(config, "max_position_embeddings", 0) or 0)
         self.vocab_size = int(model.get_output_embeddings().out_features)
         dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-        self.description = f"transformers {type(model).__name__}, {dtype}"
+        packed = any(type(module).__name__ == "PackedLinear" for module in model.modules())
+        self.weight_formats = f"{dtype}, oneDNN-packed" if packed else dtype
+        self.description = f"transformers {type(model).__name__}, {self.weight_formats}"
         self._prompts: dict[int, _Prefilled] = {}
         self.reset()
 
