@@ -11,6 +11,7 @@ tokens/s over the stream, the first token excluded), and scoring: 64 requests of
 tokens with prompt logprobs and ``max_tokens`` 0 from 8 clients (prompt tokens/s).  Prints the CPU, the torch capability and
 each checkout's median figures, and the ratios B/A.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -114,13 +115,27 @@ def main() -> None:
     for _ in range(args.rounds):
         for root in (a, b):
             out = subprocess.run(
-                [sys.executable, __file__, "--child", root, "--batches", *map(str, args.batches),
-                 "--new-tokens", str(args.new_tokens), "--scoring-requests", str(args.scoring_requests)],
-                capture_output=True, text=True, check=True,
+                [
+                    sys.executable,
+                    __file__,
+                    "--child",
+                    root,
+                    "--batches",
+                    *map(str, args.batches),
+                    "--new-tokens",
+                    str(args.new_tokens),
+                    "--scoring-requests",
+                    str(args.scoring_requests),
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
             )
             figures[root].append(json.loads(out.stdout.strip().splitlines()[-1]))
             print(root, json.dumps(figures[root][-1]), flush=True)
-    print(f"{cpu_name()}, {os.cpu_count()} cores, torch capability {figures[a][0]['capability']}; medians of {args.rounds} rounds")
+    print(
+        f"{cpu_name()}, {os.cpu_count()} cores, torch capability {figures[a][0]['capability']}; medians of {args.rounds} rounds"
+    )
     keys = [k for k in figures[a][0] if k != "capability"]
     print(f"{'figure':<22}{'A ' + Path(a).name:>16}{'B ' + Path(b).name:>16}{'B/A':>8}")
     for key in keys:

@@ -15,6 +15,7 @@ runs the variants in turn within each round (A/B interleaved, so a busy neighbou
 and prints the median over rounds.  Then the greedy continuations of a few prompts under each
 variant, against transformers' float32 greedy tokens (past end-of-text too): the first token where each differs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -73,7 +74,9 @@ class HFVariant:
         return output.logits[:, -1].float()
 
     def prefill_only(self, prompt: list[int]) -> None:
-        self.model(input_ids=torch.tensor([prompt]), cache=BatchKVCache(self.model.config), use_cache=True, logits_to_keep=1)
+        self.model(
+            input_ids=torch.tensor([prompt]), cache=BatchKVCache(self.model.config), use_cache=True, logits_to_keep=1
+        )
 
     def greedy(self, prompt: list[int], tokens: int) -> list[int]:
         out = [int(self.start(prompt, 1)[0].argmax())]
@@ -140,15 +143,19 @@ def main() -> None:
             if isinstance(variant, RunnerVariant):
                 variant.runner.warm_up()
         warmed = time.perf_counter() - started
-        print(f"torch {torch.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()}, "
-              f"{torch.get_num_threads()} threads, oneDNN bf16 linear: {packed}")
+        print(
+            f"torch {torch.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()}, "
+            f"{torch.get_num_threads()} threads, oneDNN bf16 linear: {packed}"
+        )
         print(f"{_cpu_name()}; runners built in {built:.1f} s, warmed up in {warmed:.1f} s")
         for name, variant in variants.items():
             if isinstance(variant, RunnerVariant):
                 print(f"  {name}: {variant.runner.description}")
         prompt = torch.randint(100, 40000, (args.context,)).tolist()
-        print(f"\nms per decode step, context {args.context} tokens, median of {args.rounds} rounds x {args.steps} steps"
-              " (in brackets: CPU ms of the process, all threads: what a step costs when neighbours take the cores)")
+        print(
+            f"\nms per decode step, context {args.context} tokens, median of {args.rounds} rounds x {args.steps} steps"
+            " (in brackets: CPU ms of the process, all threads: what a step costs when neighbours take the cores)"
+        )
         print("batch" + "".join(f"{name:>17}" for name in variants) + f"{'hf/llama fp32':>15}")
         for batch in args.batches:
             times: dict[str, list[float]] = {name: [] for name in variants}
@@ -187,7 +194,9 @@ def main() -> None:
 
 def _greedy_report(tokenizer, variants) -> None:
     """First position where each variant's greedy tokens differ from transformers' float32 ones."""
-    print(f"\ngreedy divergence over {GREEDY_TOKENS} tokens against hf fp32 (index of the first differing token, '-' = none)")
+    print(
+        f"\ngreedy divergence over {GREEDY_TOKENS} tokens against hf fp32 (index of the first differing token, '-' = none)"
+    )
     print(f"{'prompt':<34}" + "".join(f"{name:>16}" for name in variants))
     reference = variants["hf fp32"]
     for text in PROMPTS:

@@ -19,6 +19,7 @@ applies only when both variables are unset, stays out of the way):
 - ``spin10k``: ``GOMP_SPINCOUNT=10000`` (about 0.1 ms of spinning);
 - ``threads1``: ``ENGINE_NUM_THREADS=1`` (no worker threads to wait for at all).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -91,7 +92,9 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.update(AVX2)
     cpu = cpu_info()
     print(cpu_line(cpu), flush=True)
-    prompts = Prompts(AutoTokenizer.from_pretrained(converted_gguf_dir(embedded_gguf_path(), ROOT / ".cache" / "models")))
+    prompts = Prompts(
+        AutoTokenizer.from_pretrained(converted_gguf_dir(embedded_gguf_path(), ROOT / ".cache" / "models"))
+    )
     report: dict[str, Any] = {"cpu": cpu, "avx2_paths": args.avx2, "seconds": args.seconds, "variants": {}}
     try:
         with tempfile.TemporaryDirectory(prefix="thread-policy-") as tmp:
@@ -122,16 +125,22 @@ def row(name: str, figures: dict[str, Any]) -> str:
         return f"{result['tps']:.1f}" + ("c" if result["cut"] else "")
 
     kept = lambda key: f"{figures[key]:.2f}" if figures.get(key) is not None else "-"  # noqa: E731
-    return (f"{name:10} {tps('quiet_1'):>8} {tps('busy_1'):>8} {kept('busy_kept_1'):>6} "
-            f"{tps('quiet_8'):>8} {tps('busy_8'):>8} {kept('busy_kept_8'):>6}  load {load_text(figures['load_average_start'])}")
+    return (
+        f"{name:10} {tps('quiet_1'):>8} {tps('busy_1'):>8} {kept('busy_kept_1'):>6} "
+        f"{tps('quiet_8'):>8} {tps('busy_8'):>8} {kept('busy_kept_8'):>6}  load {load_text(figures['load_average_start'])}"
+    )
 
 
 def render(report: dict[str, Any]) -> str:
     cpu = report["cpu"]
     paths = "AVX2 paths forced (ATEN_CPU_CAPABILITY=avx2 ...)" if report["avx2_paths"] else "the CPU's own paths"
-    lines = [cpu_line(cpu), f"torch on {paths}; tokens/s; 'c': cut at {report['seconds']:.0f} s; "
-             "busy: beside two busy loops; kept = busy / quiet", "",
-             f"{'variant':10} {'quiet 1':>8} {'busy 1':>8} {'kept':>6} {'quiet 8':>8} {'busy 8':>8} {'kept':>6}"]
+    lines = [
+        cpu_line(cpu),
+        f"torch on {paths}; tokens/s; 'c': cut at {report['seconds']:.0f} s; "
+        "busy: beside two busy loops; kept = busy / quiet",
+        "",
+        f"{'variant':10} {'quiet 1':>8} {'busy 1':>8} {'kept':>6} {'quiet 8':>8} {'busy 8':>8} {'kept':>6}",
+    ]
     lines += [row(name, figures) for name, figures in report["variants"].items()]
     return "\n".join(lines)
 

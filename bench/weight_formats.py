@@ -18,6 +18,7 @@ AVX2 paths), alternating the two (A/B interleaved, ``--rounds`` times), and prin
   median over those that do);
 - how far the int4 weights built from the Q4_1 blocks are from the float32 cache, per scale dtype.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,17 +34,38 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
-TOPICS = ["the ocean", "a small town", "machine learning", "the history of Rome", "cooking pasta", "a lost key",
-          "the night sky", "football", "a rainy day", "the stock market", "gardening", "a train journey",
-          "the moon landing", "jazz music", "a mountain hike", "the printing press"]
+TOPICS = [
+    "the ocean",
+    "a small town",
+    "machine learning",
+    "the history of Rome",
+    "cooking pasta",
+    "a lost key",
+    "the night sky",
+    "football",
+    "a rainy day",
+    "the stock market",
+    "gardening",
+    "a train journey",
+    "the moon landing",
+    "jazz music",
+    "a mountain hike",
+    "the printing press",
+]
 PROMPT_TOKENS = 16
 REPEATS = 5
 BATCHES = (1, 8, 32)
 # (label, format, activation dtype of the kernel); the ones in parentheses are measured to show why
 # weights.py does not use them.
-VARIANTS = [("float32", "float32", "float32"), ("bfloat16", "bfloat16", "bfloat16"),
-            ("int8", "int8", "bfloat16"), ("(int8 f32 act)", "int8", "float32"),
-            ("int4", "int4", "bfloat16"), ("(int4 f16 act)", "int4", "float16"), ("(int4 f32 act)", "int4", "float32")]
+VARIANTS = [
+    ("float32", "float32", "float32"),
+    ("bfloat16", "bfloat16", "bfloat16"),
+    ("int8", "int8", "bfloat16"),
+    ("(int8 f32 act)", "int8", "float32"),
+    ("int4", "int4", "bfloat16"),
+    ("(int4 f16 act)", "int4", "float16"),
+    ("(int4 f32 act)", "int4", "float32"),
+]
 
 
 def _state():
@@ -77,8 +99,13 @@ def child_sweeps() -> dict:
 
     _, state = _state()
     blocks = w.read_q4_1_blocks(__import__("inference.model_loader", fromlist=["x"]).embedded_gguf_path(), 9, 3)
-    result = {"capability": w.cpu_capability(), "threads": torch.get_num_threads(), "supported": w.supported_formats(),
-              "layers": {}, "output": {}}
+    result = {
+        "capability": w.cpu_capability(),
+        "threads": torch.get_num_threads(),
+        "supported": w.supported_formats(),
+        "layers": {},
+        "output": {},
+    }
     groups = [("q_proj", "k_proj", "v_proj"), ("o_proj",), ("gate_proj", "up_proj"), ("down_proj",)]
     with torch.inference_mode():
         for label, fmt, act in VARIANTS:
@@ -88,7 +115,10 @@ def child_sweeps() -> dict:
             layers = []
             for i in range(30):
                 for group in groups:
-                    names = [f"model.layers.{i}.{'mlp' if n in ('gate_proj', 'up_proj', 'down_proj') else 'self_attn'}.{n}.weight" for n in group]
+                    names = [
+                        f"model.layers.{i}.{'mlp' if n in ('gate_proj', 'up_proj', 'down_proj') else 'self_attn'}.{n}.weight"
+                        for n in group
+                    ]
                     weight = torch.cat([state[n] for n in names])
                     q4 = w.Q4_1Blocks.cat([blocks[n] for n in names]) if fmt == "int4" else None
                     layers.append(_build(fmt, act, weight, q4))
@@ -126,9 +156,11 @@ class Swapped(__import__("torch").nn.Module):
         return self.linear(x)
 
 
-TEMPLATES = ["Write a short paragraph about {}, for a reader who knows nothing about it yet, with care",
-             "Here is what everyone should know about {}: the facts, the people, the places and the dates",
-             "My grandmother once told me a long story about {} that I have never forgotten since that day"]
+TEMPLATES = [
+    "Write a short paragraph about {}, for a reader who knows nothing about it yet, with care",
+    "Here is what everyone should know about {}: the facts, the people, the places and the dates",
+    "My grandmother once told me a long story about {} that I have never forgotten since that day",
+]
 
 
 def _prompts(tokenizer, count: int):
@@ -178,26 +210,33 @@ def child_quality(tokens: int, count: int, only: str) -> dict:
                     setattr(module, child_name, Swapped(linear))
         started = time.perf_counter()
         with torch.inference_mode():
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens, min_new_tokens=tokens,
-                                 do_sample=False)
+            out = model.generate(
+                ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False
+            )
         print(f"  {result['capability']} {label}: {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
         return out[:, PROMPT_TOKENS:].tolist()
 
     reference = generate("float32", None, None, None)
     supported = w.supported_formats()
-    plan = [("bfloat16", "bfloat16", "bfloat16", "bfloat16"), ("int8", "int8", "bfloat16", "int8"),
-            ("int4 (Q4_1) + int8 output", "int4", "bfloat16", "int8"),
-            ("int4 (Q4_1) + float32 output", "int4", "bfloat16", "float32"),
-            ("int4 (Q4_1) + bfloat16 output", "int4", "bfloat16", "bfloat16")]
+    plan = [
+        ("bfloat16", "bfloat16", "bfloat16", "bfloat16"),
+        ("int8", "int8", "bfloat16", "int8"),
+        ("int4 (Q4_1) + int8 output", "int4", "bfloat16", "int8"),
+        ("int4 (Q4_1) + float32 output", "int4", "bfloat16", "float32"),
+        ("int4 (Q4_1) + bfloat16 output", "int4", "bfloat16", "bfloat16"),
+    ]
     for label, fmt, act, output_fmt in plan:
         if fmt not in supported or output_fmt not in supported or (only and label not in only.split(",")):
             continue
         got = generate(label, fmt, act, output_fmt)
         firsts = [next((i for i, (a, b) in enumerate(zip(r, g)) if a != b), None) for r, g in zip(reference, got)]
         diverged = [f for f in firsts if f is not None]
-        result["variants"][label] = {"diverged": len(diverged), "of": len(firsts),
-                                     "first_min": min(diverged, default=None),
-                                     "first_median": statistics.median(diverged) if diverged else None}
+        result["variants"][label] = {
+            "diverged": len(diverged),
+            "of": len(firsts),
+            "first_min": min(diverged, default=None),
+            "first_median": statistics.median(diverged) if diverged else None,
+        }
     return result
 
 
@@ -205,8 +244,14 @@ def run_child(mode: str, avx2: bool, tokens: int, threads: int, prompts: int = l
     env = dict(os.environ, **(AVX2_ENV if avx2 else {}))
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
-    out = subprocess.run([sys.executable, __file__, "--child", mode, "--tokens", str(tokens), "--prompts", str(prompts), "--only", only], env=env, cwd=ROOT,
-                         check=True, stdout=subprocess.PIPE, text=True)
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", mode, "--tokens", str(tokens), "--prompts", str(prompts), "--only", only],
+        env=env,
+        cwd=ROOT,
+        check=True,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -234,10 +279,16 @@ def main() -> None:
     parser.add_argument("--child", choices=["sweeps", "quality"])
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child_sweeps() if args.child == "sweeps" else child_quality(args.tokens, args.prompts, args.only)))
+        print(
+            json.dumps(
+                child_sweeps() if args.child == "sweeps" else child_quality(args.tokens, args.prompts, args.only)
+            )
+        )
         return
     flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
-    print(f"{cpu_name()}, {os.cpu_count()} CPUs, AVX-512 bf16: {'avx512_bf16' in flags}; load average {os.getloadavg()[0]:.1f}")
+    print(
+        f"{cpu_name()}, {os.cpu_count()} CPUs, AVX-512 bf16: {'avx512_bf16' in flags}; load average {os.getloadavg()[0]:.1f}"
+    )
     isas = {"both": (False, True), "native": (False,), "avx2": (True,)}[args.isa]
     sweeps: dict[bool, list[dict]] = {avx2: [] for avx2 in isas}
     started = time.perf_counter()
@@ -248,13 +299,24 @@ def main() -> None:
                 args.json.write_text(json.dumps({"sweeps": {str(k): v for k, v in sweeps.items()}}))
     for avx2 in isas if not args.skip_sweeps else ():
         runs = sweeps[avx2]
-        print(f"\n## {runs[0]['capability']} ({'AVX2 env vars' if avx2 else 'native'}), {runs[0]['threads']} threads: "
-              f"ms per sweep, best of {len(runs)} rounds (load average now {os.getloadavg()[0]:.1f})")
-        print("| format | " + " | ".join(f"layers b{b}" for b in BATCHES) + " | " + " | ".join(f"output b{b}" for b in BATCHES) + " |")
+        print(
+            f"\n## {runs[0]['capability']} ({'AVX2 env vars' if avx2 else 'native'}), {runs[0]['threads']} threads: "
+            f"ms per sweep, best of {len(runs)} rounds (load average now {os.getloadavg()[0]:.1f})"
+        )
+        print(
+            "| format | "
+            + " | ".join(f"layers b{b}" for b in BATCHES)
+            + " | "
+            + " | ".join(f"output b{b}" for b in BATCHES)
+            + " |"
+        )
         print("| --- " * (1 + 2 * len(BATCHES)) + "|")
         for label in runs[0]["layers"]:
-            cells = [min((r[role][label][str(b)] for r in runs if str(b) in r[role][label]), default=None)
-                     for role in ("layers", "output") for b in BATCHES]
+            cells = [
+                min((r[role][label][str(b)] for r in runs if str(b) in r[role][label]), default=None)
+                for role in ("layers", "output")
+                for b in BATCHES
+            ]
             print(f"| {label} | " + " | ".join("-" if c is None else f"{c:.1f}" for c in cells) + " |")
     print(f"\n(sweeps took {time.perf_counter() - started:.0f} s)")
     if args.skip_quality:
@@ -265,9 +327,14 @@ def main() -> None:
             raw = json.loads(args.json.read_text()) if args.json.exists() else {}
             raw[f"quality {quality['capability']}"] = quality
             args.json.write_text(json.dumps(raw))
-        print(f"\n## Greedy divergence from float32, {quality['capability']}: {args.prompts} prompts x {args.tokens} tokens, batched")
-        print(f"Q4_1 blocks d*q+m vs the float32 cache: max abs diff {quality['q4_1_dequantized_vs_cache']:.3g}; int4 kernel "
-              "weights vs the cache, by scale dtype: " + ", ".join(f"{k} {v:.3g}" for k, v in quality["int4_weights"].items()))
+        print(
+            f"\n## Greedy divergence from float32, {quality['capability']}: {args.prompts} prompts x {args.tokens} tokens, batched"
+        )
+        print(
+            f"Q4_1 blocks d*q+m vs the float32 cache: max abs diff {quality['q4_1_dequantized_vs_cache']:.3g}; int4 kernel "
+            "weights vs the cache, by scale dtype: "
+            + ", ".join(f"{k} {v:.3g}" for k, v in quality["int4_weights"].items())
+        )
         print("| weights | prompts diverging | first diverging token (min / median) |")
         print("| --- | --- | --- |")
         for label, v in quality["variants"].items():

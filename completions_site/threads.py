@@ -11,6 +11,7 @@ be in ``os.environ`` before ``import torch``: ``completions_site/asgi.py`` and `
 An operator's own choice wins: when ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` is set (even to
 libgomp's default), nothing is changed.  ``bench/thread_policy.py`` measures the alternatives.
 """
+
 from __future__ import annotations
 
 import os

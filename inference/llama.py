@@ -22,6 +22,7 @@ pre-RMSNorm, rotary position embeddings, SwiGLU MLP, grouped-query attention fro
 Rows of the running batch are contiguous: ``keep`` moves only the rows whose place changes, so an
 engine that fills a leaving row's place with the last row moves one row, and decode never gathers.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -97,7 +98,15 @@ def unsupported_reason(model) -> str | None:
         return "partial rotary embeddings"
     for layer in model.model.layers:
         attention, mlp = layer.self_attn, layer.mlp
-        modules = (attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+        modules = (
+            attention.q_proj,
+            attention.k_proj,
+            attention.v_proj,
+            attention.o_proj,
+            mlp.gate_proj,
+            mlp.up_proj,
+            mlp.down_proj,
+        )
         if any(type(module) is not torch.nn.Linear for module in modules):
             return "linear layers are not plain nn.Linear (prepacked or quantized)"
     if type(model.get_output_embeddings()) is not torch.nn.Linear:
@@ -182,7 +191,11 @@ class LlamaModelRunner:
             self._lm_head = linear_factory(output.weight, dtype, (OUTPUT_NAME,))
         self._inv_freq, self._rope_scaling = self._rope_frequencies(model)
         self._cos = self._sin = torch.empty(0, self.head_dim, dtype=dtype, device=self.device)
-        linear_kind = "oneDNN-packed bfloat16" if dtype == torch.bfloat16 and onednn_linear_available() else str(dtype).removeprefix("torch.")
+        linear_kind = (
+            "oneDNN-packed bfloat16"
+            if dtype == torch.bfloat16 and onednn_linear_available()
+            else str(dtype).removeprefix("torch.")
+        )
         if linear_factory is not make_linear:
             linear_kind = getattr(linear_factory, "description", linear_factory.__name__)
         self.description = f"llama runner, weights {linear_kind}, activations {str(dtype).removeprefix('torch.')}"
@@ -203,7 +216,9 @@ class LlamaModelRunner:
 
         return _Layer(
             input_norm=layer.input_layernorm.weight.detach().to(self.dtype),
-            qkv=linear_factory(qkv.detach(), self.dtype, names("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
+            qkv=linear_factory(
+                qkv.detach(), self.dtype, names("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
+            ),
             o=linear_factory(attention.o_proj.weight.detach(), self.dtype, names("self_attn.o_proj")),
             post_norm=layer.post_attention_layernorm.weight.detach().to(self.dtype),
             gate_up=linear_factory(gate_up.detach(), self.dtype, names("mlp.gate_proj", "mlp.up_proj")),
@@ -320,7 +335,9 @@ class LlamaModelRunner:
         wanted, offset = [], 0
         for chunk in chunks:
             size = len(chunk.token_ids)
-            wanted.append(torch.arange(offset, offset + size) if chunk.all_logits else torch.tensor([offset + size - 1]))
+            wanted.append(
+                torch.arange(offset, offset + size) if chunk.all_logits else torch.tensor([offset + size - 1])
+            )
             offset += size
         logits = self._logits(x[torch.cat(wanted).to(self.device)])
         for chunk, partial in zip(chunks, partials):
@@ -346,7 +363,11 @@ class LlamaModelRunner:
         capacity = _round_up(needed, COLUMN_CHUNK)
         shape = (self.num_layers, self.num_kv_heads, capacity, self.head_dim)
         # Empty is safe: attention reads only the positions a chunk has written.
-        grown = _Partial(0, torch.empty(shape, dtype=self.dtype, device=self.device), torch.empty(shape, dtype=self.dtype, device=self.device))
+        grown = _Partial(
+            0,
+            torch.empty(shape, dtype=self.dtype, device=self.device),
+            torch.empty(shape, dtype=self.dtype, device=self.device),
+        )
         if partial is not None:
             grown.keys[:, :, : partial.length] = partial.keys[:, :, : partial.length]
             grown.values[:, :, : partial.length] = partial.values[:, :, : partial.length]
@@ -372,7 +393,9 @@ class LlamaModelRunner:
         qk_width = (heads + kv_heads) * dim
         positions = torch.tensor(self._lengths, device=self.device)
         # Where each row's new key goes in a layer's cache seen as [rows * kv_heads * capacity, dim].
-        slots = (torch.arange(rows * kv_heads, device=self.device).view(rows, kv_heads) * capacity + positions[:, None]).view(-1)
+        slots = (
+            torch.arange(rows * kv_heads, device=self.device).view(rows, kv_heads) * capacity + positions[:, None]
+        ).view(-1)
         mask = None
         if min(self._lengths) + 1 != longest:  # rows of one length attend to every column: no mask
             mask = (torch.arange(longest, device=self.device)[None, :] <= positions[:, None]).view(rows, 1, 1, longest)
@@ -381,7 +404,10 @@ class LlamaModelRunner:
         for index, layer in enumerate(self._layers):
             qkv = layer.qkv(F.rms_norm(x, (self.hidden_size,), layer.input_norm, self.eps))
             qk = self._rotate(qkv[:, :qk_width].view(rows, heads + kv_heads, dim), cos, sin)
-            cache_keys, cache_values = self._layer_keys[index], self._layer_values[index]  # [row capacity, kv_heads, capacity, dim]
+            cache_keys, cache_values = (
+                self._layer_keys[index],
+                self._layer_values[index],
+            )  # [row capacity, kv_heads, capacity, dim]
             cache_keys.view(-1, dim).index_copy_(0, slots, qk[:, heads:].reshape(rows * kv_heads, dim))
             cache_values.view(-1, dim).index_copy_(0, slots, qkv[:, qk_width:].reshape(rows * kv_heads, dim))
             # Grouped-query attention: the `group` query heads of one KV head are its `group` queries.

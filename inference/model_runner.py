@@ -10,6 +10,7 @@ shorter side on the left, leaving selects rows and trims columns that are paddin
 ``inference.llama.LlamaModelRunner`` (our own forward pass for the Llama family) implements the
 same protocol; :func:`build_runner` picks one.
 """
+
 from __future__ import annotations
 
 import logging
@@ -33,35 +34,42 @@ RUNNERS = ("auto", "llama", "transformers")
 class PrefillChunk:
     """Prompt tokens of one waiting request for one prefill call (the scheduler's choice)."""
 
-    key: int                 # the engine request's identity (id() of its state); the runner keeps its partial cache under it
-    token_ids: list[int]     # this chunk's prompt tokens
-    start: int               # position of token_ids[0] (tokens before it are in the runner's cache for `key`)
-    all_logits: bool         # True: logits for every position (prompt logprobs); False: last position only
+    key: int  # the engine request's identity (id() of its state); the runner keeps its partial cache under it
+    token_ids: list[int]  # this chunk's prompt tokens
+    start: int  # position of token_ids[0] (tokens before it are in the runner's cache for `key`)
+    all_logits: bool  # True: logits for every position (prompt logprobs); False: last position only
 
 
 class ModelRunner(Protocol):
     """The forward pass and KV caches behind the engine (see the module docstring)."""
 
-    vocab_size: int          # rows of the output layer
-    max_context: int         # max_position_embeddings
-    description: str         # e.g. "llama runner, weights int8 (batch<=8) / float32, activations bfloat16"
-    weight_formats: str      # the linear layers' formats, e.g. "layers: int4; output layer: float32 (cache)"
+    vocab_size: int  # rows of the output layer
+    max_context: int  # max_position_embeddings
+    description: str  # e.g. "llama runner, weights int8 (batch<=8) / float32, activations bfloat16"
+    weight_formats: str  # the linear layers' formats, e.g. "layers: int4; output layer: float32 (cache)"
+
     def prefill(self, chunks: Sequence[PrefillChunk]) -> list[torch.Tensor]:
         """One forward pass over chunks of one or several waiting requests (several: short prompts, or
         prompt-logprob requests, batched together). Returns per chunk float32 logits
         [len(token_ids), vocab] if all_logits else [1, vocab]."""
+
     def join(self, key: int, copies: int) -> None:
         """Append `copies` rows to the running batch, each holding the (fully prefilled) cache of `key`
         (n/best_of candidates share one prefill; 0: none, every candidate ended on its first token); the runner forgets `key`."""
+
     def decode(self, input_ids: Sequence[int]) -> torch.Tensor:
         """One decode step for every running row (input_ids[b] is row b's next token, at that row's next
         position, which the runner tracks). Returns float32 logits [B, vocab]."""
+
     def keep(self, rows: Sequence[int]) -> None:
         """Keep only these running rows, in this order (finished/aborted rows leave)."""
+
     def release(self, key: int) -> None:
         """Forget a waiting request's partial cache (abort, failure). Harmless if unknown."""
+
     def reset(self) -> None:
         """Drop every cache (after a failed step)."""
+
     def warm_up(self) -> None:
         """Run representative prefill and decode shapes once, so the first request is as fast as the
         hundredth (kernels, allocator, autotune); called before the engine reports ready."""
@@ -241,7 +249,15 @@ class HFModelRunner:
         if prefilled.alone:
             return prefilled.cache
         cache = BatchKVCache(self.model.config)
-        cache.join([(prefilled.cache, torch.tensor([prefilled.row], device=self.device), prefilled.cache.width - prefilled.length)])
+        cache.join(
+            [
+                (
+                    prefilled.cache,
+                    torch.tensor([prefilled.row], device=self.device),
+                    prefilled.cache.width - prefilled.length,
+                )
+            ]
+        )
         return cache
 
     def _prefill_together(self, chunks: Sequence[PrefillChunk]) -> list[torch.Tensor]:

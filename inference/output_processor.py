@@ -6,6 +6,7 @@ text pieces, stop strings found on that text, the ``length`` limits, and the pro
 completion's log-probabilities.  It runs no model and schedules nothing, so it can be tested
 with a tokenizer and hand-made logits.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -25,7 +26,9 @@ class OutputProcessor:
     penalty counts; a sequence reaching ``max_context`` tokens ends with ``"length"``.
     """
 
-    def __init__(self, tokenizer, eos_token_ids: Iterable[int], vocab_size: int, max_context: int, device: torch.device) -> None:
+    def __init__(
+        self, tokenizer, eos_token_ids: Iterable[int], vocab_size: int, max_context: int, device: torch.device
+    ) -> None:
         self.tokenizer = tokenizer
         self.eos_token_ids = frozenset(eos_token_ids)
         self.vocab_size = vocab_size

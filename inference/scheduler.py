@@ -8,6 +8,7 @@ batch's rows); vLLM v1's ``vllm/v1/core/sched/scheduler.py`` makes the same deci
 token budget.  It runs no model: it sees prompts, their progress (``Request.prefilled``) and
 how many rows are running.
 """
+
 from __future__ import annotations
 
 import collections

@@ -6,6 +6,7 @@ prefill progress, the output processor writes a sequence's tokens and text, and 
 never sees either: it knows a request only by :attr:`Request.key`.  (vLLM v1 splits its state the
 same way: ``vllm/v1/request.py`` against the runner's input batch.)
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -42,7 +43,9 @@ class Request:
         self.loop = loop
         self.queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         self.prefilled = 0
-        self.prompt_logprobs: list[TokenLogprob] | None = [TokenLogprob(prompt_ids[0], None)] if params.prompt_logprobs else None
+        self.prompt_logprobs: list[TokenLogprob] | None = (
+            [TokenLogprob(prompt_ids[0], None)] if params.prompt_logprobs else None
+        )
         self.sequences: list[SequenceState] = []
         self.device = device
         self.bias_ids = torch.tensor(list(params.logit_bias), dtype=torch.long, device=device)

@@ -28,6 +28,7 @@ version, thread count and shapes.  A layer holding several formats dispatches on
 each call (:class:`PlannedLinear`).  No Django here: the setting ``MODEL_WEIGHTS`` reaches
 :func:`choose_formats` as ``requested`` through ``ModelConfig.weights``.
 """
+
 from __future__ import annotations
 
 import functools
@@ -186,7 +187,9 @@ class Bfloat16Linear(WeightLinear):
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         self.out_features, self.in_features = weight.shape
-        self.packed = PackedLinear(weight.detach().to(torch.bfloat16), None if bias is None else bias.detach().to(torch.bfloat16))
+        self.packed = PackedLinear(
+            weight.detach().to(torch.bfloat16), None if bias is None else bias.detach().to(torch.bfloat16)
+        )
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.bfloat16:
@@ -210,8 +213,12 @@ class Int8Linear(WeightLinear):
 
     format = "int8"
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                 compute_dtype: torch.dtype = QUANTIZED_COMPUTE_DTYPE) -> None:
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        compute_dtype: torch.dtype = QUANTIZED_COMPUTE_DTYPE,
+    ) -> None:
         self.out_features, self.in_features = weight.shape
         weight = weight.detach().float()
         scale = weight.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny) / 127
@@ -228,8 +235,13 @@ class Int8Linear(WeightLinear):
         return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
     @classmethod
-    def from_quantized(cls, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None,
-                       compute_dtype: torch.dtype = QUANTIZED_COMPUTE_DTYPE) -> Int8Linear:
+    def from_quantized(
+        cls,
+        qweight: torch.Tensor,
+        scales: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        compute_dtype: torch.dtype = QUANTIZED_COMPUTE_DTYPE,
+    ) -> Int8Linear:
         """The layer of int8 values ``qweight [out, in]`` and per-row ``scales [out]``, as they are."""
         layer = cls.__new__(cls)
         layer.out_features, layer.in_features = qweight.shape
@@ -306,14 +318,19 @@ class Int4Linear(WeightLinear):
 
     format = "int4"
 
-    def __init__(self, blocks: Q4_1Blocks, bias: torch.Tensor | None = None,
-                 compute_dtype: torch.dtype = QUANTIZED_COMPUTE_DTYPE) -> None:
+    def __init__(
+        self, blocks: Q4_1Blocks, bias: torch.Tensor | None = None, compute_dtype: torch.dtype = QUANTIZED_COMPUTE_DTYPE
+    ) -> None:
         self.out_features, self.in_features = blocks.shape
         if self.in_features % INT4_GROUP or self.out_features % 16:
-            raise ValueError(f"int4 needs in_features divisible by {INT4_GROUP} and out_features by 16, "
-                             f"got {self.out_features} x {self.in_features}")
+            raise ValueError(
+                f"int4 needs in_features divisible by {INT4_GROUP} and out_features by 16, "
+                f"got {self.out_features} x {self.in_features}"
+            )
         self.compute_dtype = compute_dtype
-        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(blocks.q.to(torch.int32).contiguous(), INT4_INNER_K_TILES)
+        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
+            blocks.q.to(torch.int32).contiguous(), INT4_INNER_K_TILES
+        )
         d, m = blocks.d.float(), blocks.m.float()
         # The kernel wants [in / 32, out, 2] (scale, zero).
         self.scales_and_zeros = torch.stack([d, m + 8 * d], dim=-1).transpose(0, 1).contiguous().to(compute_dtype)
@@ -431,8 +448,13 @@ class PlannedLinear(WeightLinear):
         return sum(layer.nbytes for layer in self.layers.values())
 
 
-def make_linear(weight: torch.Tensor, bias: torch.Tensor | None = None, plan: Plan | str = "float32",
-                *, q4_1: Q4_1Blocks | None = None) -> WeightLinear:
+def make_linear(
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    plan: Plan | str = "float32",
+    *,
+    q4_1: Q4_1Blocks | None = None,
+) -> WeightLinear:
     """The linear layer ``x [..., in] -> [..., out]`` (in ``x``'s dtype) of ``weight [out, in]`` (float32) in ``plan``'s formats.
 
     ``plan``: a format name or a :class:`Plan`.  ``q4_1``: the weight's own Q4_1 blocks (same shape);
@@ -469,7 +491,9 @@ class Choice:
     source: str
     timings: dict = field(default_factory=dict)
 
-    def make_layer(self, weight: torch.Tensor, bias: torch.Tensor | None = None, *, q4_1: Q4_1Blocks | None = None) -> WeightLinear:
+    def make_layer(
+        self, weight: torch.Tensor, bias: torch.Tensor | None = None, *, q4_1: Q4_1Blocks | None = None
+    ) -> WeightLinear:
         """A decoder layer's projection in ``layers``' formats (see :func:`make_linear`)."""
         return make_linear(weight, bias, self.layers, q4_1=q4_1)
 
@@ -484,8 +508,13 @@ class Choice:
 # --- The GGUF's own blocks ---------------------------------------------------------------------------------
 
 _GGUF_TO_HF = {
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
 }
 
 
@@ -554,21 +583,31 @@ def load_q4_1_blocks(path: Path, num_heads: int, num_kv_heads: int, cache_dir: P
     from safetensors.torch import load_file, save_file
 
     stat = Path(path).stat()
-    digest = hashlib.sha256(f"{Path(path).resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{num_heads}:{num_kv_heads}".encode())
+    digest = hashlib.sha256(
+        f"{Path(path).resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{num_heads}:{num_kv_heads}".encode()
+    )
     target = Path(cache_dir) / f"{Path(path).stem}-q4_1-{digest.hexdigest()[:12]}.safetensors"
     try:
         tensors = load_file(target)
         names = {key.rsplit(".", 1)[0] for key in tensors}
-        return {name: Q4_1Blocks(_unpack_nibbles(tensors[f"{name}.q"]), tensors[f"{name}.d"], tensors[f"{name}.m"])
-                for name in names}
+        return {
+            name: Q4_1Blocks(_unpack_nibbles(tensors[f"{name}.q"]), tensors[f"{name}.d"], tensors[f"{name}.m"])
+            for name in names
+        }
     except (OSError, KeyError, ValueError, RuntimeError):
         pass
     blocks = read_q4_1_blocks(path, num_heads, num_kv_heads)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
-        save_file({f"{name}.{part}": tensor.contiguous() for name, b in blocks.items()
-                   for part, tensor in (("q", _pack_nibbles(b.q)), ("d", b.d), ("m", b.m))}, str(partial))
+        save_file(
+            {
+                f"{name}.{part}": tensor.contiguous()
+                for name, b in blocks.items()
+                for part, tensor in (("q", _pack_nibbles(b.q)), ("d", b.d), ("m", b.m))
+            },
+            str(partial),
+        )
         partial.replace(target)
     except OSError as error:
         logger.warning("Could not cache the Q4_1 blocks in %s: %s", target, error)
@@ -588,14 +627,29 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def autotune_key(layer_shapes: Sequence[tuple[int, int]], layers: int, output_shape: tuple[int, int],
-                 batch_sizes: Sequence[int], act_dtype: torch.dtype, memory_budget: int, formats: Sequence[str]) -> dict:
+def autotune_key(
+    layer_shapes: Sequence[tuple[int, int]],
+    layers: int,
+    output_shape: tuple[int, int],
+    batch_sizes: Sequence[int],
+    act_dtype: torch.dtype,
+    memory_budget: int,
+    formats: Sequence[str],
+) -> dict:
     """What a cached choice is valid for: the CPU, torch's dispatch, the thread count and the shapes timed."""
     return {
-        "version": AUTOTUNE_VERSION, "cpu": _cpu_model(), "capability": cpu_capability(), "torch": torch.__version__,
-        "threads": torch.get_num_threads(), "layer_shapes": [list(s) for s in layer_shapes], "layers": layers,
-        "output_shape": list(output_shape), "batch_sizes": list(batch_sizes), "act_dtype": str(act_dtype),
-        "memory_budget": memory_budget, "formats": list(formats),
+        "version": AUTOTUNE_VERSION,
+        "cpu": _cpu_model(),
+        "capability": cpu_capability(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "layer_shapes": [list(s) for s in layer_shapes],
+        "layers": layers,
+        "output_shape": list(output_shape),
+        "batch_sizes": list(batch_sizes),
+        "act_dtype": str(act_dtype),
+        "memory_budget": memory_budget,
+        "formats": list(formats),
     }
 
 
@@ -620,15 +674,25 @@ def _build_random(name: str, shape: tuple[int, int], generator: torch.Generator)
     return _BUILDERS[name](tiled(torch.randn(64, inp, generator=generator) * 0.02), None)
 
 
-def _time_sweeps(formats: Sequence[str], layer_shapes: Sequence[tuple[int, int]], layers: int,
-                 output_shape: tuple[int, int], batch_sizes: Sequence[int], act_dtype: torch.dtype,
-                 repeats: int, time_limit: float) -> dict[str, dict[str, dict[int, float]]]:
+def _time_sweeps(
+    formats: Sequence[str],
+    layer_shapes: Sequence[tuple[int, int]],
+    layers: int,
+    output_shape: tuple[int, int],
+    batch_sizes: Sequence[int],
+    act_dtype: torch.dtype,
+    repeats: int,
+    time_limit: float,
+) -> dict[str, dict[str, dict[int, float]]]:
     """``{"layers"|"output": {format: {batch: ms}}}``: the fastest of ``repeats`` sweeps (one format at a time in memory)."""
     generator = torch.Generator().manual_seed(0)
     timings: dict[str, dict[str, dict[int, float]]] = {"layers": {}, "output": {}}
     started = time.perf_counter()
-    inputs = {(b, k): torch.randn(b, k, dtype=act_dtype) for b in batch_sizes for k in
-              {s[1] for s in layer_shapes} | {output_shape[1]}}
+    inputs = {
+        (b, k): torch.randn(b, k, dtype=act_dtype)
+        for b in batch_sizes
+        for k in {s[1] for s in layer_shapes} | {output_shape[1]}
+    }
     for name in formats:
         if timings["layers"] and time.perf_counter() - started > time_limit:
             # A start must not wait on a busy machine: the formats timed so far decide.
@@ -668,8 +732,9 @@ def _weight_bytes(name: str, shapes: Sequence[tuple[int, int]], count: int) -> i
     return int(count * sum(out * inp * per_value for out, inp in shapes))
 
 
-def plan_from_timings(timings: dict[str, dict[int, float]], batch_sizes: Sequence[int], sizes: dict[str, int],
-                      memory_budget: int) -> Plan:
+def plan_from_timings(
+    timings: dict[str, dict[int, float]], batch_sizes: Sequence[int], sizes: dict[str, int], memory_budget: int
+) -> Plan:
     """The plan of the fastest format at each timed batch size, if its formats' memory fits ``memory_budget``.
 
     Each timed batch size covers rows up to the geometric middle between it and the next (1 and 8:
@@ -691,17 +756,28 @@ def plan_from_timings(timings: dict[str, dict[int, float]], batch_sizes: Sequenc
     fitting = [name for name in timings if sizes[name] <= memory_budget] or [min(timings, key=sizes.__getitem__)]
 
     def slowdown(name: str) -> float:
-        return sum(timings[name].get(b, math.inf) / min(t.get(b, math.inf) for t in timings.values()) for b in batch_sizes)
+        return sum(
+            timings[name].get(b, math.inf) / min(t.get(b, math.inf) for t in timings.values()) for b in batch_sizes
+        )
 
     return Plan.single(min(fitting, key=slowdown))
 
 
-def choose_formats(requested: str = "auto", *, cache_dir: Path = Path(".cache/weight_formats"),
-                   layer_shapes: Sequence[tuple[int, int]] = EMBEDDED_LAYER_SHAPES, layers: int = EMBEDDED_LAYERS,
-                   output_shape: tuple[int, int] = EMBEDDED_OUTPUT_SHAPE, batch_sizes: Sequence[int] = BATCH_SIZES,
-                   act_dtype: torch.dtype = torch.float32, candidates: Sequence[str] = AUTO_FORMATS,
-                   output_candidates: Sequence[str] | None = None,
-                   memory_budget: int = DEFAULT_MEMORY_BUDGET, repeats: int = 3, time_limit: float = 6.0) -> Choice:
+def choose_formats(
+    requested: str = "auto",
+    *,
+    cache_dir: Path = Path(".cache/weight_formats"),
+    layer_shapes: Sequence[tuple[int, int]] = EMBEDDED_LAYER_SHAPES,
+    layers: int = EMBEDDED_LAYERS,
+    output_shape: tuple[int, int] = EMBEDDED_OUTPUT_SHAPE,
+    batch_sizes: Sequence[int] = BATCH_SIZES,
+    act_dtype: torch.dtype = torch.float32,
+    candidates: Sequence[str] = AUTO_FORMATS,
+    output_candidates: Sequence[str] | None = None,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+    repeats: int = 3,
+    time_limit: float = 6.0,
+) -> Choice:
     """The weight formats to build the model's linears in (``MODEL_WEIGHTS``): a :class:`Choice`.
 
     ``requested``: ``auto`` or a format of :data:`FORMATS` (used for every layer and batch; raises
@@ -731,7 +807,9 @@ def choose_formats(requested: str = "auto", *, cache_dir: Path = Path(".cache/we
     try:
         cached = json.loads(path.read_text())
         if cached.get("key") == key:
-            choice = Choice(Plan.from_json(cached["layers"]), Plan.from_json(cached["output"]), "cache", cached.get("timings", {}))
+            choice = Choice(
+                Plan.from_json(cached["layers"]), Plan.from_json(cached["output"]), "cache", cached.get("timings", {})
+            )
             if set(choice.layers.formats + choice.output.formats) <= set(formats):
                 logger.info("Weight formats: %s, from %s", choice.describe(), path)
                 return choice
@@ -747,20 +825,37 @@ def choose_formats(requested: str = "auto", *, cache_dir: Path = Path(".cache/we
     left = memory_budget - sum(layer_sizes[name] for name in layers_plan.formats)
     output_timings = {name: by_batch for name, by_batch in timings["output"].items() if name in output_formats}
     output_plan = plan_from_timings(output_timings or timings["output"], batch_sizes, output_sizes, max(left, 0))
-    readable = {role: {name: {str(b): round(ms, 2) for b, ms in by_batch.items()} for name, by_batch in table.items()}
-                for role, table in timings.items()}
+    readable = {
+        role: {name: {str(b): round(ms, 2) for b, ms in by_batch.items()} for name, by_batch in table.items()}
+        for role, table in timings.items()
+    }
     choice = Choice(layers_plan, output_plan, "autotune", readable)
-    logger.info("Weight formats: %s; autotuned in %.1f s on %s (%s, %d threads); ms per sweep: %s",
-                choice.describe(), time.perf_counter() - started, key["cpu"], key["capability"], key["threads"], readable)
-    complete = len(timings["layers"]) == len(formats) and all(len(t) == len(batch_sizes) for t in timings["layers"].values())
+    logger.info(
+        "Weight formats: %s; autotuned in %.1f s on %s (%s, %d threads); ms per sweep: %s",
+        choice.describe(),
+        time.perf_counter() - started,
+        key["cpu"],
+        key["capability"],
+        key["threads"],
+        readable,
+    )
+    complete = len(timings["layers"]) == len(formats) and all(
+        len(t) == len(batch_sizes) for t in timings["layers"].values()
+    )
     if not complete:
-        logger.warning("Weight formats not cached: the autotune ran out of time (a busy machine?); the next start times again")
+        logger.warning(
+            "Weight formats not cached: the autotune ran out of time (a busy machine?); the next start times again"
+        )
         return choice
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(f".{os.getpid()}.partial")
-        partial.write_text(json.dumps({"key": key, "layers": layers_plan.to_json(), "output": output_plan.to_json(),
-                                       "timings": readable}, indent=1))
+        partial.write_text(
+            json.dumps(
+                {"key": key, "layers": layers_plan.to_json(), "output": output_plan.to_json(), "timings": readable},
+                indent=1,
+            )
+        )
         partial.replace(path)
     except OSError as error:
         logger.warning("Could not cache the weight formats in %s: %s", path, error)

@@ -1,5 +1,6 @@
 """Prefill turns: a request of many prompts does not hold up the first token of the requests behind it,
 and scoring requests are prefilled together with the results they get alone (float32)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -71,6 +72,8 @@ def test_scoring_requests_prefilled_together_get_the_logprobs_they_get_alone(eng
     for got, want in zip(batched, alone):
         assert [entry.token_id for entry in got] == [entry.token_id for entry in want]
         assert [entry.logprob for entry in got] == pytest.approx([entry.logprob for entry in want], abs=1e-5)
-        assert [[token for token, _ in entry.top] for entry in got] == [[token for token, _ in entry.top] for entry in want]
+        assert [[token for token, _ in entry.top] for entry in got] == [
+            [token for token, _ in entry.top] for entry in want
+        ]
         for entry_got, entry_want in zip(got, want):
             assert [v for _, v in entry_got.top] == pytest.approx([v for _, v in entry_want.top], abs=1e-5)

@@ -13,6 +13,7 @@ promise more than transformers promises itself: its own logits for the same toke
 and eager attention or between a 47- and a 48-token pass.  The float32 bounds are set just above
 those figures: 3e-5 and 1e-4.
 """
+
 from __future__ import annotations
 
 from contextlib import nullcontext
@@ -52,7 +53,10 @@ def rms_norm_in_input_dtype(self, hidden_states: torch.Tensor) -> torch.Tensor:
 def assert_matches_transformers(model, sequences: list[Sequence], tolerance: tuple[float, float]) -> None:
     """Every recorded logit row equals transformers' for its sequence's history within ``tolerance``."""
     exact = model.dtype == torch.float64
-    with torch.inference_mode(), patch.object(LlamaRMSNorm, "forward", rms_norm_in_input_dtype) if exact else nullcontext():
+    with (
+        torch.inference_mode(),
+        patch.object(LlamaRMSNorm, "forward", rms_norm_in_input_dtype) if exact else nullcontext(),
+    ):
         for seq in sequences:
             reference = model(input_ids=torch.tensor([seq.token_ids])).logits[0]
             positions = sorted(seq.logits)
@@ -110,7 +114,9 @@ def run_scenario(model, runner, vocab: int, tolerance: tuple[float, float]) -> N
         long = Sequence(random_ids(generator, 40, vocab))
         prefill(runner, long, key=1, chunk_sizes=[16, 16, 8])  # a multi-chunk prefill, every position
         short, medium = Sequence(random_ids(generator, 5, vocab)), Sequence(random_ids(generator, 23, vocab))
-        logits = runner.prefill([PrefillChunk(2, short.token_ids, 0, False), PrefillChunk(3, medium.token_ids, 0, True)])
+        logits = runner.prefill(
+            [PrefillChunk(2, short.token_ids, 0, False), PrefillChunk(3, medium.token_ids, 0, True)]
+        )
         short.record(4, logits[0])
         medium.record(0, logits[1])
         runner.join(1, 1)
@@ -241,10 +247,23 @@ def test_tied_embeddings_and_scaled_rope_match_transformers():
     """A tied output layer and llama3-scaled rotary frequencies (Llama 3.1's) are taken as transformers takes them."""
     torch.manual_seed(5)
     config = LlamaConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=1, max_position_embeddings=512, tie_word_embeddings=True, initializer_range=0.3,
-        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-                         "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        initializer_range=0.3,
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
     )
     model = LlamaForCausalLM(config).eval().double()
     assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
@@ -253,8 +272,14 @@ def test_tied_embeddings_and_scaled_rope_match_transformers():
 
 def test_supports_plain_llama_only(tiny):
     assert supports(tiny)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=2, attention_bias=True)
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        attention_bias=True,
+    )
     assert "bias" in unsupported_reason(LlamaForCausalLM(config))
     with pytest.raises(ValueError):
         LlamaModelRunner(LlamaForCausalLM(config))

@@ -1,4 +1,5 @@
 """The transformers model runner alone: batched, chunked and joined passes compute what one pass does."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """The output processor alone: token ids in, released text, stop strings, finish reasons and logprobs out."""
+
 from __future__ import annotations
 
 import asyncio
@@ -111,4 +112,3 @@ def test_prompt_logprobs_are_the_raw_log_softmax_and_go_out_once(processor, toke
     [(_, first)] = processor.outputs(sequences)
     assert first.prompt_logprobs == entries
     assert scoring.prompt_logprobs is None  # published once: later outputs carry none
-

@@ -1,4 +1,5 @@
 """The scheduler alone: which prompt chunks each prefill pass takes, with hand-made requests and no model."""
+
 from __future__ import annotations
 
 import torch
@@ -71,7 +72,9 @@ def test_scoring_requests_are_prefilled_several_at_a_time_within_the_logits_budg
 
 def test_no_request_joins_a_full_batch_but_scoring_requests_still_run():
     scheduler = Scheduler(max_batch_size=4, prefill_chunk=CHUNK)
-    scheduler.add([request("wide", 5, n=2, best_of=2), request("scoring", 5, max_tokens=0, prompt_logprobs=True, logprobs=0)])
+    scheduler.add(
+        [request("wide", 5, n=2, best_of=2), request("scoring", 5, max_tokens=0, prompt_logprobs=True, logprobs=0)]
+    )
     assert step(scheduler, running_rows=3) == [("scoring", 0, 5)]
     assert step(scheduler, running_rows=2) == [("wide", 0, 5)]
 

@@ -3,6 +3,7 @@ int4 reproduces Q4_1 blocks, the autotune's cached choice is honoured and MODEL_
 
 Tiny random matrices; nothing here is timed (bench/weight_formats.py measures speed).
 """
+
 from __future__ import annotations
 
 import json
@@ -82,8 +83,11 @@ def test_int4_from_q4_1_blocks_reproduces_d_times_q_plus_m_exactly():
 
 
 def test_q4_1_blocks_dequantize_as_ggml_orders_them():
-    blocks = Q4_1Blocks(torch.arange(32, dtype=torch.uint8).remainder(16)[None], torch.tensor([[0.5]]).half(),
-                        torch.tensor([[-1.0]]).half())
+    blocks = Q4_1Blocks(
+        torch.arange(32, dtype=torch.uint8).remainder(16)[None],
+        torch.tensor([[0.5]]).half(),
+        torch.tensor([[-1.0]]).half(),
+    )
     assert blocks.dequantize().tolist() == [[0.5 * (i % 16) - 1.0 for i in range(32)]]
 
 
@@ -203,9 +207,14 @@ def write_gguf(path, tensors: dict[str, Q4_1Blocks]) -> None:
     writer = GGUFWriter(str(path), "llama")
     for name, blocks in tensors.items():
         rows = blocks.q.shape[0]
-        raw = np.concatenate([blocks.d.numpy().view(np.uint8).reshape(rows, -1, 2),
-                              blocks.m.numpy().view(np.uint8).reshape(rows, -1, 2),
-                              weights._pack_nibbles(blocks.q).numpy().reshape(rows, -1, 16)], axis=-1)
+        raw = np.concatenate(
+            [
+                blocks.d.numpy().view(np.uint8).reshape(rows, -1, 2),
+                blocks.m.numpy().view(np.uint8).reshape(rows, -1, 2),
+                weights._pack_nibbles(blocks.q).numpy().reshape(rows, -1, 16),
+            ],
+            axis=-1,
+        )
         writer.add_tensor(name, raw.reshape(rows, -1), raw_dtype=GGMLQuantizationType.Q4_1)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -226,8 +235,10 @@ def test_gguf_q4_1_blocks_read_back_in_transformers_order_and_from_the_cache(tmp
     for _attempt in range(2):  # read, then from the cache
         blocks = weights.load_q4_1_blocks(tmp_path / "tiny.gguf", 4, 2, tmp_path / "cache")
         assert set(blocks) == {"model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.v_proj.weight"}
-        for got, expected in ((blocks["model.layers.0.self_attn.q_proj.weight"], q_proj),
-                              (blocks["model.layers.0.self_attn.v_proj.weight"], v_proj)):
+        for got, expected in (
+            (blocks["model.layers.0.self_attn.q_proj.weight"], q_proj),
+            (blocks["model.layers.0.self_attn.v_proj.weight"], v_proj),
+        ):
             assert torch.equal(got.q, expected.q) and torch.equal(got.d, expected.d) and torch.equal(got.m, expected.m)
         assert len(list((tmp_path / "cache").glob("*.safetensors"))) == 1
 
