@@ -2,17 +2,26 @@
 
 Every error leaves the server as ``{"error": {"message", "type", "param", "code"}}`` with all four
 keys present (the spec's ``Error`` schema in ``openai-openapi.yaml`` requires them all).
+Invalid parameters get OpenAI's ``code`` and wording from one mapping, :func:`schema_error`, and the
+builders beside it (``invalid_type_error``, ``above_maximum_error``, ...) for rules beyond a schema.
 """
 from __future__ import annotations
 
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
 from django.http import JsonResponse
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import ValidationError, relevance
 
 
 class APIError(Exception):
     """An error that becomes an HTTP response (or an in-band SSE error event after the first byte).
 
     ``status`` is the HTTP status; ``type``, ``param`` and ``code`` are OpenAI's fields, e.g.
-    ``APIError("2.5 is greater than the maximum of 2 - 'temperature'", param="temperature")``.
+    ``APIError("Invalid 'n': ...", param="n", code="integer_above_max_value")`` (the builders below
+    make these).
     ``headers`` are extra response headers such as ``Retry-After``.
     """
 
@@ -45,3 +54,385 @@ def error_response(error: APIError) -> JsonResponse:
     for name, value in error.headers.items():
         response[name] = value
     return response
+
+
+# --- Invalid parameters, in OpenAI's words -------------------------------------------------------
+#
+# One mapping from what a JSON Schema validator reports (jsonschema's ``ValidationError``: its
+# ``validator`` keyword, ``validator_value``, ``instance`` and path) to OpenAI's ``code`` and message,
+# for any request schema (completions today, chat tomorrow) and for query parameters (the usage API).
+# The rules a schema cannot express use the same builders, so every 400 reads alike.  Wording and
+# codes are OpenAI's, as its API answers them (e.g. ``"Invalid 'temperature': decimal above maximum
+# value. Expected a value <= 2, but got 2.5 instead."``, code ``decimal_above_max_value``); where
+# OpenAI's exact words are unknown (``empty_string``, ``invalid_value`` naming its parameter) they
+# follow the same pattern.
+
+MAX_VALUE_CHARS = 200  # a 4 MB prompt must not come back inside an error message
+
+_TYPE_NAMES = {
+    "integer": "an integer",
+    "number": "a decimal",  # OpenAI's word for JSON numbers
+    "string": "a string",
+    "boolean": "a boolean",
+    "object": "an object",
+    "array": "an array",
+    "null": "null",
+}
+_TYPE_CHECKER = Draft202012Validator.TYPE_CHECKER
+_COMBINATORS = ("anyOf", "oneOf")
+
+
+def param_path(parts: Iterable[str | int]) -> str | None:
+    """OpenAI's ``param`` for a path into the body: names dotted, array indices in brackets.
+
+    ``["stream_options", "include_usage"]`` → ``"stream_options.include_usage"``;
+    ``["logit_bias", "50256"]`` → ``"logit_bias.50256"``; ``["stop", 1]`` → ``"stop[1]"``;
+    ``[]`` (the body itself) → ``None``.
+    """
+    text = ""
+    for part in parts:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        else:
+            text += f".{part}" if text else str(part)
+    return text or None
+
+
+def schema_error(error: ValidationError) -> APIError:
+    """The 400 ``APIError`` for one jsonschema ``ValidationError``, with OpenAI's ``code`` and words.
+
+    Works for any schema (not tied to ``CreateCompletionRequest``).  ``param`` is the instance path
+    (:func:`param_path`); a missing property names itself.  An ``anyOf``/``oneOf`` error is first
+    resolved to the branch that fits the value's JSON type (``stop: ["a", 5]`` is an array, so the
+    array branch's ``"Invalid type for 'stop[1]'..."``); when no branch takes that type it is an
+    ``invalid_type`` listing what the branches accept.  Keywords and codes:
+
+    ========================================  ==========================================================
+    ``type``, an unmatched ``anyOf/oneOf``    ``invalid_type``
+    ``maximum`` / ``exclusiveMaximum``        ``integer_above_max_value`` / ``decimal_above_max_value``
+    ``minimum`` / ``exclusiveMinimum``        ``integer_below_min_value`` / ``decimal_below_min_value``
+    ``maxItems``                              ``array_above_max_length``
+    ``minItems``                              ``empty_array`` (got ``[]``), else ``array_below_min_length``
+    ``maxLength``                             ``string_above_max_length``
+    ``minLength``                             ``empty_string`` (got ``""``), else ``string_below_min_length``
+    ``enum``, ``const``, anything else        ``invalid_value``
+    ``required``                              ``missing_required_parameter``
+    ``additionalProperties: false``           OpenAI's legacy ``Unrecognized request argument supplied``
+    ========================================  ==========================================================
+
+    (integer or decimal follows the schema's ``type``: OpenAI says "decimal" for ``top_p: 5``.)
+    """
+    error = _branch_error(error)
+    path = list(error.absolute_path)
+    build = _SCHEMA_KEYWORDS.get(error.validator, _other_keyword)
+    return build(error, path)
+
+
+def invalid_type_error(param: str | None, expected: Sequence[str], value: Any) -> APIError:
+    """``invalid_type``: ``"Invalid type for 'max_tokens': expected an integer, but got a string instead."``
+
+    ``expected`` are descriptions such as ``"an integer"`` (more than one reads "one of A or B").
+    """
+    wanted = _one_of(expected) if expected else "another type"
+    return APIError(
+        f"Invalid type for {_name(param)}: expected {wanted}, but got {json_type_name(value)} instead.",
+        param=param,
+        code="invalid_type",
+    )
+
+
+def above_maximum_error(
+    param: str | None, maximum: float, value: float, *, integer: bool, exclusive: bool = False, why: str = ""
+) -> APIError:
+    """``integer_above_max_value`` / ``decimal_above_max_value``: ``"Invalid 'n': integer above maximum
+    value. Expected a value <= 20, but got 21 instead."``, then ``why`` (a sentence) if given."""
+    kind = "integer" if integer else "decimal"
+    return APIError(
+        f"Invalid {_name(param)}: {kind} above maximum value. Expected a value {'<' if exclusive else '<='} "
+        f"{_number_text(maximum)}, but got {_number_text(value)} instead.{_sentence(why)}",
+        param=param,
+        code=f"{kind}_above_max_value",
+    )
+
+
+def below_minimum_error(
+    param: str | None, minimum: float, value: float, *, integer: bool, exclusive: bool = False, why: str = ""
+) -> APIError:
+    """``integer_below_min_value`` / ``decimal_below_min_value``: ``"Invalid 'n': integer below minimum
+    value. Expected a value >= 1, but got 0 instead."``, then ``why`` (a sentence) if given."""
+    kind = "integer" if integer else "decimal"
+    return APIError(
+        f"Invalid {_name(param)}: {kind} below minimum value. Expected a value {'>' if exclusive else '>='} "
+        f"{_number_text(minimum)}, but got {_number_text(value)} instead.{_sentence(why)}",
+        param=param,
+        code=f"{kind}_below_min_value",
+    )
+
+
+def array_too_long_error(param: str | None, maximum: int, length: int) -> APIError:
+    """``array_above_max_length``: ``"Invalid 'stop': array too long. Expected an array with maximum
+    length 4, but got an array with length 5 instead."``"""
+    return APIError(
+        f"Invalid {_name(param)}: array too long. Expected an array with maximum length {maximum}, but got an "
+        f"array with length {length} instead.",
+        param=param,
+        code="array_above_max_length",
+    )
+
+
+def array_too_short_error(param: str | None, minimum: int, length: int) -> APIError:
+    """``empty_array`` for ``[]`` (``"Invalid 'stop': empty array. Expected an array with minimum length 1,
+    but got an empty array instead."``), else ``array_below_min_length`` ("array too short")."""
+    if length == 0:
+        return APIError(
+            f"Invalid {_name(param)}: empty array. Expected an array with minimum length {minimum}, but got an "
+            "empty array instead.",
+            param=param,
+            code="empty_array",
+        )
+    return APIError(
+        f"Invalid {_name(param)}: array too short. Expected an array with minimum length {minimum}, but got an "
+        f"array with length {length} instead.",
+        param=param,
+        code="array_below_min_length",
+    )
+
+
+def string_too_long_error(param: str | None, maximum: int, length: int) -> APIError:
+    """``string_above_max_length``: ``"Invalid 'user': string too long. Expected a string with maximum
+    length 64, but got a string with length 65 instead."``"""
+    return APIError(
+        f"Invalid {_name(param)}: string too long. Expected a string with maximum length {maximum}, but got a "
+        f"string with length {length} instead.",
+        param=param,
+        code="string_above_max_length",
+    )
+
+
+def string_too_short_error(param: str | None, minimum: int, length: int) -> APIError:
+    """``empty_string`` for ``""`` (``"Invalid 'stop': empty string. Expected a string with minimum length
+    1, but got an empty string instead."``), else ``string_below_min_length``."""
+    if length == 0:
+        return APIError(
+            f"Invalid {_name(param)}: empty string. Expected a string with minimum length {minimum}, but got an "
+            "empty string instead.",
+            param=param,
+            code="empty_string",
+        )
+    return APIError(
+        f"Invalid {_name(param)}: string too short. Expected a string with minimum length {minimum}, but got a "
+        f"string with length {length} instead.",
+        param=param,
+        code="string_below_min_length",
+    )
+
+
+def invalid_value_error(
+    param: str | None, value: Any, *, supported: Sequence[Any] = (), why: str = ""
+) -> APIError:
+    """``invalid_value``: ``"Invalid value for 'bucket_width': '1w'. Supported values are: '1m', '1h',
+    and '1d'."`` (OpenAI's enum message, naming the parameter), or ``why`` instead of the list."""
+    message = f"Invalid value for {_name(param)}: {value_text(value)}."
+    if supported:
+        message += f" Supported values are: {_and_list([value_text(item) for item in supported])}."
+    return APIError(message + _sentence(why), param=param, code="invalid_value")
+
+
+def missing_parameter_error(param: str) -> APIError:
+    """``missing_required_parameter``: ``"Missing required parameter: 'prompt'."``"""
+    return APIError(f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter")
+
+
+def unrecognized_arguments_error(names: Sequence[str]) -> APIError:
+    """Unknown fields, as OpenAI's legacy endpoints answer them: ``"Unrecognized request argument
+    supplied: foo"`` (plural ``"arguments"``, names sorted and comma-separated), ``param`` and ``code``
+    null (what api.openai.com sends for ``/v1/completions``)."""
+    names = sorted(names)
+    plural = "s" if len(names) > 1 else ""
+    return APIError(f"Unrecognized request argument{plural} supplied: {_shorten(', '.join(names))}")
+
+
+def json_type_name(value: Any) -> str:
+    """OpenAI's name for a JSON value's type: ``"a string"``, ``"an integer"``, ``"a decimal"``,
+    ``"a boolean"``, ``"an array"``, ``"an object"``, ``"null"``."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a decimal"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, (list, tuple)):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return f"a {type(value).__name__}"
+
+
+def value_text(value: Any) -> str:
+    """``value`` as an error message quotes it: strings in single quotes, numbers in digits, else JSON;
+    cut to ``MAX_VALUE_CHARS``."""
+    if isinstance(value, str):
+        return f"'{_shorten(value)}'"
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return _number_text(value)
+    try:
+        return _shorten(json.dumps(value, ensure_ascii=False))
+    except (TypeError, ValueError):
+        return _shorten(repr(value))
+
+
+def schema_types(schema: Mapping[str, Any]) -> list[str]:
+    """What ``schema`` accepts, in words, without ``null``: ``["a string", "an array of strings"]``.
+
+    Follows ``anyOf``/``oneOf`` branches; an array with typed ``items`` reads "an array of integers".
+    """
+    described: list[str] = []
+    for branch in (branch for keyword in _COMBINATORS for branch in schema.get(keyword, ())):
+        described += schema_types(branch)
+    types = schema.get("type", [])
+    for name in [types] if isinstance(types, str) else types:
+        if name == "array" and isinstance(schema.get("items"), Mapping):
+            items = schema_types(schema["items"])
+            described.append(f"an array of {_plural(items[0])}" if len(items) == 1 else "an array")
+        elif name != "null":
+            described.append(_TYPE_NAMES.get(name, name))
+    return list(dict.fromkeys(described))
+
+
+def _branch_error(error: ValidationError) -> ValidationError:
+    """For ``anyOf``/``oneOf``, the error of the branch that takes the value's type, recursively.
+
+    Stays at the combinator when no branch takes the type (an ``invalid_type`` listing them all),
+    or when branches that take it report nothing (``oneOf`` matched twice).
+    """
+    while error.validator in _COMBINATORS and error.context:
+        fitting = {i for i, branch in enumerate(error.validator_value) if _takes_type(branch, error.instance)}
+        candidates = [sub for sub in error.context if sub.relative_schema_path[0] in fitting]
+        if not candidates:
+            return error
+        error = max(candidates, key=relevance)  # jsonschema's order: shallowest, then strongest keyword
+    return error
+
+
+def _takes_type(schema: Any, instance: Any) -> bool:
+    """Whether ``schema`` (or one of its ``anyOf``/``oneOf`` branches) accepts ``instance``'s JSON type."""
+    if not isinstance(schema, Mapping):
+        return bool(schema)
+    if any(keyword in schema for keyword in _COMBINATORS):
+        return any(_takes_type(b, instance) for keyword in _COMBINATORS for b in schema.get(keyword, ()))
+    types = schema.get("type")
+    if types is None:
+        return True
+    return any(_TYPE_CHECKER.is_type(instance, name) for name in ([types] if isinstance(types, str) else types))
+
+
+def _integer_schema(schema: Mapping[str, Any]) -> bool:
+    types = schema.get("type", [])
+    types = [types] if isinstance(types, str) else types
+    return "integer" in types and "number" not in types
+
+
+def _type_keyword(error: ValidationError, path: list) -> APIError:
+    return invalid_type_error(param_path(path), schema_types(error.schema) or [_TYPE_NAMES.get(t, t) for t in (
+        [error.validator_value] if isinstance(error.validator_value, str) else error.validator_value)], error.instance)
+
+
+def _combinator_keyword(error: ValidationError, path: list) -> APIError:
+    if not _takes_type(error.schema, error.instance):
+        return invalid_type_error(param_path(path), schema_types(error.schema), error.instance)
+    # The value's type fits, but no branch (or, for oneOf, more than one) takes the whole value.
+    return invalid_value_error(param_path(path), error.instance, why="It does not match any of the allowed forms.")
+
+
+def _maximum_keyword(error: ValidationError, path: list) -> APIError:
+    return above_maximum_error(param_path(path), error.validator_value, error.instance,
+                               integer=_integer_schema(error.schema), exclusive=error.validator == "exclusiveMaximum")
+
+
+def _minimum_keyword(error: ValidationError, path: list) -> APIError:
+    return below_minimum_error(param_path(path), error.validator_value, error.instance,
+                               integer=_integer_schema(error.schema), exclusive=error.validator == "exclusiveMinimum")
+
+
+def _required_keyword(error: ValidationError, path: list) -> APIError:
+    missing = next(name for name in error.validator_value if name not in error.instance)
+    return missing_parameter_error(param_path([*path, missing]) or missing)
+
+
+def _enum_keyword(error: ValidationError, path: list) -> APIError:
+    supported = error.validator_value if error.validator == "enum" else [error.validator_value]
+    return invalid_value_error(param_path(path), error.instance, supported=supported)
+
+
+def _additional_properties_keyword(error: ValidationError, path: list) -> APIError:
+    known = set(error.schema.get("properties", ()))
+    extra = [name for name in error.instance if name not in known]
+    return unrecognized_arguments_error([param_path([*path, name]) or name for name in extra])
+
+
+def _other_keyword(error: ValidationError, path: list) -> APIError:
+    return invalid_value_error(param_path(path), error.instance, why=_shorten(error.message))
+
+
+_SCHEMA_KEYWORDS: dict[str, Callable[[ValidationError, list], APIError]] = {
+    "type": _type_keyword,
+    "anyOf": _combinator_keyword,
+    "oneOf": _combinator_keyword,
+    "maximum": _maximum_keyword,
+    "exclusiveMaximum": _maximum_keyword,
+    "minimum": _minimum_keyword,
+    "exclusiveMinimum": _minimum_keyword,
+    "maxItems": lambda error, path: array_too_long_error(param_path(path), error.validator_value, len(error.instance)),
+    "minItems": lambda error, path: array_too_short_error(param_path(path), error.validator_value, len(error.instance)),
+    "maxLength": lambda error, path: string_too_long_error(param_path(path), error.validator_value, len(error.instance)),
+    "minLength": lambda error, path: string_too_short_error(param_path(path), error.validator_value, len(error.instance)),
+    "enum": _enum_keyword,
+    "const": _enum_keyword,
+    "required": _required_keyword,
+    "additionalProperties": _additional_properties_keyword,
+}
+
+
+def _name(param: str | None) -> str:
+    return f"'{param}'" if param else "the request body"
+
+
+def _one_of(expected: Sequence[str]) -> str:
+    if len(expected) == 1:
+        return expected[0]
+    return "one of " + _and_list(expected, conjunction="or")
+
+
+def _and_list(items: Sequence[str], conjunction: str = "and") -> str:
+    if len(items) <= 2:
+        return f" {conjunction} ".join(items)
+    return ", ".join(items[:-1]) + f", {conjunction} {items[-1]}"
+
+
+def _plural(description: str) -> str:
+    """``"an integer"`` → ``"integers"``, ``"an array of integers"`` → ``"arrays of integers"``."""
+    words = description.split(" ")
+    if words[0] in ("a", "an"):
+        words = words[1:]
+    words[0] += "s"
+    return " ".join(words)
+
+
+def _sentence(text: str) -> str:
+    return f" {text}" if text else ""
+
+
+def _number_text(value: float) -> str:
+    """Digits, shortened; an integer too long for ``str`` (over Python's 4300 digits) by its size."""
+    try:
+        return _shorten(repr(value) if isinstance(value, float) else str(value))
+    except ValueError:
+        return f"a {value.bit_length()}-bit integer"
+
+
+def _shorten(text: str) -> str:
+    return text if len(text) <= MAX_VALUE_CHARS else text[:MAX_VALUE_CHARS] + "..."

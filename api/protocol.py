@@ -9,11 +9,12 @@ plain dicts whose keys are in OpenAI's order, so ``json.dumps`` matches OpenAI's
 The source of truth is OpenAI's OpenAPI spec (``CreateCompletionRequest``,
 ``CreateCompletionResponse``, ``CompletionUsage``, ``Model``, ``ListModelsResponse``, ``Error``),
 vendored as JSON Schema 2020-12 in ``api/openai_schema.json`` by
-``tools/vendor_openai_schema.py``.  Schema violations are reported the way OpenAI reports them
-(OpenAI validates with Python's jsonschema too): ``"<jsonschema message> - '<param>'"``, e.g.
-``"2.5 is greater than the maximum of 2 - 'temperature'"``.  The rules the schema cannot express
-(``best_of >= n``, ``stream_options`` only with ``stream``, server caps from settings, ...) are in
-:func:`_check_rules_beyond_schema`, each naming its ``param``.
+``tools/vendor_openai_schema.py``.  Schema violations get OpenAI's ``code`` and wording from
+:func:`api.errors.schema_error`, e.g. ``"Invalid 'temperature': decimal above maximum value.
+Expected a value <= 2, but got 2.5 instead."`` (``decimal_above_max_value``).  The rules the schema
+cannot express (``best_of >= n``, ``stream_options`` only with ``stream``, server caps from
+settings, ...) are in :func:`_check_rules_beyond_schema`, built with the same helpers of
+``api.errors``, each naming its ``param``.
 
 Nothing here imports torch: ``SamplingParams`` is imported inside ``sampling_params()``.
 """
@@ -22,7 +23,7 @@ from __future__ import annotations
 import copy
 import json
 import secrets
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -30,9 +31,21 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from jsonschema import Draft202012Validator
-from jsonschema.exceptions import ValidationError, best_match
+from jsonschema.exceptions import relevance
 
-from api.errors import APIError
+from api.errors import (
+    APIError,
+    above_maximum_error,
+    array_too_long_error,
+    array_too_short_error,
+    below_minimum_error,
+    invalid_type_error,
+    invalid_value_error,
+    param_path,
+    schema_error,
+    string_too_short_error,
+    unrecognized_arguments_error,
+)
 
 if TYPE_CHECKING:
     from inference.sampling import SamplingParams
@@ -185,17 +198,24 @@ class CompletionRequest:
     def check_token_ids(self, vocab_size: int) -> None:
         """Reject token ids the model does not have, in token-id prompts and ``logit_bias`` keys.
 
-        Raises ``APIError`` 400 with ``param`` ``"prompt"`` or ``"logit_bias"``, naming the id and
-        ``vocab_size``.  Call it once the model is known (the spec cannot know the vocabulary).
+        Raises ``APIError`` 400: ``integer_above_max_value`` (or ``_below_min_``) with ``param`` the
+        token's place (``prompt[3]``, ``prompt[1][3]``), or ``invalid_value`` for a ``logit_bias`` key,
+        naming the id and ``vocab_size``.  Call it once the model is known (the spec cannot know the
+        vocabulary).
         """
-        for prompt in self.prompts:
+        vocabulary = f"This model's vocabulary has {vocab_size} tokens (ids 0 to {vocab_size - 1})."
+        single = self.prompt and isinstance(self.prompt, list) and isinstance(self.prompt[0], int)
+        for index, prompt in enumerate(self.prompts):
             if isinstance(prompt, list):
-                for token in prompt:
-                    if not 0 <= token < vocab_size:
-                        raise APIError(_token_out_of_range(token, vocab_size, "prompt"), param="prompt")
+                for position, token in enumerate(prompt):
+                    param = param_path(["prompt", position] if single else ["prompt", index, position])
+                    if token < 0:
+                        raise below_minimum_error(param, 0, token, integer=True, why=vocabulary)
+                    if token >= vocab_size:
+                        raise above_maximum_error(param, vocab_size - 1, token, integer=True, why=vocabulary)
         for key in self.logit_bias or {}:
             if not 0 <= int(key) < vocab_size:
-                raise APIError(_token_out_of_range(int(key), vocab_size, "logit_bias"), param="logit_bias")
+                raise invalid_value_error("logit_bias", key, why=f"Keys must be token ids of this model. {vocabulary}")
 
     def check_context_length(self, prompt_tokens: int, context_length: int) -> None:
         """Reject a prompt of ``prompt_tokens`` tokens whose ``max_tokens`` would not fit the model.
@@ -223,18 +243,18 @@ def parse_completion_request(body: bytes) -> CompletionRequest:
     """Parse and validate a ``POST /v1/completions`` body (``CreateCompletionRequest``).
 
     Each failure is an ``APIError`` 400 ``invalid_request_error``, found in this order: the body is
-    not JSON (``param`` None); it is not an object (None); it has fields the spec does not know
-    ("Unrecognized request argument supplied: foo", None, as OpenAI answers); it breaks the spec's
-    schema (``"<message> - '<param>'"``, the most relevant error by ``best_match``, ``param`` the
-    dotted property path, e.g. ``stream_options.include_usage``), or misses a required field
-    (``"'model' is a required property"``, ``param`` the field); then the rules the schema cannot
-    express (:func:`_check_prompt`, :func:`_check_logit_bias`, :func:`_check_rules_beyond_schema`).
+    not JSON (``param`` None); it is not an object (``invalid_type``, None); it has fields the spec
+    does not know ("Unrecognized request argument supplied: foo", None, as OpenAI answers); it breaks
+    the spec's schema or misses a required field (the most relevant error by jsonschema's
+    ``relevance``, in OpenAI's words and code by :func:`api.errors.schema_error`, ``param`` its
+    path, e.g. ``stream_options.include_usage``); then the rules the schema cannot express
+    (:func:`_check_prompt`, :func:`_check_logit_bias`, :func:`_check_rules_beyond_schema`).
     The body size cap is the view's (see :func:`body_too_large_error`).
     """
     data = _load_request_object(body)
-    error = best_match(_request_validator().iter_errors(_schema_view(data)))
+    error = max(_request_validator().iter_errors(_schema_view(data)), key=relevance, default=None)
     if error is not None:
-        raise _schema_error(error)
+        raise schema_error(error)
     _check_unicode(data)
     if "prompt" in data:  # a required field: present once the schema has passed
         data["prompt"] = _check_prompt(data["prompt"])
@@ -260,12 +280,11 @@ def _load_request_object(body: bytes) -> dict[str, Any]:
     except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise APIError(INVALID_JSON_MESSAGE) from None
     if not isinstance(data, dict):
-        raise _schema_error(best_match(_request_validator().iter_errors(data)))
+        raise schema_error(max(_request_validator().iter_errors(data), key=relevance))
     known, required = _request_fields()
-    unknown = sorted(set(data) - known)
+    unknown = set(data) - known
     if unknown:
-        plural = "s" if len(unknown) > 1 else ""
-        raise APIError(f"Unrecognized request argument{plural} supplied: {_shorten(', '.join(unknown))}")
+        raise unrecognized_arguments_error(list(unknown))
     # null means "the default" for every optional field, even those the spec forgot to mark
     # nullable (``user``); required fields keep their null so the schema can say what is wrong.
     return {name: value for name, value in data.items() if value is not None or name in required}
@@ -282,12 +301,12 @@ def _schema_view(data: dict[str, Any]) -> dict[str, Any]:
     jsonschema spends microseconds on each array item or map entry (and ``oneOf`` walks all four
     prompt forms), so a 4 MB body of token ids would cost seconds of CPU; the two fields that grow
     with the body are checked in Python by :func:`_check_prompt` and :func:`_check_logit_bias`.
-    Raises ``APIError`` 400 ``param`` ``"stop"`` for more stop sequences than the spec's 4.
+    Raises ``APIError`` 400 ``array_above_max_length`` for more stop sequences than the spec's 4.
     """
     stop = data.get("stop")
     if isinstance(stop, list) and len(stop) > MAX_STOP_SEQUENCES:
-        # jsonschema's words, before its ``items`` walks a million stop strings to get there.
-        raise _param_error(f"{_short_repr(stop)} is too long", "stop")
+        # The schema's maxItems error, before its ``items`` walks a million stop strings to get there.
+        raise array_too_long_error("stop", MAX_STOP_SEQUENCES, len(stop))
     view = dict(data)
     if isinstance(view.get("prompt"), list):
         view["prompt"] = ""
@@ -307,7 +326,10 @@ def _check_prompt(prompt: Prompt | None) -> Prompt:
     """The prompt with token ids as ints (``2.0`` → ``2``) and null as the spec's default.
 
     A list must be one of the spec's forms (strings, token ids, lists of token ids), non-empty,
-    with token ids >= 0.  Raises ``APIError`` 400 ``param`` ``"prompt"`` otherwise.
+    with token ids >= 0; the form is the first item's.  Raises ``APIError`` 400 in the schema's
+    words (:mod:`api.errors`), ``param`` the offending item: ``empty_array`` (``prompt``,
+    ``prompt[1]``), ``invalid_type`` (``prompt[2]``, ``prompt[1][0]``), ``integer_below_min_value``.
+    jsonschema would say the same, but walks a million token ids in seconds, hence Python here.
     """
     if prompt is None:
         return "<|endoftext|>"  # the spec's default: the model's document separator
@@ -315,50 +337,69 @@ def _check_prompt(prompt: Prompt | None) -> Prompt:
         return prompt
     if not prompt:
         # The spec's array-of-strings form has no minItems, but an empty batch asks for nothing.
-        raise _param_error("[] should be non-empty", "prompt")
-    if all(isinstance(item, str) for item in prompt):
+        raise array_too_short_error("prompt", 1, 0)
+    first = prompt[0]
+    if isinstance(first, str):
+        _check_items(prompt, ["prompt"], lambda item: isinstance(item, str), "a string")
         return _check_prompt_count(prompt)
-    if all(_is_integer(token) for token in prompt):
-        return _token_ids(prompt)
-    if all(isinstance(ids, list) and ids and all(_is_integer(token) for token in ids) for ids in prompt):
-        return _check_prompt_count([_token_ids(ids) for ids in prompt])
-    # jsonschema's words for the spec's ``oneOf``, without walking the list four times.
-    raise _param_error(f"{_short_repr(prompt)} is not valid under any of the given schemas", "prompt")
+    if _is_integer(first):
+        return _token_ids(prompt, ["prompt"])
+    if isinstance(first, list):
+        _check_items(prompt, ["prompt"], lambda item: isinstance(item, list), "an array of integers")
+        return _check_prompt_count([_token_ids(ids, ["prompt", index]) for index, ids in enumerate(prompt)])
+    raise invalid_type_error("prompt[0]", ["a string", "an integer", "an array of integers"], first)
+
+
+def _check_items(items: list, path: list, accepts: Callable[[Any], bool], expected: str) -> None:
+    """``invalid_type`` naming the first item of ``items`` that ``accepts`` refuses (``prompt[3]``)."""
+    for index, item in enumerate(items):
+        if not accepts(item):
+            raise invalid_type_error(param_path([*path, index]), [expected], item)
 
 
 def _check_prompt_count(prompts: list) -> list:
     """A batch of prompts, at most ``settings.API_MAX_PROMPTS`` of them, and never more than the
     engine's queue holds (``ENGINE_MAX_QUEUE``): each prompt is one engine request, so a larger
-    batch could only ever get a 503; it is a 400."""
+    batch could only ever get a 503; it is a 400 ``array_above_max_length``."""
     limit = min(getattr(settings, "API_MAX_PROMPTS", DEFAULT_MAX_PROMPTS),
                 getattr(settings, "ENGINE_MAX_QUEUE", DEFAULT_MAX_QUEUE))
     if len(prompts) > limit:
-        raise APIError(f"Too many prompts: {len(prompts)} were sent, at most {limit} are allowed per request.",
-                       param="prompt")
+        raise array_too_long_error("prompt", limit, len(prompts))
     return prompts
 
 
-def _token_ids(ids: list[int | float]) -> list[int]:
-    """``ids`` as ints; raises ``APIError`` 400 ``param`` ``"prompt"`` for a negative id."""
+def _token_ids(ids: list[int | float], path: list) -> list[int]:
+    """``ids`` (at ``path``, e.g. ``["prompt", 1]``) as ints.
+
+    Raises ``APIError`` 400: ``empty_array``, ``invalid_type`` for an item that is not an integer,
+    ``integer_below_min_value`` for a negative id; ``param`` the item (``prompt[1][0]``).
+    """
+    if not ids:
+        raise array_too_short_error(param_path(path), 1, 0)
+    _check_items(ids, path, _is_integer, "an integer")
     tokens = [int(token) for token in ids]
-    if min(tokens) < 0:
-        raise _param_error(f"{min(tokens)} is less than the minimum of 0", "prompt")
+    lowest = min(tokens)
+    if lowest < 0:
+        raise below_minimum_error(param_path([*path, tokens.index(lowest)]), 0, lowest, integer=True)
     return tokens
 
 
 def _check_logit_bias(logit_bias: dict[str, Any]) -> dict[str, int]:
     """``logit_bias`` with int values, once each key is a token id and each value an int in -100..100.
 
-    Raises ``APIError`` 400 ``param`` ``"logit_bias"`` for the first bad entry in the client's order.
+    Raises ``APIError`` 400 for the first bad entry in the client's order: ``invalid_value``
+    (``param`` ``logit_bias``) for a key that is not a token id; ``invalid_type`` or
+    ``integer_above_max_value``/``integer_below_min_value`` for a value (``param`` ``logit_bias.50256``).
     """
     checked: dict[str, int] = {}
     for key, bias in logit_bias.items():
         if not (key.isascii() and key.isdigit()) or len(key) > MAX_TOKEN_ID_DIGITS:
-            message = f"{_short_repr(key)} is not a token id (keys must be integer strings)"
-            raise _param_error(message, "logit_bias")
+            why = 'Keys must be token ids: non-negative integers written as strings, e.g. "50256".'
+            raise invalid_value_error("logit_bias", key, why=why)
+        param = param_path(["logit_bias", key])
         if not _is_integer(bias):
-            raise _param_error(f"{_short_repr(bias)} is not of type 'integer'", "logit_bias")
-        _check_range(bias, *LOGIT_BIAS_RANGE, "logit_bias")
+            raise invalid_type_error(param, ["an integer"], bias)
+        _check_range(bias, *LOGIT_BIAS_RANGE, param)
         checked[key] = int(bias)
     return checked
 
@@ -366,94 +407,60 @@ def _check_logit_bias(logit_bias: dict[str, Any]) -> dict[str, int]:
 def _check_rules_beyond_schema(data: dict[str, Any]) -> None:
     """The rules the spec's schema cannot express, in the spec's field order; ``data`` has passed it.
 
-    Each raises ``APIError`` 400 naming its ``param``.
+    Each raises ``APIError`` 400 naming its ``param``, in the schema errors' form and codes:
+    ``best_of < n`` and ``max_tokens: 0`` without ``echo`` are ``integer_below_min_value``; the
+    server caps (``API_MAX_N``, ``API_MAX_LOGPROBS``) and int64 ``seed`` are ``integer_*_value``;
+    ``best_of > 1`` with ``stream`` is ``invalid_value``; an empty stop string is ``empty_string``;
+    ``stream_options`` without ``stream`` is OpenAI's own message (code null, as OpenAI sends it).
     """
     n, stream, echo = data.get("n", 1), data.get("stream", False), data.get("echo", False)
     if "best_of" in data:
         if data["best_of"] < n:
-            raise APIError("best_of must be greater than or equal to n", param="best_of")
+            raise below_minimum_error("best_of", n, data["best_of"], integer=True,
+                                      why="best_of must be greater than or equal to n.")
         if data["best_of"] > 1 and stream:
             # The spec on best_of: "Results cannot be streamed" (the best is known only at the end).
-            raise APIError("best_of > 1 cannot be used with stream", param="best_of")
+            raise invalid_value_error("best_of", data["best_of"], why="best_of > 1 cannot be used with stream.")
     if "logprobs" in data:
         max_logprobs = getattr(settings, "API_MAX_LOGPROBS", DEFAULT_MAX_LOGPROBS)
         _check_range(data["logprobs"], 0, max_logprobs, "logprobs")
     if data.get("max_tokens") == 0 and not echo:
         # 0 is in the spec's range, but it only makes sense to echo (score) the prompt.
-        raise APIError("max_tokens must be at least 1 unless echo is true", param="max_tokens")
+        raise below_minimum_error("max_tokens", 1, 0, integer=True, why="max_tokens may be 0 only with echo.")
     _check_range(n, 1, getattr(settings, "API_MAX_N", DEFAULT_MAX_N), "n")
     if "seed" in data:
         _check_range(data["seed"], *INT64_RANGE, "seed")
     stop = data.get("stop")
-    if "" in ([stop] if isinstance(stop, str) else stop or []):
+    if isinstance(stop, str) and not stop:
         # An empty stop string would match at once; vLLM drops it silently, we say so.
-        raise _param_error("'' should be non-empty", "stop")
+        raise string_too_short_error("stop", 1, 0)
+    if isinstance(stop, list) and "" in stop:
+        raise string_too_short_error(f"stop[{stop.index('')}]", 1, 0)
     if "stream_options" in data and not stream:
         raise APIError(
             "The 'stream_options' parameter is only allowed when 'stream' is enabled.", param="stream_options"
         )
 
 
-def _check_range(value: float, minimum: float, maximum: float, param: str) -> None:
-    """jsonschema's wording for bounds the schema does not carry (server caps, int64, bias)."""
+def _check_range(value: int, minimum: int, maximum: int, param: str) -> None:
+    """The schema's bound errors for integer bounds it does not carry (server caps, int64, bias)."""
     if value < minimum:
-        raise _param_error(f"{_shorten(str(value))} is less than the minimum of {minimum}", param)
+        raise below_minimum_error(param, minimum, value, integer=True)
     if value > maximum:
-        raise _param_error(f"{_shorten(str(value))} is greater than the maximum of {maximum}", param)
+        raise above_maximum_error(param, maximum, value, integer=True)
 
 
 def _check_unicode(data: dict[str, Any]) -> None:
-    """Reject unpaired surrogates (``"\\ud800"`` is valid JSON but not text); tokenizers fail on them."""
+    """Reject unpaired surrogates (``"\\ud800"`` is valid JSON but not text); tokenizers fail on them.
+
+    Raises ``APIError`` 400 ``invalid_value`` naming the field.
+    """
     for name, value in data.items():
         try:
             json.dumps(value, ensure_ascii=False).encode("utf-8")
         except UnicodeEncodeError:
-            message = "A string contains an unpaired UTF-16 surrogate, which is not text"
-            raise _param_error(message, name) from None
-
-
-def _param_error(message: str, param: str) -> APIError:
-    """OpenAI's style for a bad value: ``"<message> - '<param>'"``."""
-    return APIError(f"{message} - '{param}'", param=param)
-
-
-def _schema_error(error: ValidationError) -> APIError:
-    """The ``APIError`` for one jsonschema error, in OpenAI's words.
-
-    ``param`` is the dotted path of property names down to the error (``stream_options.include_usage``);
-    array indices and map keys (``logit_bias``'s token ids) are not parameters and stay out of it.
-    A missing required field reads ``"'model' is a required property"`` with ``param`` that field.
-    """
-    names = _property_path(error)
-    message = _short_message(error)
-    if error.validator == "required":
-        missing = next(name for name in error.validator_value if name not in error.instance)
-        return APIError(message, param=".".join([*names, missing]))
-    if not names:
-        return APIError(message)
-    return _param_error(message, ".".join(names))
-
-
-def _property_path(error: ValidationError) -> list[str]:
-    """The property names in ``error``'s schema path: ``["stream_options", "include_usage"]``."""
-    path, names = iter(error.absolute_schema_path), []
-    for keyword in path:
-        if keyword == "properties":
-            names.append(next(path))  # the name after ``properties`` is data, never a keyword
-    return names
-
-
-def _short_message(error: ValidationError) -> str:
-    """jsonschema's message, with the offending value cut down if its repr is long."""
-    long_repr = repr(error.instance)
-    if len(long_repr) <= MAX_REPR_CHARS:
-        return error.message
-    return error.message.replace(long_repr, _shorten(long_repr), 1)
-
-
-def _short_repr(value: Any) -> str:
-    """``repr(value)``, cut down to ``MAX_REPR_CHARS``: error messages quote what the client sent."""
-    return _shorten(repr(value))
+            message = f"Invalid value for '{name}': a string contains an unpaired UTF-16 surrogate, which is not text."
+            raise APIError(message, param=name, code="invalid_value") from None
 
 
 def _shorten(text: str) -> str:
@@ -466,13 +473,6 @@ def _integer_text(value: int) -> str:
         return _shorten(str(value))
     except ValueError:
         return f"a {value.bit_length()}-bit number of"
-
-
-def _token_out_of_range(token: int, vocab_size: int, where: str) -> str:
-    return (
-        f"Token id {token} in '{where}' is out of range: this model's vocabulary has {vocab_size} tokens "
-        f"(ids 0 to {vocab_size - 1})"
-    )
 
 
 # --- Errors the views raise ---------------------------------------------------------------------

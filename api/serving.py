@@ -130,16 +130,20 @@ class CompletionRun:
     def _fim_prompt(self, prompt: str | list[int]) -> list[int]:
         """The fill-in-the-middle prompt for ``prompt`` and ``suffix``; the completion is the middle.
 
-        Raises ``APIError`` 400 (``param: "suffix"``) when the model's tokenizer has no FIM tokens.
+        Raises ``APIError`` 400 (``param: "suffix"``, code ``unsupported_parameter``, OpenAI's
+        "Unsupported parameter: ..." for a parameter a model cannot take) when the model's tokenizer
+        has no FIM tokens.
         """
         engine = self.engine
         prefix = prompt if isinstance(prompt, str) else engine.decode(prompt)
         ids = engine.fim_prompt_ids(prefix, self.request.suffix)
         if ids is None:
             raise APIError(
-                f"suffix is not supported by {engine.model_id}: its tokenizer has no fill-in-the-middle "
-                "tokens (<fim_prefix>, <fim_suffix>, <fim_middle>), so it cannot complete text before a suffix.",
+                f"Unsupported parameter: 'suffix' is not supported with {engine.model_id}: its tokenizer has no "
+                "fill-in-the-middle tokens (<fim_prefix>, <fim_suffix>, <fim_middle>), so it cannot complete "
+                "text before a suffix.",
                 param="suffix",
+                code="unsupported_parameter",
             )
         return ids
 

@@ -18,6 +18,12 @@ Query parameters (as in OpenAI's spec):
 Array parameters may be repeated (``group_by=model&group_by=api_key_id``), written with brackets
 (``group_by[]=model``, as OpenAI's client sends them) or comma-separated.
 
+A bad parameter is a 400 with OpenAI's ``code`` and words, from the same mapping as the request
+bodies' (:func:`api.errors.schema_error`): the query is checked against :data:`QUERY_SCHEMA`
+(the spec's parameters, narrowed to what this server does), e.g. ``limit=abc`` is ``invalid_type``
+("Invalid type for 'limit': expected an integer, but got a string instead."), ``bucket_width=1w``
+``invalid_value``, no ``start_time`` ``missing_required_parameter``.
+
 ``num_model_requests`` counts the requests that reached the model (see
 ``keys.usage.MODEL_REQUEST``), and the token sums are over the same requests.
 """
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -32,8 +39,10 @@ from typing import Any
 from django.db.models import Count, Func, Sum
 from django.db.models.functions import Coalesce, TruncDay, TruncHour, TruncMinute
 from django.http import QueryDict
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import relevance
 
-from api.errors import APIError
+from api.errors import above_maximum_error, below_minimum_error, invalid_value_error, schema_error
 from keys.models import UsageRecord
 from keys.periods import bucket_start
 from keys.usage import MODEL_REQUEST
@@ -79,46 +88,81 @@ class UsageQuery:
 
 
 LAST_TIME = 253_370_764_800  # 9999-01-01T00:00:00Z, in Unix seconds
+TIME = {"type": "integer", "minimum": 0, "maximum": LAST_TIME - 1}  # Python's datetimes end with the year 9999
+# The spec's query parameters of ``GET /organization/usage/completions``, narrowed to what this
+# server does: times from 1970 to 9998, two of the spec's six ``group_by`` values, ``limit`` >= 1
+# (its maximum depends on ``bucket_width``: a rule beyond the schema, in parse_usage_query).
+QUERY_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "start_time": TIME,
+        "end_time": TIME,
+        "bucket_width": {"type": "string", "enum": list(BUCKET_WIDTHS)},
+        "api_key_ids": {"type": "array", "items": {"type": "string"}},
+        "models": {"type": "array", "items": {"type": "string"}},
+        "group_by": {"type": "array", "items": {"type": "string", "enum": list(GROUPS)}},
+        "limit": {"type": "integer", "minimum": 1},
+        "page": {"type": "string"},
+    },
+    "required": ["start_time"],
+}
+_QUERY_VALIDATOR = Draft202012Validator(QUERY_SCHEMA)
+INTEGER_PARAMS = ("start_time", "end_time", "limit")
+ARRAY_PARAMS = ("api_key_ids", "models", "group_by")
+_INTEGER = re.compile(r"[+-]?[0-9]{1,30}")  # longer is no time or limit of ours, and int() of it is slow
 
 
 def parse_usage_query(params: QueryDict, now: int) -> UsageQuery:
-    """Validate the query string; raises ``APIError`` (400, naming the ``param``) on a bad value."""
-    start_time = _integer(params, "start_time", required=True)
-    end_time = _integer(params, "end_time", required=False)
-    end_time = now if end_time is None else end_time
-    if start_time < 0:
-        raise _invalid("start_time", f"Invalid value for 'start_time': {start_time} is before 1970.")
-    for name, value in (("start_time", start_time), ("end_time", end_time)):
-        if value >= LAST_TIME:  # Python's datetimes end with the year 9999
-            raise _invalid(name, f"Invalid value for '{name}': it is after the year 9998.")
+    """Validate the query string against :data:`QUERY_SCHEMA`, then the rules beyond it.
+
+    Raises ``APIError`` 400 naming the ``param``, with OpenAI's code: what the schema refuses via
+    :func:`api.errors.schema_error`; ``end_time`` not after ``start_time`` and ``limit`` over
+    the width's maximum as ``integer_below_min_value``/``integer_above_max_value``; a ``page`` that
+    is not this query's cursor as ``invalid_value``.
+    """
+    query = _query_instance(params)
+    error = max(_QUERY_VALIDATOR.iter_errors(query), key=relevance, default=None)
+    if error is not None:
+        raise schema_error(error)
+    start_time = query["start_time"]
+    end_time = query.get("end_time", now)
     if end_time <= start_time:
-        raise _invalid("end_time", "Invalid value for 'end_time': it must be after 'start_time'.")
-    width_name = params.get("bucket_width") or "1d"
-    width = BUCKET_WIDTHS.get(width_name)
-    if width is None:
-        raise _invalid("bucket_width", f"Invalid value for 'bucket_width': {width_name!r}; use '1m', '1h' or '1d'.")
-    group_by = _array(params, "group_by")
-    unknown = [name for name in group_by if name not in GROUPS]
-    if unknown:
-        raise _invalid(
-            "group_by", f"Invalid value for 'group_by': {unknown[0]!r}; this server groups by 'model' and 'api_key_id'."
-        )
-    limit = _integer(params, "limit", required=False)
-    limit = width.default_limit if limit is None else limit
-    if not 1 <= limit <= width.max_limit:
-        raise _invalid("limit", f"Invalid value for 'limit': with bucket_width {width.name} it must be 1 to {width.max_limit}.")
+        raise below_minimum_error("end_time", start_time + 1, end_time, integer=True,
+                                  why="end_time must be after start_time.")
+    width = BUCKET_WIDTHS[query.get("bucket_width", "1d")]
+    limit = query.get("limit", width.default_limit)
+    if limit > width.max_limit:
+        raise above_maximum_error("limit", width.max_limit, limit, integer=True,
+                                  why=f"With bucket_width {width.name} a page holds at most {width.max_limit} buckets.")
     first = bucket_start(start_time, width.seconds)
-    page_start = first if params.get("page") is None else _page_start(params["page"], first, end_time, width)
+    page_start = first if "page" not in query else _page_start(query["page"], first, end_time, width)
     return UsageQuery(
         start_time=start_time,
         end_time=end_time,
         width=width,
-        group_by=tuple(dict.fromkeys(group_by)),
-        models=tuple(_array(params, "models")),
-        api_key_prefixes=tuple(key_id.removeprefix(API_KEY_ID_PREFIX) for key_id in _array(params, "api_key_ids")),
+        group_by=tuple(dict.fromkeys(query.get("group_by", ()))),
+        models=tuple(query.get("models", ())),
+        api_key_prefixes=tuple(key_id.removeprefix(API_KEY_ID_PREFIX) for key_id in query.get("api_key_ids", ())),
         limit=limit,
         page_start=page_start,
     )
+
+
+def _query_instance(params: QueryDict) -> dict[str, Any]:
+    """The query string as the JSON the schema checks: digits as integers (anything else stays a
+    string, for the schema to call an ``invalid_type``), arrays as lists, empty values left out."""
+    query: dict[str, Any] = {}
+    for name in QUERY_SCHEMA["properties"]:
+        if name in ARRAY_PARAMS:
+            values = _array(params, name)
+            if values:
+                query[name] = values
+            continue
+        raw = params.get(name)
+        if raw is None or raw == "":
+            continue
+        query[name] = int(raw) if name in INTEGER_PARAMS and _INTEGER.fullmatch(raw) else raw
+    return query
 
 
 async def usage_page(query: UsageQuery, owner_id: int) -> dict[str, Any]:
@@ -204,20 +248,8 @@ def _page_start(cursor: str, first: int, end_time: int, width: BucketWidth) -> i
     except (ValueError, binascii.Error, UnicodeDecodeError):
         value = None
     if value is None or not first <= value < end_time or (value - first) % width.seconds:
-        raise _invalid("page", "Invalid value for 'page': use the 'next_page' of a previous answer to the same query.")
+        raise invalid_value_error("page", cursor, why="Use the 'next_page' of a previous answer to the same query.")
     return value
-
-
-def _integer(params: QueryDict, name: str, *, required: bool) -> int | None:
-    raw = params.get(name)
-    if raw is None or raw == "":
-        if required:
-            raise _invalid(name, f"Missing required parameter: '{name}'.")
-        return None
-    try:
-        return int(raw)
-    except ValueError:
-        raise _invalid(name, f"Invalid value for '{name}': expected an integer, got {raw!r}.") from None
 
 
 def _array(params: QueryDict, name: str) -> list[str]:
@@ -225,6 +257,3 @@ def _array(params: QueryDict, name: str) -> list[str]:
     values = params.getlist(name) + params.getlist(f"{name}[]")
     return [item.strip() for value in values for item in value.split(",") if item.strip()]
 
-
-def _invalid(param: str, message: str) -> APIError:
-    return APIError(message, status=400, type="invalid_request_error", param=param)

@@ -298,8 +298,8 @@ def test_openai_client_raises_bad_request_with_an_error_response(openai_client):
         openai_client.completions.create(model=MODEL, prompt=PROMPT, temperature=2.5)
     validate("ErrorResponse", raised.value.response.json())
     assert raised.value.body == {
-        "message": "2.5 is greater than the maximum of 2 - 'temperature'",
-        "type": "invalid_request_error", "param": "temperature", "code": None,
+        "message": "Invalid 'temperature': decimal above maximum value. Expected a value <= 2, but got 2.5 instead.",
+        "type": "invalid_request_error", "param": "temperature", "code": "decimal_above_max_value",
     }
 
 
@@ -329,61 +329,70 @@ def test_models_routes_answer_in_openais_shape(server):
 
 VALID = {"model": MODEL, "prompt": PROMPT, "max_tokens": 1}
 
-# (id, body: a dict merged over VALID, or raw bytes; status; param; exact message or None)
-ERRORS: list[tuple[str, dict[str, Any] | bytes, int, str | None, str | None]] = [
-    ("not_json", b"{not json", 400, None, None),
-    ("not_an_object", b"[1, 2]", 400, None, None),
-    ("unknown_field", {"temprature": 1}, 400, None, "Unrecognized request argument supplied: temprature"),
-    ("missing_model", {"model": ...}, 400, "model", "'model' is a required property"),
-    ("missing_prompt", {"prompt": ...}, 400, "prompt", "'prompt' is a required property"),
-    ("model_type", {"model": 1}, 400, "model", None),
-    ("prompt_type", {"prompt": {"text": "x"}}, 400, "prompt", None),
-    ("prompt_mixed_forms", {"prompt": ["a", 1]}, 400, "prompt", None),
-    ("prompt_empty_list", {"prompt": []}, 400, "prompt", None),
-    ("prompt_empty_token_list", {"prompt": [[]]}, 400, "prompt", None),
-    ("prompt_negative_token", {"prompt": [1, -1]}, 400, "prompt", "-1 is less than the minimum of 0 - 'prompt'"),
-    ("prompt_token_beyond_vocabulary", {"prompt": [10**9]}, 400, "prompt", None),
-    ("prompt_fractional_token", {"prompt": [1.5]}, 400, "prompt", None),
-    ("prompt_boolean_token", {"prompt": [True]}, 400, "prompt", None),
-    ("best_of_type", {"best_of": "3"}, 400, "best_of", None),
-    ("best_of_below_n", {"best_of": 1, "n": 2}, 400, "best_of", None),
-    ("best_of_with_stream", {"best_of": 2, "stream": True}, 400, "best_of", None),
-    ("best_of_above_cap", {"best_of": 21}, 400, "best_of", "21 is greater than the maximum of 20 - 'best_of'"),
-    ("echo_type", {"echo": "yes"}, 400, "echo", None),
-    ("frequency_penalty_range", {"frequency_penalty": 2.5}, 400, "frequency_penalty",
-     "2.5 is greater than the maximum of 2 - 'frequency_penalty'"),
-    ("logit_bias_type", {"logit_bias": [1]}, 400, "logit_bias", None),
-    ("logit_bias_key", {"logit_bias": {"one": 1}}, 400, "logit_bias", None),
-    ("logit_bias_value", {"logit_bias": {"1": 101}}, 400, "logit_bias",
-     "101 is greater than the maximum of 100 - 'logit_bias'"),
-    ("logit_bias_fraction", {"logit_bias": {"1": 0.5}}, 400, "logit_bias", None),
-    ("logit_bias_beyond_vocabulary", {"logit_bias": {"99999999": 1}}, 400, "logit_bias", None),
-    ("logprobs_range", {"logprobs": 6}, 400, "logprobs", "6 is greater than the maximum of 5 - 'logprobs'"),
-    ("logprobs_negative", {"logprobs": -1}, 400, "logprobs", "-1 is less than the minimum of 0 - 'logprobs'"),
-    ("max_tokens_type", {"max_tokens": "ten"}, 400, "max_tokens", None),
-    ("max_tokens_negative", {"max_tokens": -1}, 400, "max_tokens", None),
-    ("max_tokens_zero_without_echo", {"max_tokens": 0}, 400, "max_tokens", None),
-    ("n_range", {"n": 0}, 400, "n", "0 is less than the minimum of 1 - 'n'"),
-    ("presence_penalty_range", {"presence_penalty": -2.5}, 400, "presence_penalty",
-     "-2.5 is less than the minimum of -2 - 'presence_penalty'"),
-    ("seed_type", {"seed": "42"}, 400, "seed", None),
-    ("seed_range", {"seed": 2**64}, 400, "seed", None),
-    ("stop_type", {"stop": 5}, 400, "stop", None),
-    ("stop_too_many", {"stop": ["a", "b", "c", "d", "e"]}, 400, "stop", None),
-    ("stream_type", {"stream": "true"}, 400, "stream", None),
-    ("stream_options_without_stream", {"stream_options": {"include_usage": True}}, 400, "stream_options", None),
+# (id, body: a dict merged over VALID, or raw bytes; status; param; code; exact message or None)
+ERRORS: list[tuple[str, dict[str, Any] | bytes, int, str | None, str | None, str | None]] = [
+    ("not_json", b"{not json", 400, None, None, None),
+    ("not_an_object", b"[1, 2]", 400, None, "invalid_type", None),
+    ("unknown_field", {"temprature": 1}, 400, None, None, "Unrecognized request argument supplied: temprature"),
+    ("missing_model", {"model": ...}, 400, "model", "missing_required_parameter",
+     "Missing required parameter: 'model'."),
+    ("missing_prompt", {"prompt": ...}, 400, "prompt", "missing_required_parameter",
+     "Missing required parameter: 'prompt'."),
+    ("model_type", {"model": 1}, 400, "model", "invalid_type", None),
+    ("prompt_type", {"prompt": {"text": "x"}}, 400, "prompt", "invalid_type", None),
+    ("prompt_mixed_forms", {"prompt": ["a", 1]}, 400, "prompt[1]", "invalid_type", None),
+    ("prompt_empty_list", {"prompt": []}, 400, "prompt", "empty_array", None),
+    ("prompt_empty_token_list", {"prompt": [[]]}, 400, "prompt[0]", "empty_array", None),
+    ("prompt_negative_token", {"prompt": [1, -1]}, 400, "prompt[1]", "integer_below_min_value",
+     "Invalid 'prompt[1]': integer below minimum value. Expected a value >= 0, but got -1 instead."),
+    ("prompt_token_beyond_vocabulary", {"prompt": [10**9]}, 400, "prompt[0]", "integer_above_max_value", None),
+    ("prompt_fractional_token", {"prompt": [1.5]}, 400, "prompt[0]", "invalid_type", None),
+    ("prompt_boolean_token", {"prompt": [True]}, 400, "prompt[0]", "invalid_type", None),
+    ("best_of_type", {"best_of": "3"}, 400, "best_of", "invalid_type", None),
+    ("best_of_below_n", {"best_of": 1, "n": 2}, 400, "best_of", "integer_below_min_value", None),
+    ("best_of_with_stream", {"best_of": 2, "stream": True}, 400, "best_of", "invalid_value", None),
+    ("best_of_above_cap", {"best_of": 21}, 400, "best_of", "integer_above_max_value",
+     "Invalid 'best_of': integer above maximum value. Expected a value <= 20, but got 21 instead."),
+    ("echo_type", {"echo": "yes"}, 400, "echo", "invalid_type", None),
+    ("frequency_penalty_range", {"frequency_penalty": 2.5}, 400, "frequency_penalty", "decimal_above_max_value",
+     "Invalid 'frequency_penalty': decimal above maximum value. Expected a value <= 2, but got 2.5 instead."),
+    ("logit_bias_type", {"logit_bias": [1]}, 400, "logit_bias", "invalid_type", None),
+    ("logit_bias_key", {"logit_bias": {"one": 1}}, 400, "logit_bias", "invalid_value", None),
+    ("logit_bias_value", {"logit_bias": {"1": 101}}, 400, "logit_bias.1", "integer_above_max_value",
+     "Invalid 'logit_bias.1': integer above maximum value. Expected a value <= 100, but got 101 instead."),
+    ("logit_bias_fraction", {"logit_bias": {"1": 0.5}}, 400, "logit_bias.1", "invalid_type", None),
+    ("logit_bias_beyond_vocabulary", {"logit_bias": {"99999999": 1}}, 400, "logit_bias", "invalid_value", None),
+    ("logprobs_range", {"logprobs": 6}, 400, "logprobs", "integer_above_max_value",
+     "Invalid 'logprobs': integer above maximum value. Expected a value <= 5, but got 6 instead."),
+    ("logprobs_negative", {"logprobs": -1}, 400, "logprobs", "integer_below_min_value",
+     "Invalid 'logprobs': integer below minimum value. Expected a value >= 0, but got -1 instead."),
+    ("max_tokens_type", {"max_tokens": "ten"}, 400, "max_tokens", "invalid_type", None),
+    ("max_tokens_negative", {"max_tokens": -1}, 400, "max_tokens", "integer_below_min_value", None),
+    ("max_tokens_zero_without_echo", {"max_tokens": 0}, 400, "max_tokens", "integer_below_min_value", None),
+    ("n_range", {"n": 0}, 400, "n", "integer_below_min_value",
+     "Invalid 'n': integer below minimum value. Expected a value >= 1, but got 0 instead."),
+    ("presence_penalty_range", {"presence_penalty": -2.5}, 400, "presence_penalty", "decimal_below_min_value",
+     "Invalid 'presence_penalty': decimal below minimum value. Expected a value >= -2, but got -2.5 instead."),
+    ("seed_type", {"seed": "42"}, 400, "seed", "invalid_type", None),
+    ("seed_range", {"seed": 2**64}, 400, "seed", "integer_above_max_value", None),
+    ("stop_type", {"stop": 5}, 400, "stop", "invalid_type", None),
+    ("stop_too_many", {"stop": ["a", "b", "c", "d", "e"]}, 400, "stop", "array_above_max_length", None),
+    ("stream_type", {"stream": "true"}, 400, "stream", "invalid_type", None),
+    ("stream_options_without_stream", {"stream_options": {"include_usage": True}}, 400, "stream_options", None, None),
     ("stream_options_type", {"stream": True, "stream_options": {"include_usage": "yes"}}, 400,
-     "stream_options.include_usage", None),
-    ("suffix_type", {"suffix": 5}, 400, "suffix", None),
-    ("suffix_without_fim_tokens", {"suffix": "return x"}, 400, "suffix", None),
-    ("temperature_range", {"temperature": 2.5}, 400, "temperature",
-     "2.5 is greater than the maximum of 2 - 'temperature'"),
-    ("temperature_boolean", {"temperature": True}, 400, "temperature", None),
-    ("top_p_range", {"top_p": 1.5}, 400, "top_p", "1.5 is greater than the maximum of 1 - 'top_p'"),
-    ("user_type", {"user": 5}, 400, "user", None),
-    ("context_overflow", {"prompt": "hello " * 9000}, 400, "prompt", None),
-    ("context_overflow_streamed", {"prompt": "hello " * 9000, "stream": True}, 400, "prompt", None),
-    ("unknown_model", {"model": "gpt-4-nonexistent"}, 404, "model", None),
+     "stream_options.include_usage", "invalid_type", None),
+    ("suffix_type", {"suffix": 5}, 400, "suffix", "invalid_type", None),
+    ("suffix_without_fim_tokens", {"suffix": "return x"}, 400, "suffix", "unsupported_parameter", None),
+    ("temperature_range", {"temperature": 2.5}, 400, "temperature", "decimal_above_max_value",
+     "Invalid 'temperature': decimal above maximum value. Expected a value <= 2, but got 2.5 instead."),
+    ("temperature_boolean", {"temperature": True}, 400, "temperature", "invalid_type", None),
+    ("top_p_range", {"top_p": 1.5}, 400, "top_p", "decimal_above_max_value",
+     "Invalid 'top_p': decimal above maximum value. Expected a value <= 1, but got 1.5 instead."),
+    ("user_type", {"user": 5}, 400, "user", "invalid_type", None),
+    ("context_overflow", {"prompt": "hello " * 9000}, 400, "prompt", "context_length_exceeded", None),
+    ("context_overflow_streamed", {"prompt": "hello " * 9000, "stream": True}, 400, "prompt",
+     "context_length_exceeded", None),
+    ("unknown_model", {"model": "gpt-4-nonexistent"}, 404, "model", "model_not_found", None),
 ]
 
 
@@ -394,19 +403,20 @@ def _error_body(body: dict[str, Any] | bytes) -> bytes:
     return json.dumps({name: value for name, value in merged.items() if value is not ...}).encode()
 
 
-@pytest.mark.parametrize(("name", "body", "status", "param", "message"), ERRORS, ids=[e[0] for e in ERRORS])
-def test_every_bad_request_is_an_error_response_naming_the_param(server, name, body, status, param, message):
+@pytest.mark.parametrize(("name", "body", "status", "param", "code", "message"), ERRORS, ids=[e[0] for e in ERRORS])
+def test_every_bad_request_is_an_error_response_naming_the_param(server, name, body, status, param, code, message):
     response = server.post(_error_body(body))
     assert response.status_code == status, response.text
     assert response.headers["content-type"].startswith("application/json")
     validate("ErrorResponse", response.json())
     error = response.json()["error"]
     assert error["type"] == "invalid_request_error"
-    assert error["param"] == param
+    assert (error["param"], error["code"]) == (param, code)
+    if param is not None:
+        assert param in error["message"]
     if message is not None:
         assert error["message"] == message
     if name.startswith("context_overflow"):
-        assert error["code"] == "context_length_exceeded"
         assert "maximum context length is 8192 tokens" in error["message"] and "in your prompt" in error["message"]
 
 

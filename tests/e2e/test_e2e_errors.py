@@ -24,8 +24,10 @@ def assert_error(response: httpx.Response, status: int, param=None, code=None, t
 @pytest.mark.parametrize("stream", [False, True])
 def test_out_of_range_temperature_is_a_400_before_the_stream(server, stream):
     response = server.post({"model": MODEL, "prompt": "x", "temperature": 2.5, "stream": stream})
-    error = assert_error(response, 400, param="temperature")
-    assert error["message"] == "2.5 is greater than the maximum of 2 - 'temperature'"
+    error = assert_error(response, 400, param="temperature", code="decimal_above_max_value")
+    assert error["message"] == (
+        "Invalid 'temperature': decimal above maximum value. Expected a value <= 2, but got 2.5 instead."
+    )
 
 
 def test_invalid_json_is_a_400(server):
@@ -33,7 +35,25 @@ def test_invalid_json_is_a_400(server):
 
 
 def test_wrong_type_is_a_400_naming_the_param(server):
-    assert_error(server.post({"model": MODEL, "prompt": "x", "max_tokens": "ten"}), 400, param="max_tokens")
+    response = server.post({"model": MODEL, "prompt": "x", "max_tokens": "ten"})
+    error = assert_error(response, 400, param="max_tokens", code="invalid_type")
+    assert error["message"] == "Invalid type for 'max_tokens': expected an integer, but got a string instead."
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_five_stop_words_get_openais_code_before_the_stream(server, stream):
+    response = server.post({"model": MODEL, "prompt": "One, two, three,", "max_tokens": 16,
+                            "stop": ["\n", "x", "y", "z", "w"], "stream": stream})
+    error = assert_error(response, 400, param="stop", code="array_above_max_length")
+    assert error["message"] == (
+        "Invalid 'stop': array too long. Expected an array with maximum length 4, but got an array with length 5 "
+        "instead."
+    )
+
+
+def test_missing_prompt_names_it(server):
+    error = assert_error(server.post({"model": MODEL}), 400, param="prompt", code="missing_required_parameter")
+    assert error["message"] == "Missing required parameter: 'prompt'."
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -75,7 +95,7 @@ def test_server_stays_healthy_after_bad_input(server):
 
 def test_suffix_on_a_model_without_fill_in_the_middle_tokens_is_a_400_that_says_why(server):
     response = server.post({"model": MODEL, "prompt": "def f(", "suffix": "return x"})
-    error = assert_error(response, 400, param="suffix")
+    error = assert_error(response, 400, param="suffix", code="unsupported_parameter")
     assert "fill-in-the-middle" in error["message"]
 
 

@@ -86,18 +86,23 @@ def test_a_penalty_of_2_reduces_repetition_on_a_repetitive_greedy_prompt(server,
 
 
 @pytest.mark.parametrize(
-    ("logit_bias", "message"),
-    [({"1": 101}, "101 is greater than the maximum of 100 - 'logit_bias'"),
-     ({"1": -101}, "-101 is less than the minimum of -100 - 'logit_bias'"),
-     ({"-1": 1}, None), ({"one": 1}, None), ({"1": 1.5}, None), ({"1": "1"}, None), ({"999999999": 1}, None)],
+    ("logit_bias", "param", "code", "message"),
+    [({"1": 101}, "logit_bias.1", "integer_above_max_value",
+      "Invalid 'logit_bias.1': integer above maximum value. Expected a value <= 100, but got 101 instead."),
+     ({"1": -101}, "logit_bias.1", "integer_below_min_value",
+      "Invalid 'logit_bias.1': integer below minimum value. Expected a value >= -100, but got -101 instead."),
+     ({"-1": 1}, "logit_bias", "invalid_value", None), ({"one": 1}, "logit_bias", "invalid_value", None),
+     ({"1": 1.5}, "logit_bias.1", "invalid_type", None), ({"1": "1"}, "logit_bias.1", "invalid_type", None),
+     ({"999999999": 1}, "logit_bias", "invalid_value", None)],
     ids=["above_100", "below_minus_100", "negative_id", "not_an_id", "fraction", "string_value", "beyond_vocabulary"],
 )
-def test_a_bad_logit_bias_is_a_400_naming_logit_bias(server, logit_bias, message):
+def test_a_bad_logit_bias_is_a_400_naming_logit_bias(server, logit_bias, param, code, message):
     response = server.post({"model": "smollm2-135m-instruct", "prompt": PROMPT, "logit_bias": logit_bias})
     assert response.status_code == 400, response.text
-    assert response.json()["error"]["param"] == "logit_bias"
+    error = response.json()["error"]
+    assert (error["param"], error["code"]) == (param, code)
     if message is not None:
-        assert response.json()["error"]["message"] == message
+        assert error["message"] == message
 
 
 @pytest.mark.parametrize(("name", "value"), [("frequency_penalty", 2.01), ("presence_penalty", -2.01)])

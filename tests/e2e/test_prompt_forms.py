@@ -72,29 +72,33 @@ def test_the_empty_prompt_forms_agree(server):
 
 
 @pytest.mark.parametrize(
-    ("prompt", "message"),
+    ("prompt", "param", "code"),
     [
-        ([-1], "-1 is less than the minimum of 0 - 'prompt'"),
-        ([[5], [3, -7]], "-7 is less than the minimum of 0 - 'prompt'"),
-        ([10**12], None),
-        ([[1], [2**40]], None),
-        ([1.5], None),
-        ([True], None),
-        (["a", 1], None),
-        ([], None),
-        ([[]], None),
-        ([[1], []], None),
+        ([-1], "prompt[0]", "integer_below_min_value"),
+        ([[5], [3, -7]], "prompt[1][1]", "integer_below_min_value"),
+        ([10**12], "prompt[0]", "integer_above_max_value"),
+        ([[1], [2**40]], "prompt[1][0]", "integer_above_max_value"),
+        ([1.5], "prompt[0]", "invalid_type"),
+        ([True], "prompt[0]", "invalid_type"),
+        (["a", 1], "prompt[1]", "invalid_type"),
+        ([], "prompt", "empty_array"),
+        ([[]], "prompt[0]", "empty_array"),
+        ([[1], []], "prompt[1]", "empty_array"),
     ],
     ids=["negative", "negative_in_array", "beyond_vocabulary", "beyond_vocabulary_in_array", "fraction",
          "boolean", "mixed", "empty_array", "empty_token_array", "one_empty_token_array"],
 )
-def test_a_token_id_the_vocabulary_lacks_is_a_400_naming_prompt(server, prompt, message):
+def test_a_token_id_the_vocabulary_lacks_is_a_400_naming_its_place_in_prompt(server, prompt, param, code):
     response = server.post({"model": MODEL, "prompt": prompt, "max_tokens": 1})
     assert response.status_code == 400, response.text
     error = response.json()["error"]
-    assert error["param"] == "prompt" and error["type"] == "invalid_request_error"
-    if message is not None:
-        assert error["message"] == message
+    assert (error["param"], error["code"], error["type"]) == (param, code, "invalid_request_error")
+    assert f"'{param}'" in error["message"]
+
+
+def test_a_negative_token_id_reads_like_openai(server):
+    error = server.post({"model": MODEL, "prompt": [[5], [3, -7]], "max_tokens": 1}).json()["error"]
+    assert error["message"] == "Invalid 'prompt[1][1]': integer below minimum value. Expected a value >= 0, but got -7 instead."
 
 
 def test_the_largest_token_id_is_accepted_and_one_more_is_not(server, tokenizer):

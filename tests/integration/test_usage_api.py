@@ -107,27 +107,43 @@ def test_models_and_api_key_ids_filter(client, valid_key, usage):
 
 
 @pytest.mark.parametrize(
-    ("params", "param"),
+    ("params", "param", "code"),
     [
-        ({}, "start_time"),
-        ({"start_time": "yesterday"}, "start_time"),
-        ({"start_time": T0, "end_time": T0}, "end_time"),
-        ({"start_time": T0, "bucket_width": "1w"}, "bucket_width"),
-        ({"start_time": T0, "group_by": "project_id"}, "group_by"),
-        ({"start_time": T0, "bucket_width": "1d", "limit": 32}, "limit"),
-        ({"start_time": T0, "limit": 0}, "limit"),
-        ({"start_time": T0, "page": "page_garbage"}, "page"),
-        ({"start_time": 253402300800, "end_time": 253402400800}, "start_time"),  # the year 10000
-        ({"start_time": T0, "end_time": 253402300800}, "end_time"),
+        ({}, "start_time", "missing_required_parameter"),
+        ({"start_time": "yesterday"}, "start_time", "invalid_type"),
+        ({"start_time": -1}, "start_time", "integer_below_min_value"),
+        ({"start_time": T0, "end_time": T0}, "end_time", "integer_below_min_value"),
+        ({"start_time": T0, "end_time": "1e9"}, "end_time", "invalid_type"),
+        ({"start_time": T0, "bucket_width": "1w"}, "bucket_width", "invalid_value"),
+        ({"start_time": T0, "group_by": "project_id"}, "group_by[0]", "invalid_value"),
+        ({"start_time": T0, "group_by": "model,batch"}, "group_by[1]", "invalid_value"),
+        ({"start_time": T0, "bucket_width": "1d", "limit": 32}, "limit", "integer_above_max_value"),
+        ({"start_time": T0, "bucket_width": "1m", "limit": 1441}, "limit", "integer_above_max_value"),
+        ({"start_time": T0, "limit": 0}, "limit", "integer_below_min_value"),
+        ({"start_time": T0, "limit": "ten"}, "limit", "invalid_type"),
+        ({"start_time": T0, "page": "page_garbage"}, "page", "invalid_value"),
+        ({"start_time": 253402300800, "end_time": 253402400800}, "start_time", "integer_above_max_value"),  # 10000
+        ({"start_time": T0, "end_time": 253402300800}, "end_time", "integer_above_max_value"),
     ],
 )
-def test_bad_parameters_are_400s_in_openais_error_shape(client, valid_key, params, param):
+def test_bad_parameters_are_400s_with_openais_codes(client, valid_key, params, param, code):
     response = get(client, valid_key, **params)
 
     assert response.status_code == 400
     error = response.json()["error"]
-    assert error["type"] == "invalid_request_error" and error["param"] == param
+    assert (error["type"], error["param"], error["code"]) == ("invalid_request_error", param, code)
     assert set(error) == {"message", "type", "param", "code"}
+    assert f"'{param}'" in error["message"]
+
+
+def test_a_bad_parameter_reads_like_openai(client, valid_key):
+    limit = get(client, valid_key, start_time=T0, limit="ten").json()["error"]
+    width = get(client, valid_key, start_time=T0, bucket_width="1w").json()["error"]
+    missing = get(client, valid_key).json()["error"]
+
+    assert limit["message"] == "Invalid type for 'limit': expected an integer, but got a string instead."
+    assert width["message"] == "Invalid value for 'bucket_width': '1w'. Supported values are: '1m', '1h', and '1d'."
+    assert missing["message"] == "Missing required parameter: 'start_time'."
 
 
 def test_without_a_key_it_is_a_401(client):
