@@ -28,9 +28,9 @@ from dataclasses import dataclass
 
 import torch
 
-from . import memory, sampling
+from . import memory, sampling, structured
 from .kv_cache import BatchKVCache
-from .model_loader import ModelConfig, load_model
+from .model_loader import ModelConfig, load_model, model_fingerprint
 from .outputs import (  # noqa: F401  (re-exported: the engine's API)
     CompletionOutput,
     EngineError,
@@ -120,6 +120,8 @@ class _Sequence:
         self.cumulative_logprob = 0.0
         self.counts: torch.Tensor | None = None
         self.finish_reason: str | None = None
+        # structured output: this candidate's own parser state (None: unconstrained)
+        self.grammar = params.grammar.matcher() if params.grammar is not None else None
 
     @property
     def finished(self) -> bool:
@@ -182,6 +184,7 @@ class Engine:
         self.max_context = 0
         self.vocab_size = 0
         self.eos_token_ids: frozenset[int] = frozenset()
+        self.system_fingerprint = ""
         self._lock = threading.Lock()
         self._wakeup = threading.Event()
         self._inbox: collections.deque[_Request] = collections.deque()
@@ -263,6 +266,27 @@ class Engine:
             return None
         return token_id
 
+    def compile_grammar(self, schema: dict | None) -> structured.CompiledGrammar:
+        """The grammar of JSON valid against ``schema`` (None: any JSON object) for
+        ``SamplingParams.grammar``; cached per schema.  Raises :class:`structured.GrammarError`
+        for a schema the library cannot compile.  Blocking (milliseconds): call it in a thread."""
+        return structured.compile_json_grammar(self.tokenizer, self.vocab_size, schema)
+
+    @property
+    def has_chat_template(self) -> bool:
+        """Whether the tokenizer has a chat template (``/v1/chat/completions`` needs one)."""
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
+    def chat_prompt_ids(self, messages: list[dict[str, str]]) -> list[int]:
+        """The prompt of a chat: ``messages`` (``{"role", "content"}`` with roles system, user,
+        assistant) through the tokenizer's chat template, with the assistant's generation prompt
+        added.  Raises ``ValueError`` when the tokenizer has no template."""
+        if not self.has_chat_template:
+            raise ValueError(f"{self.model_id} has no chat template")
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        # The template writes its special tokens itself; adding the tokenizer's would double a BOS.
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
     def document_start_ids(self) -> list[int]:
         """The prompt for an empty prompt: the start of a new document, as OpenAI's default prompt
         ``<|endoftext|>`` is for GPT models."""
@@ -336,6 +360,9 @@ class Engine:
         if document_end is not None:
             eos.add(document_end)  # the GPT-style document separator ends a text, as on OpenAI
         self.eos_token_ids = frozenset(eos)
+        self.system_fingerprint = model_fingerprint(model)
+        if not self.has_chat_template:
+            logger.warning("%s has no chat template: /v1/chat/completions will refuse it", self.model_id)
 
     def _loop_once(self) -> None:
         self._take_inbox()
@@ -553,6 +580,8 @@ class Engine:
                 sampling.apply_logit_bias(logits[row], request.bias_ids, request.bias_values)
             if seq.counts is not None:
                 sampling.apply_penalties(logits[row], seq.counts, params.presence_penalty, params.frequency_penalty)
+            if seq.grammar is not None:  # structured output: after bias and penalties, before sampling and logprobs
+                seq.grammar.mask_logits(logits[row])
         temperature = torch.tensor(
             [0.0 if seq.request.params.greedy else seq.request.params.temperature for seq in sequences],
             device=logits.device,
@@ -591,6 +620,7 @@ class Engine:
         if token_id in self.eos_token_ids and not params.ignore_eos:
             seq.finish_reason = "stop"
             return
+        grammar_complete = seq.grammar is not None and seq.grammar.accept(token_id)
         seq.token_ids.append(token_id)
         if params.needs_penalties:
             if seq.counts is None:
@@ -607,6 +637,9 @@ class Engine:
                 seq.cut = index
                 seq.finish_reason = "stop"
                 return
+        if grammar_complete:  # the structured value is whole: only the end-of-sequence token could follow
+            seq.finish_reason = "stop"
+            return
         if len(seq.token_ids) >= params.max_tokens or seq.length + 1 >= self.max_context:
             seq.finish_reason = "length"
 

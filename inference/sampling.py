@@ -18,6 +18,7 @@ OpenAI's documentation of the legacy Completions API and transformers' ``logits_
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -32,6 +33,8 @@ class SamplingParams:
     the number of top alternatives per token (``None``: no logprobs).  ``prompt_logprobs`` asks
     for the prompt tokens' log-probabilities too (``echo`` with ``logprobs``).  ``stop`` strings
     are matched on decoded text.  ``ignore_eos`` keeps generating past the end-of-sequence token.
+    ``grammar`` (a :class:`~inference.structured.CompiledGrammar`, from
+    :meth:`~inference.engine.Engine.compile_grammar`) constrains every candidate to its grammar.
     """
 
     max_tokens: int = 16
@@ -47,6 +50,7 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: bool = False
     ignore_eos: bool = False
+    grammar: Any = None  # CompiledGrammar | None; Any keeps llguidance out of this module's imports
 
     @property
     def greedy(self) -> bool:
