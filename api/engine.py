@@ -52,3 +52,17 @@ def get_engine() -> Engine:
 
             _engine = Engine(*engine_configs())
         return _engine
+
+
+def served_models() -> list[str]:
+    """The model names this server answers to: the model's id, then ``MODEL_ALIASES`` in order."""
+    model_id = get_engine().model_id
+    return [model_id, *(alias for alias in settings.MODEL_ALIASES if alias != model_id)]
+
+
+def key_may_use(api_key, name: str) -> bool:
+    """Whether ``name`` is served here (the model or an alias) and ``api_key`` may use it: its
+    allowed models name ``name`` itself or the model that serves it."""
+    if name not in served_models():
+        return False
+    return api_key.allows_model(name) or api_key.allows_model(get_engine().model_id)
