@@ -2,24 +2,22 @@
 
 ``inference`` knows nothing of Django: it takes a :class:`~inference.model_loader.ModelConfig` and
 an :class:`~inference.engine.EngineConfig`.  This module reads the settings (``MODEL_*`` and
-``ENGINE_*``, see ``completions_site/settings.py``) into those objects and keeps the one engine a
-server process serves.  Torch is imported on the first call, not at import time, so that the
-views and the management commands load without it.
+``ENGINE_*``, see ``completions_site/settings.py``) into those objects and makes the one engine a
+server process serves (kept by :mod:`inference.process`).  Torch is imported on the first call,
+not at import time, so that the views and the management commands load without it.
 """
 
 from __future__ import annotations
 
-import threading
 from typing import TYPE_CHECKING
 
 from django.conf import settings
 
+from inference import process
+
 if TYPE_CHECKING:
     from inference.engine import Engine, EngineConfig
     from inference.model_loader import ModelConfig
-
-_engine: Engine | None = None
-_engine_lock = threading.Lock()
 
 
 def engine_configs() -> tuple[ModelConfig, EngineConfig]:
@@ -45,13 +43,13 @@ def engine_configs() -> tuple[ModelConfig, EngineConfig]:
 
 def get_engine() -> Engine:
     """The process's engine, created on first use (never at import time); not started here."""
-    global _engine
-    with _engine_lock:
-        if _engine is None:
-            from inference.engine import Engine
+    return process.get_or_create(_make_engine)
 
-            _engine = Engine(*engine_configs())
-        return _engine
+
+def _make_engine() -> Engine:
+    from inference.engine import Engine
+
+    return Engine(*engine_configs())
 
 
 def served_models() -> list[str]:

@@ -8,7 +8,7 @@
 
 Each server is started in a subprocess, measured alone, and stopped (also on an error or Ctrl-C):
 
-- ours: daphne with the embedded model (``tests/live_server.py``: its own SQLite database and key),
+- ours: daphne with the embedded model (``testing/live_server.py``: its own SQLite database and key),
   ``DJANGO_DEBUG=false``, every other setting at its default (bfloat16 on this CPU);
 - ``transformers serve`` (the transformers CLI) on the converted copy of the same model, on CPU in
   bfloat16, as it runs by default: one ``generate()`` at a time, requests queued behind it (its
@@ -81,7 +81,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from inference.model_loader import converted_gguf_dir, embedded_gguf_path  # noqa: E402
-from tests.live_server import MODEL, free_port, start_server, stop_server  # noqa: E402
+from testing.live_server import MODEL, free_port, start_server, stop_server  # noqa: E402
 
 EOS = 2  # SmolLM2's <|endoftext|>
 NEW_TOKENS = 128

@@ -12,6 +12,8 @@ from typing import Any
 
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
+from inference import process
+
 from .live import GROUP
 
 logger = logging.getLogger(__name__)
@@ -20,10 +22,11 @@ INTERVAL_SECONDS = 1.0
 
 
 def engine_stats() -> dict[str, Any]:
-    """``{"ready", "running", "waiting", "tokens_per_second"}`` of this process's engine."""
-    from api.engine import get_engine  # torch loads on the first call: only when serving
-
-    engine = get_engine()
+    """``{"ready", "running", "waiting", "tokens_per_second"}`` of this process's engine, or
+    ``{"ready": False}`` before the server has made one (the page then shows "loading")."""
+    engine = process.current()
+    if engine is None:
+        return {"ready": False}
     return {"ready": engine.ready, **engine.stats()}
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.live_server import LiveServer
+from testing.live_server import LiveServer
 
 CHROMIUM = os.environ.get("CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = [

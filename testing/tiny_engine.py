@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from inference.engine import Engine, EngineConfig
 from inference.model_loader import ModelConfig
 from inference.sampling import SamplingParams
-from tests.tiny_model import tiny_model, tiny_tokenizer
+from testing.tiny_model import tiny_model, tiny_tokenizer
 
 
 def start_tiny_engine(**config) -> Engine:

@@ -11,8 +11,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.live_server import MODEL
-from tests.sse_client import stream
+from testing.live_server import MODEL
+from testing.sse_client import stream
 
 NO_EOS = {"2": -100}
 BYTES_TOKEN = re.compile(r"^bytes:(\\x[0-9a-f]{2})+$")

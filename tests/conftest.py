@@ -1,6 +1,11 @@
-"""Shared fixtures.
+"""Shared fixtures, and the level of each test from its folder.
 
 Personas: named users and keys that tests ask for by role instead of building their own.
+
+Levels (``pytest -m unit``, ``-m "not e2e"``, ...): ``tests/unit`` (no database, no server: pure
+functions and the engine on the tiny model), ``tests/integration`` (Django's test database, the
+views in this process on the tiny model), ``tests/e2e`` (a live daphne server with the real model),
+``tests/browser`` (that server driven in headless Chromium; also marked ``e2e``).
 """
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ import os
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from django.utils import timezone
@@ -17,6 +23,26 @@ from keys.models import APIKey
 # Redis for the tests that run the limits on it: REDIS_URL when the suite runs with one (CI's
 # second run), else the local default; they are skipped when it does not answer.
 TEST_REDIS_URL = os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0"
+
+# The markers each test folder gives its tests (pytest.ini declares them).
+LEVEL_MARKERS = {
+    "unit": ("unit",),
+    "integration": ("integration",),
+    "e2e": ("e2e",),
+    "browser": ("e2e", "browser"),
+}
+TESTS_ROOT = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test with its folder's level; a test outside the four folders gets none."""
+    for item in items:
+        path = Path(item.path).resolve()
+        if not path.is_relative_to(TESTS_ROOT):
+            continue
+        parts = path.relative_to(TESTS_ROOT).parts
+        for name in LEVEL_MARKERS.get(parts[0], ()) if len(parts) > 1 else ():
+            item.add_marker(name)
 
 # --- Personas -----------------------------------------------------------------------------------
 
@@ -142,7 +168,7 @@ def limits_store(request, settings) -> str:
 
 @pytest.fixture(scope="session")
 def tiny_engine():
-    from tests.engine_helpers import start_tiny_engine
+    from testing.tiny_engine import start_tiny_engine
 
     engine = start_tiny_engine()
     yield engine
@@ -158,4 +184,4 @@ def tiny_api(tiny_engine, monkeypatch):
 
 # --- The live server (end-to-end tests) ---------------------------------------------------------
 
-from tests.live_server import forget_limit_counters, openai_client, server  # noqa: E402,F401  (session fixtures)
+from testing.live_server import forget_limit_counters, openai_client, server  # noqa: E402,F401  (session fixtures)

@@ -1,7 +1,7 @@
 """Calling the real API views in the test process, served by the tiny random model.
 
 The views run as under daphne (Django's async request handling, the real URLconf), but the
-engine is :func:`tests.engine_helpers.start_tiny_engine`'s, so a request takes milliseconds.  The
+engine is :func:`testing.tiny_engine.start_tiny_engine`'s, so a request takes milliseconds.  The
 tiny tokenizer has one token per character, so ``"Hello"`` is 5 prompt tokens, and
 ``logit_bias={"0": -100}`` (:data:`NO_EOS`) makes every request generate exactly ``max_tokens``.
 """

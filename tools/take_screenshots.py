@@ -19,8 +19,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.browser import CHROMIUM, CHROMIUM_ARGS, PHONE, create_users, issue_key, log_in  # noqa: E402
-from tests.live_server import MODEL, start_server, stop_server  # noqa: E402
+from testing.browser import CHROMIUM, CHROMIUM_ARGS, PHONE, create_users, issue_key, log_in  # noqa: E402
+from testing.live_server import MODEL, start_server, stop_server  # noqa: E402
 
 ADMIN = ("admin", "screenshot-admin-1")
 ALICE = ("alice", "screenshot-alice-1")

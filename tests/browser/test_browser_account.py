@@ -6,12 +6,12 @@ import time
 import httpx
 import pytest
 
-from tests.browser import PHONE, browser, create_users, issue_key, key_id, log_in, new_page, requires_browser
+from testing.browser import PHONE, browser, create_users, issue_key, key_id, log_in, new_page, requires_browser
+from testing.live_server import MODEL
 from tests.completion_helpers import NO_EOS
-from tests.live_server import MODEL
 from tests.usage_helpers import KEY_IN_TEXT
 
-pytestmark = [pytest.mark.e2e, pytest.mark.browser, requires_browser]
+pytestmark = requires_browser  # e2e and browser: from the folder (tests/conftest.py)
 
 ALICE = ("alice-browser", "alice-browser-pass-1")
 BOB = ("bob-browser", "bob-browser-pass-1")

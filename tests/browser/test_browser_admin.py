@@ -6,12 +6,12 @@ import threading
 import httpx
 import pytest
 
-from tests.browser import browser, create_users, log_in, new_page, requires_browser
+from testing.browser import browser, create_users, log_in, new_page, requires_browser
+from testing.live_server import MODEL
 from tests.completion_helpers import NO_EOS
-from tests.live_server import MODEL
 from tests.usage_helpers import KEY_IN_TEXT
 
-pytestmark = [pytest.mark.e2e, pytest.mark.browser, requires_browser]
+pytestmark = requires_browser  # e2e and browser: from the folder (tests/conftest.py)
 
 STAFF = ("sam-browser", "sam-browser-pass-1")
 

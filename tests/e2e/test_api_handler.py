@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from api.handlers import is_api_path, route
-from tests.live_server import MODEL
+from testing.live_server import MODEL
 
 
 @pytest.mark.parametrize(
@@ -40,7 +40,6 @@ def test_route_decides_on_the_path_django_routes_on(path, root_path, served_by):
     assert calls == [served_by]
 
 
-@pytest.mark.e2e
 def test_api_answers_carry_no_browser_middleware_headers(server):
     response = server.post({"model": MODEL, "prompt": "Hi", "max_tokens": 1})
     assert response.status_code == 200
@@ -53,7 +52,6 @@ def test_api_answers_carry_no_browser_middleware_headers(server):
     assert "X-Frame-Options" not in missing.headers
 
 
-@pytest.mark.e2e
 def test_the_admin_still_runs_the_full_middleware(server):
     response = httpx.get(server.base_url + "/admin/login/")
     assert response.status_code == 200
@@ -61,14 +59,12 @@ def test_the_admin_still_runs_the_full_middleware(server):
     assert "csrftoken" in response.cookies
 
 
-@pytest.mark.e2e
 def test_a_script_prefix_header_cannot_take_a_site_page_through_the_api_handler(server):
     response = httpx.get(server.base_url + "/v1/admin/", headers={"Daphne-Root-Path": "/v1"})
     assert response.status_code == 302  # the admin's login redirect: its middleware ran
     assert response.headers["X-Frame-Options"] == "DENY"
 
 
-@pytest.mark.e2e
 def test_a_host_outside_allowed_hosts_gets_a_json_400_on_the_api(server):
     response = httpx.get(server.api_url + "/models", headers={**server.headers(), "Host": "evil.example"})
     assert response.status_code == 400

@@ -12,8 +12,6 @@ import pytest
 
 from tests.completion_helpers import NO_EOS, complete, mean
 
-pytestmark = pytest.mark.e2e
-
 PROMPT = "Once upon a time"
 SEEDED = {"prompt": PROMPT, "max_tokens": 5, "temperature": 1.0, "seed": 11, "logit_bias": NO_EOS}
 BEST_OF, N = 4, 2

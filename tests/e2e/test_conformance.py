@@ -31,10 +31,8 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
 from api.protocol import SCHEMA_PATH
+from testing.live_server import MODEL
 from tests.completion_helpers import NO_EOS, complete, merge_stream, stream_events
-from tests.live_server import MODEL
-
-pytestmark = pytest.mark.e2e
 
 PROMPT = "The capital of France is"
 OTHER = "Once upon a time"

@@ -7,9 +7,7 @@ import time
 import httpx
 import pytest
 
-from tests.live_server import MODEL, start_server, stop_server
-
-pytestmark = pytest.mark.e2e
+from testing.live_server import MODEL, start_server, stop_server
 
 
 @pytest.fixture(scope="module")

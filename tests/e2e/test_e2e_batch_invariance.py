@@ -9,9 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.live_server import MODEL, start_server, stop_server
-
-pytestmark = pytest.mark.e2e
+from testing.live_server import MODEL, start_server, stop_server
 
 PROMPTS = ["The weather is very nice today", "def fibonacci(n):", "The capital of France is", "Once upon a time",
            "My favourite colour is", "import numpy as np\n", "Dear Sir or Madam,", "1, 2, 3, 4,"]

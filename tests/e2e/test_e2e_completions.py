@@ -2,14 +2,12 @@
 from __future__ import annotations
 
 import httpx
-import pytest
 
-from tests.live_server import MODEL
-from tests.sse_client import stream, stream_text
+from testing.live_server import MODEL
+from testing.sse_client import stream, stream_text
 
 PROMPT = "The weather is very nice today"
 
-pytestmark = pytest.mark.e2e
 
 
 def test_openai_client_gets_a_real_text_completion(openai_client):

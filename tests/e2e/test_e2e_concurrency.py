@@ -5,11 +5,8 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
-import pytest
 
-from tests.live_server import MODEL
-
-pytestmark = pytest.mark.e2e
+from testing.live_server import MODEL
 
 PROMPTS = ["The capital of France is", "def add(a, b):", "Once upon a time", "My favourite food is",
            "The sky is blue because", "Water boils at"]

@@ -5,9 +5,7 @@ import httpx
 import openai
 import pytest
 
-from tests.live_server import MODEL
-
-pytestmark = pytest.mark.e2e
+from testing.live_server import MODEL
 
 
 def assert_error(response: httpx.Response, status: int, param=None, code=None, type="invalid_request_error"):

@@ -4,13 +4,10 @@ from __future__ import annotations
 import time
 
 import httpx
-import pytest
 
+from testing.live_server import MODEL
+from testing.sse_client import stream
 from tests.completion_helpers import NO_EOS
-from tests.live_server import MODEL
-from tests.sse_client import stream
-
-pytestmark = pytest.mark.e2e
 
 PROMPT = "Write a long story about a dragon."
 

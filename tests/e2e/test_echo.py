@@ -12,8 +12,6 @@ import pytest
 
 from tests.completion_helpers import NO_EOS, complete, is_bytes_token
 
-pytestmark = pytest.mark.e2e
-
 PROMPT = "The capital of France is"
 CHAT_PROMPT = "<|im_start|>user\nHi<|im_end|>\n"  # special tokens written in the prompt's text
 EMOJI_PROMPT = "Weather: ☀️🌧️ 雨"

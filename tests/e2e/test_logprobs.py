@@ -15,8 +15,6 @@ import pytest
 
 from tests.completion_helpers import NO_EOS, complete, is_bytes_token, token_bytes
 
-pytestmark = pytest.mark.e2e
-
 PROMPT = "The capital of France is"
 NON_LATIN_PROMPT = "Reply with only emojis: 😀😃😄 and Chinese: 你好，世界。"
 

@@ -11,9 +11,7 @@ import time
 import httpx
 import pytest
 
-from tests.live_server import MODEL
-
-pytestmark = pytest.mark.e2e
+from testing.live_server import MODEL
 
 
 def _with(raw_value: bytes, field: str = "prompt") -> bytes:

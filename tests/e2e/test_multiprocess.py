@@ -22,10 +22,8 @@ from datetime import timezone as dt_timezone
 import httpx
 import pytest
 
+from testing.live_server import MODEL, LiveServer, _manage, start_server, stop_server
 from tests.conftest import TEST_REDIS_URL, redis_reachable
-from tests.live_server import MODEL, LiveServer, _manage, start_server, stop_server
-
-pytestmark = pytest.mark.e2e
 
 POSTGRES_URL = os.environ.get("E2E_POSTGRES_URL", "postgresql://root@127.0.0.1:5432/test")
 NO_EOS = {"0": -100, "2": -100}  # neither end-of-text token: every request makes exactly max_tokens

@@ -13,8 +13,6 @@ import pytest
 
 from tests.completion_helpers import NO_EOS, complete, served_tokenizer
 
-pytestmark = pytest.mark.e2e
-
 PROMPT = "The capital of France is"
 FORCED = 17  # any token id; its text is read from the answer
 STEPS = 4

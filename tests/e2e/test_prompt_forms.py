@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import pytest
 
+from testing.live_server import MODEL
 from tests.completion_helpers import NO_EOS, complete, served_tokenizer
-from tests.live_server import MODEL
-
-pytestmark = pytest.mark.e2e
 
 PROMPT = "The capital of France is"
 OTHER = "def fibonacci(n):"

@@ -10,9 +10,7 @@ import json
 import httpx
 import pytest
 
-from tests.live_server import MODEL, start_server, stop_server
-
-pytestmark = pytest.mark.e2e
+from testing.live_server import MODEL, start_server, stop_server
 
 DEFAULT_LIMIT = 4 * 1024 * 1024
 SMALL_LIMIT = 2048

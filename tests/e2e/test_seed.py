@@ -11,10 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from testing.live_server import MODEL
 from tests.completion_helpers import NO_EOS, complete
-from tests.live_server import MODEL
-
-pytestmark = pytest.mark.e2e
 
 SEEDED = {"prompt": "Once upon a time", "max_tokens": 8, "temperature": 1.0, "top_p": 0.95, "seed": 2024,
           "n": 2, "logprobs": 1, "logit_bias": NO_EOS}

@@ -10,8 +10,6 @@ import pytest
 
 from tests.completion_helpers import NO_EOS, complete, merge_stream, stream_events
 
-pytestmark = pytest.mark.e2e
-
 CHAT_PROMPT = "<|im_start|>user\nHi<|im_end|>\n"
 OPEN_TURN = "<|im_start|>"
 GREEDY = {"prompt": CHAT_PROMPT, "max_tokens": 3, "temperature": 0, "logit_bias": NO_EOS}

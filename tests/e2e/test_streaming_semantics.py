@@ -14,10 +14,8 @@ import json
 import httpx
 import pytest
 
+from testing.live_server import MODEL
 from tests.completion_helpers import NO_EOS, complete, merge_stream, stream_events
-from tests.live_server import MODEL
-
-pytestmark = pytest.mark.e2e
 
 PROMPT = "The capital of France is"
 NON_LATIN_PROMPT = "Reply with only emojis: 😀😃😄 and Chinese: 你好，世界。"

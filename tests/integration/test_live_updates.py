@@ -99,7 +99,7 @@ def test_the_channel_layer_is_in_memory_unless_redis_url_is_set(redis_url, backe
     import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     code = "from django.conf import settings; print(settings.CHANNEL_LAYERS['default']['BACKEND'])"
     env = {**os.environ, "REDIS_URL": redis_url, "DJANGO_SETTINGS_MODULE": "completions_site.settings"}
     result = subprocess.run(

@@ -19,7 +19,7 @@ from tests.inprocess_api import MODEL, body, post
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DAY = datetime(2026, 11, 3, 12, 0, tzinfo=dt_timezone.utc)
 
 

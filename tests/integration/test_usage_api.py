@@ -14,7 +14,7 @@ pytestmark = pytest.mark.django_db
 URL = "/v1/usage/completions"
 DAY0 = datetime(2026, 3, 1, tzinfo=timezone.utc)
 T0 = int(DAY0.timestamp())
-SPEC = Path(__file__).resolve().parent.parent.parent / "shared" / "openai-openapi.yaml"
+SPEC = Path(__file__).resolve().parents[3] / "shared" / "openai-openapi.yaml"
 
 
 def get(client, key, **params):

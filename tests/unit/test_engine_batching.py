@@ -7,7 +7,7 @@ import pytest
 
 from inference.engine import EngineOverloaded
 from inference.sampling import SamplingParams
-from tests.engine_helpers import run, run_many, run_one, start_tiny_engine
+from testing.tiny_engine import run, run_many, run_one, start_tiny_engine
 
 PROMPTS = ["Hello, world!", "abc", "The cat sat on the mat.", "x", "0123456789 " * 5, "Why?", "Yes", "no no no"]
 

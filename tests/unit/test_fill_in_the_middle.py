@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from transformers import AddedToken
 
-from tests.engine_helpers import start_tiny_engine
-from tests.tiny_model import tiny_model, tiny_tokenizer
+from testing.tiny_engine import start_tiny_engine
+from testing.tiny_model import tiny_model, tiny_tokenizer
 
 
 def test_fim_prompt_is_prefix_suffix_middle_in_psm_order():

@@ -11,7 +11,7 @@ from inference.packed import (
     onednn_linear_available,
     prepack_linear_layers,
 )
-from tests.tiny_model import tiny_model
+from testing.tiny_model import tiny_model
 
 pytestmark = pytest.mark.skipif(not onednn_linear_available(), reason="this torch/CPU has no oneDNN bf16 linear")
 

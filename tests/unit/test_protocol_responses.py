@@ -158,7 +158,7 @@ def test_the_schema_checker_rejects_what_the_spec_rejects() -> None:
 
 # --- The vendored spec --------------------------------------------------------------------------
 
-SPEC = Path(__file__).resolve().parent.parent.parent / "shared" / "openai-openapi.yaml"
+SPEC = Path(__file__).resolve().parents[3] / "shared" / "openai-openapi.yaml"
 
 
 def test_vendored_schema_is_valid_json_schema_2020_12() -> None:
@@ -175,6 +175,6 @@ def test_vendored_schema_has_no_openapi_only_keywords_left() -> None:
 @pytest.mark.skipif(not SPEC.exists(), reason="OpenAI's spec is not beside the checkout (../shared)")
 def test_vendored_schema_is_what_the_tool_makes_from_the_spec(tmp_path: Path) -> None:
     output = tmp_path / "openai_schema.json"
-    tool = Path(__file__).resolve().parent.parent / "tools" / "vendor_openai_schema.py"
+    tool = Path(__file__).resolve().parents[2] / "tools" / "vendor_openai_schema.py"
     subprocess.run([sys.executable, str(tool), str(SPEC), "--output", str(output)], check=True, capture_output=True)
     assert output.read_text(encoding="utf-8") == SCHEMA_PATH.read_text(encoding="utf-8")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from inference.text import StopMatcher
-from tests.engine_helpers import run_one, start_tiny_engine
+from testing.tiny_engine import run_one, start_tiny_engine
 
 PROMPT = "Hello, world!"
 

@@ -1,0 +1,105 @@
+"""The layers import one way (README, "Layout"): the engine knows no Django, the domain no HTTP.
+
+The first test imports every module of ``inference`` in a fresh interpreter and looks for Django
+in ``sys.modules``.  The others read every module's imports from its source (``ast``), those inside
+functions included, so a lazy import cannot hide an edge.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# What each app may import, besides itself, the standard library and third-party packages.
+ALLOWED = {
+    "inference": set(),
+    "keys": set(),
+    "api": {"inference", "keys"},
+    "dashboard": {"inference", "keys"},
+    "accounts": {"dashboard", "keys"},
+    "completions_site": {"accounts", "api", "dashboard", "inference", "keys"},
+}
+
+
+def imported_apps(module: Path) -> set[str]:
+    """The apps that ``module`` imports (absolute imports only; relative ones stay in its app)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(module.read_text(), filename=str(module))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names & ALLOWED.keys()
+
+
+def app_imports(app: str) -> dict[str, set[str]]:
+    """``{module path: other apps it imports}`` for every module of ``app`` that imports one."""
+    found = {}
+    for module in sorted((ROOT / app).rglob("*.py")):
+        others = imported_apps(module) - {app}
+        if others:
+            found[str(module.relative_to(ROOT))] = others
+    return found
+
+
+def app_graph() -> dict[str, set[str]]:
+    """``{app: apps it imports}`` over the whole project."""
+    return {app: set().union(*app_imports(app).values()) for app in ALLOWED}
+
+
+def test_inference_imports_no_django():
+    script = (
+        "import importlib, pkgutil, sys, inference\n"
+        "for info in pkgutil.walk_packages(inference.__path__, 'inference.'):\n"
+        "    importlib.import_module(info.name)\n"
+        "print(sorted(m for m in sys.modules if m == 'django' or m.startswith('django.')))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, check=True, timeout=600
+    )
+
+    assert result.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("app", ["keys", "inference"])
+def test_nothing_under_the_domain_or_the_engine_imports_api(app):
+    importers = {module: others for module, others in app_imports(app).items() if "api" in others}
+
+    assert importers == {}
+
+
+@pytest.mark.parametrize("app", sorted(ALLOWED))
+def test_each_app_imports_only_what_the_layout_allows(app):
+    forbidden = {module: others - ALLOWED[app] for module, others in app_imports(app).items()}
+
+    assert {module: others for module, others in forbidden.items() if others} == {}
+
+
+def test_no_import_cycle_between_the_apps():
+    graph = app_graph()
+    cycles = []
+
+    def visit(app: str, path: list[str]) -> None:
+        for imported in sorted(graph[app]):
+            if imported in path:
+                cycles.append([*path[path.index(imported) :], imported])
+            else:
+                visit(imported, [*path, imported])
+
+    for app in sorted(graph):
+        visit(app, [app])
+
+    assert cycles == []
+
+
+def test_the_walk_sees_lazy_imports(tmp_path):
+    module = tmp_path / "lazy.py"
+    module.write_text("def f():\n    from api.views import completions\n    import keys.models\n")
+
+    assert imported_apps(module) == {"api", "keys"}
