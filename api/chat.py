@@ -200,7 +200,10 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
     _check_rules(data)
     limit = data.pop("max_completion_tokens", None) or data.pop("max_tokens", None)
     data.pop("max_tokens", None)
-    fields = {name: data[name] for name in data if name not in ACCEPTED_UNUSED}
+    # What is left beyond the dataclass's fields was accepted as changing nothing (ACCEPTED_UNUSED,
+    # tool_choice "none", modalities ["text"], ...).
+    wanted = {field.name for field in dataclasses.fields(ChatCompletionRequest)}
+    fields = {name: data[name] for name in data if name in wanted}
     fields["messages"] = [_message(index, message) for index, message in enumerate(data["messages"])]
     return ChatCompletionRequest(**fields, max_completion_tokens=limit)
 

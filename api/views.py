@@ -131,7 +131,7 @@ async def _start_completion(request: HttpRequest, usage: _Usage, endpoint: _Endp
     parsed = await asyncio.to_thread(endpoint.parse, body)
     usage.model, usage.stream, usage.user = parsed.model, parsed.stream, parsed.user or ""
     engine = get_engine()
-    if not key_may_use(usage.api_key, parsed.model):
+    if not key_may_use(usage.api_key, parsed.model, engine.model_id):
         raise model_not_found_error(parsed.model)  # the same 404 for a model the key may not use
     usage.model = engine.model_id  # an alias is counted under the model that serves it
     if not engine.ready:
@@ -321,7 +321,8 @@ async def models(request: HttpRequest) -> HttpResponse:
         api_key = await authenticate(request)
     except APIError as error:
         return error_response(error)
-    return JsonResponse(model_list(_model(name) for name in served_models() if key_may_use(api_key, name)))
+    model_id = get_engine().model_id
+    return JsonResponse(model_list(_model(name) for name in served_models(model_id) if key_may_use(api_key, name, model_id)))
 
 
 @api_view("GET")
@@ -332,7 +333,7 @@ async def model_detail(request: HttpRequest, model: str) -> HttpResponse:
         api_key = await authenticate(request)
     except APIError as error:
         return error_response(error)
-    if not key_may_use(api_key, model):
+    if not key_may_use(api_key, model, get_engine().model_id):
         return error_response(model_not_found_error(model))
     return JsonResponse(_model(model))
 
