@@ -31,6 +31,9 @@ import torch
 
 CACHE_SIZE = 64  # compiled grammars kept; a compile costs ~10 ms, a cached one a deep copy
 ANY_JSON_OBJECT: dict[str, Any] = {"type": "object"}  # ``json_object``: any JSON object
+# Compact JSON (``{"a":1,"b":[2]}``, as OpenAI's structured outputs look): with free whitespace a
+# small model can emit blank lines until max_tokens, and the output is never whole.
+JSON_OPTIONS = {"whitespace_flexible": False}
 
 
 class GrammarError(ValueError):
@@ -85,7 +88,7 @@ _grammars: OrderedDict[tuple[int, int, str], CompiledGrammar] = OrderedDict()
 
 
 def compile_json_grammar(tokenizer: Any, vocab_size: int, schema: dict[str, Any] | None) -> CompiledGrammar:
-    """The grammar of JSON text valid against ``schema`` (``None``: any JSON object), cached.
+    """The grammar of compact JSON text valid against ``schema`` (``None``: any JSON object), cached.
 
     ``tokenizer`` is the model's Hugging Face tokenizer and ``vocab_size`` the width of its logits
     (the output embedding's, which may exceed the tokenizer's).  The grammar ends at its
@@ -101,7 +104,7 @@ def compile_json_grammar(tokenizer: Any, vocab_size: int, schema: dict[str, Any]
             return _grammars[key]
     ll_tokenizer = _ll_tokenizer(tokenizer, vocab_size)
     try:
-        grammar = llguidance.LLMatcher.grammar_from_json_schema(text)
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(text, overrides=JSON_OPTIONS)
         matcher = llguidance.LLMatcher(ll_tokenizer, grammar)
     except (ValueError, TypeError, RuntimeError) as error:
         raise GrammarError(str(error)) from error
