@@ -15,6 +15,7 @@ output (``metadata``, ``store``, ``service_tier``, ``prompt_cache_key``, ...) ar
 (:class:`api.serving.CompletionRun`): engine streams, usage counters and aborts are the same; the
 prompt is the model's chat template and the outputs take the chat shapes.
 """
+
 from __future__ import annotations
 
 import copy
@@ -33,7 +34,7 @@ from jsonschema.exceptions import relevance
 from inference.outputs import TokenLogprob
 from inference.text import token_bytes, token_text
 
-from .errors import APIError, below_minimum_error, schema_error, string_too_short_error, unrecognized_arguments_error
+from .errors import APIError, schema_error, string_too_short_error, unrecognized_arguments_error
 from .protocol import (
     DEFAULT_MAX_N,
     INT64_RANGE,
@@ -55,8 +56,18 @@ REQUEST_SCHEMA = "CreateChatCompletionRequest"
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 # Known fields that cannot change what this server generates: accepted and not used.
 ACCEPTED_UNUSED = frozenset(
-    {"metadata", "store", "service_tier", "prompt_cache_key", "prompt_cache_retention", "prompt_cache_options",
-     "safety_identifier", "parallel_tool_calls", "verbosity", "reasoning_effort"}
+    {
+        "metadata",
+        "store",
+        "service_tier",
+        "prompt_cache_key",
+        "prompt_cache_retention",
+        "prompt_cache_options",
+        "safety_identifier",
+        "parallel_tool_calls",
+        "verbosity",
+        "reasoning_effort",
+    }
 )
 NOT_A_CHAT_MODEL = (
     "This is not a chat model and thus not supported in the v1/chat/completions endpoint. "
@@ -224,12 +235,15 @@ def _check_unsupported(data: dict[str, Any]) -> None:
     for name in ("tool_choice", "function_call"):
         if name in data and data[name] != "none":
             raise _unsupported(name, "the model has no tool calling; only 'none' is accepted.")
-    for name, why in (("audio", "the model writes text only."), ("web_search_options", "there is no web search."),
-                      ("prediction", "predicted outputs are not implemented.")):
+    for name, why in (
+        ("audio", "the model writes text only."),
+        ("web_search_options", "there is no web search."),
+        ("prediction", "predicted outputs are not implemented."),
+    ):
         if name in data:
             raise _unsupported(name, why)
     if "modalities" in data and set(data["modalities"]) != {"text"}:
-        raise _unsupported("modalities", "the model writes text only: use [\"text\"].")
+        raise _unsupported("modalities", 'the model writes text only: use ["text"].')
 
 
 def _message(index: int, message: dict[str, Any]) -> dict[str, str]:
@@ -273,8 +287,11 @@ def _check_rules(data: dict[str, Any]) -> None:
     if "seed" in data:
         _check_range(data["seed"], *INT64_RANGE, "seed")
     if "top_logprobs" in data and not data.get("logprobs"):
-        raise APIError("Invalid value for 'top_logprobs': 'logprobs' must be set to true when 'top_logprobs' is set.",
-                       param="top_logprobs", code="invalid_value")
+        raise APIError(
+            "Invalid value for 'top_logprobs': 'logprobs' must be set to true when 'top_logprobs' is set.",
+            param="top_logprobs",
+            code="invalid_value",
+        )
     stop = data.get("stop")
     if isinstance(stop, str) and not stop:
         raise string_too_short_error("stop", 1, 0)
@@ -294,35 +311,56 @@ def new_chat_completion_id() -> str:
     return "chatcmpl-" + secrets.token_urlsafe(18)
 
 
-def chat_response(id: str, created: int, model: str, fingerprint: str, choices: list[dict],
-                  usage: dict[str, int]) -> dict[str, Any]:
+def chat_response(
+    id: str, created: int, model: str, fingerprint: str, choices: list[dict], usage: dict[str, int]
+) -> dict[str, Any]:
     """``CreateChatCompletionResponse``: ``{"id", "object": "chat.completion", "created", "model",
     "choices", "usage", "system_fingerprint"}``."""
-    return {"id": id, "object": "chat.completion", "created": created, "model": model, "choices": choices,
-            "usage": usage, "system_fingerprint": fingerprint}
+    return {
+        "id": id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": choices,
+        "usage": usage,
+        "system_fingerprint": fingerprint,
+    }
 
 
 def chat_choice(index: int, content: str, finish_reason: str | None, logprobs: list[dict] | None) -> dict[str, Any]:
     """A response choice: ``{"index", "message": {"role", "content", "refusal", "annotations"},
     "logprobs": {"content", "refusal"} | null, "finish_reason"}``."""
     message = {"role": "assistant", "content": content, "refusal": None, "annotations": []}
-    return {"index": index, "message": message, "logprobs": _logprobs_object(logprobs),
-            "finish_reason": finish_reason}
+    return {"index": index, "message": message, "logprobs": _logprobs_object(logprobs), "finish_reason": finish_reason}
 
 
-def chat_chunk(id: str, created: int, model: str, fingerprint: str, choices: list[dict],
-               usage: dict[str, int] | None = None, include_usage: bool = False) -> dict[str, Any]:
+def chat_chunk(
+    id: str,
+    created: int,
+    model: str,
+    fingerprint: str,
+    choices: list[dict],
+    usage: dict[str, int] | None = None,
+    include_usage: bool = False,
+) -> dict[str, Any]:
     """``CreateChatCompletionStreamResponse``; with ``include_usage`` every chunk has ``usage``
     (null but on the last, whose ``choices`` are ``[]``), as ``ChatCompletionStreamOptions`` says."""
-    chunk = {"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
-             "system_fingerprint": fingerprint, "choices": choices}
+    chunk = {
+        "id": id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "system_fingerprint": fingerprint,
+        "choices": choices,
+    }
     if include_usage or usage is not None:
         chunk["usage"] = usage
     return chunk
 
 
-def chunk_choice(index: int, delta: dict[str, Any], finish_reason: str | None = None,
-                 logprobs: list[dict] | None = None) -> dict[str, Any]:
+def chunk_choice(
+    index: int, delta: dict[str, Any], finish_reason: str | None = None, logprobs: list[dict] | None = None
+) -> dict[str, Any]:
     """A stream choice: ``{"index", "delta", "logprobs", "finish_reason"}``."""
     return {"index": index, "delta": delta, "logprobs": _logprobs_object(logprobs), "finish_reason": finish_reason}
 
@@ -336,6 +374,7 @@ def token_logprob(tokenizer: Any, entry: TokenLogprob) -> dict[str, Any]:
     "logprob", "bytes"}]}``; a token that is not whole UTF-8 is ``bytes:\\xNN`` in ``token``, its
     real bytes in ``bytes``.  Alternatives a structured-output grammar forbade (``-inf``) are left out.
     """
+
     def item(token_id: int, logprob: float) -> dict[str, Any]:
         raw = token_bytes(tokenizer, token_id)
         text = token_text(tokenizer, token_id)
@@ -374,7 +413,8 @@ class ChatRun(CompletionRun):
         if remainder < 1 or (limit is not None and limit > remainder):
             raise APIError(
                 f"This model's maximum context length is {engine.max_context} tokens. However, your messages "
-                f"resulted in {len(ids)} tokens" + (f" and you requested {limit} completion tokens." if limit else ".")
+                f"resulted in {len(ids)} tokens"
+                + (f" and you requested {limit} completion tokens." if limit else ".")
                 + " Please reduce the length of the messages or completion.",
                 param="messages" if remainder < 1 else "max_completion_tokens",
                 code="context_length_exceeded",

@@ -33,7 +33,6 @@ from django.conf import settings
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import relevance
 
-from api.response_format import check_response_format
 from api.errors import (
     APIError,
     above_maximum_error,
@@ -47,6 +46,7 @@ from api.errors import (
     string_too_short_error,
     unrecognized_arguments_error,
 )
+from api.response_format import check_response_format
 
 if TYPE_CHECKING:
     from inference.sampling import SamplingParams

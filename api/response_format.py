@@ -7,6 +7,7 @@ a JSON value valid against ``json_schema.schema``; ``strict`` changes nothing he
 grammar enforces every schema it compiles.  The same field on ``/v1/completions`` is our
 extension (vLLM offers its guided decoding there too); it is checked against the same schemas.
 """
+
 from __future__ import annotations
 
 import asyncio

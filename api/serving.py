@@ -19,7 +19,6 @@ from inference.outputs import CompletionOutput, EngineError, RequestOutput, Toke
 from inference.text import prompt_text_offsets, token_text
 
 from .errors import APIError
-from .response_format import compile_grammar
 from .protocol import (
     CompletionRequest,
     completion_choice,
@@ -28,6 +27,7 @@ from .protocol import (
     logprobs_dict,
     usage_dict,
 )
+from .response_format import compile_grammar
 
 if TYPE_CHECKING:
     from inference.engine import Engine, RequestStream

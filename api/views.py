@@ -27,7 +27,8 @@ from keys.usage import record_usage
 
 from . import sse
 from .auth import admission_headers, admit, authenticate, current_headers
-from .engine import get_engine
+from .chat import ChatRun, new_chat_completion_id, parse_chat_request
+from .engine import get_engine, key_may_use, served_models
 from .errors import APIError, error_response
 from .handlers import is_api_path
 from .protocol import (
@@ -38,8 +39,6 @@ from .protocol import (
     new_completion_id,
     parse_completion_request,
 )
-from .chat import ChatRun, new_chat_completion_id, parse_chat_request
-from .engine import key_may_use, served_models
 from .serving import CompletionRun
 
 logger = logging.getLogger(__name__)

@@ -14,6 +14,7 @@ grammar rather than EOS decides when it ends.  Per stream: tokens (from the usag
 decode tok/s = (tokens - 1) / (time of the last content chunk - time of the first).  The machine
 is shared: the load average is printed with the table.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,13 +29,15 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from testing.live_server import MODEL, start_server, stop_server  # noqa: E402
+from testing.live_server import MODEL, start_server, stop_server
 
 NO_EOS = {"2": -100}  # <|im_end|>
 SCHEMA = {
     "type": "object",
-    "properties": {"topic": {"type": "string"},
-                   "words": {"type": "array", "items": {"type": "string"}, "minItems": 40, "maxItems": 40}},
+    "properties": {
+        "topic": {"type": "string"},
+        "words": {"type": "array", "items": {"type": "string"}, "minItems": 40, "maxItems": 40},
+    },
     "required": ["topic", "words"],
     "additionalProperties": False,
 }
@@ -45,11 +48,22 @@ def requests(tokens: int) -> dict[str, tuple[str, dict]]:
     common = {"model": MODEL, "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
     return {
         "plain": ("/completions", {**common, "prompt": "The sea is", "max_tokens": tokens, "logit_bias": NO_EOS}),
-        "chat": ("/chat/completions", {**common, "messages": messages, "max_completion_tokens": tokens,
-                                       "logit_bias": NO_EOS}),
-        "json_schema": ("/chat/completions", {**common, "messages": messages, "max_completion_tokens": tokens * 2,
-                                              "response_format": {"type": "json_schema", "json_schema": {
-                                                  "name": "words", "schema": SCHEMA, "strict": True}}}),
+        "chat": (
+            "/chat/completions",
+            {**common, "messages": messages, "max_completion_tokens": tokens, "logit_bias": NO_EOS},
+        ),
+        "json_schema": (
+            "/chat/completions",
+            {
+                **common,
+                "messages": messages,
+                "max_completion_tokens": tokens * 2,
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "words", "schema": SCHEMA, "strict": True},
+                },
+            },
+        ),
     }
 
 
@@ -57,8 +71,9 @@ def run_stream(base: str, key: str, path: str, body: dict) -> dict:
     """One stream: its token count (usage chunk) and decode tok/s over its content chunks."""
     times: list[float] = []
     usage = None
-    with httpx.stream("POST", base + path, json=body, headers={"Authorization": f"Bearer {key}"},
-                      timeout=600) as response:
+    with httpx.stream(
+        "POST", base + path, json=body, headers={"Authorization": f"Bearer {key}"}, timeout=600
+    ) as response:
         response.raise_for_status()
         for line in response.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
@@ -81,8 +96,9 @@ def main() -> int:
     args = parser.parse_args()
     work = requests(args.tokens)
     with tempfile.TemporaryDirectory() as directory:
-        server = start_server(Path(directory), DJANGO_DEBUG="false", DJANGO_SECRET_KEY=os.urandom(24).hex(),
-                              LOG_LEVEL="WARNING")
+        server = start_server(
+            Path(directory), DJANGO_DEBUG="false", DJANGO_SECRET_KEY=os.urandom(24).hex(), LOG_LEVEL="WARNING"
+        )
         try:
             base, key = server.api_url, server.key
             load_before = os.getloadavg()[0]
@@ -94,7 +110,7 @@ def main() -> int:
             load_after = os.getloadavg()[0]
         finally:
             stop_server(server)
-    print(f"| stream | tokens | decode tok/s |\n| --- | --- | --- |")
+    print("| stream | tokens | decode tok/s |\n| --- | --- | --- |")
     print(f"| plain, alone | {alone['tokens']} | {alone['tok_s']:.1f} |")
     for name, result in together.items():
         print(f"| {name}, 3 streams together | {result['tokens']} | {result['tok_s']:.1f} |")

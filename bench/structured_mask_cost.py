@@ -9,16 +9,17 @@ It walks the tokens of one valid answer to a JSON schema and, at each step, time
 ``[1, ceil(vocab / 32)]`` int32 bitmask (the cost every constrained row adds to every decode step)
 and then accepting the token.  Prints the compile time and the median / p90 mask time in µs.
 """
+
 from __future__ import annotations
 
 import json
 import statistics
 import time
+from pathlib import Path
 
 from transformers import AutoTokenizer
 
 from inference.model_loader import converted_gguf_dir, embedded_gguf_path
-from pathlib import Path
 
 SCHEMA = {
     "type": "object",
@@ -26,20 +27,32 @@ SCHEMA = {
         "name": {"type": "string"},
         "age": {"type": "integer"},
         "tags": {"type": "array", "items": {"type": "string"}},
-        "address": {"type": "object", "properties": {"city": {"type": "string"}, "zip": {"type": "string"}},
-                    "required": ["city", "zip"], "additionalProperties": False},
+        "address": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "zip": {"type": "string"}},
+            "required": ["city", "zip"],
+            "additionalProperties": False,
+        },
     },
     "required": ["name", "age", "tags", "address"],
     "additionalProperties": False,
 }
-ANSWER = json.dumps({"name": "Ada Lovelace", "age": 36, "tags": ["math", "engines", "poetry"],
-                     "address": {"city": "London", "zip": "W1"}})
+ANSWER = json.dumps(
+    {
+        "name": "Ada Lovelace",
+        "age": 36,
+        "tags": ["math", "engines", "poetry"],
+        "address": {"city": "London", "zip": "W1"},
+    }
+)
 
 
 def _stats(name: str, compile_s: float, times: list[float]) -> None:
     times = sorted(times)
-    print(f"{name}: compile {compile_s * 1000:.1f} ms; mask per step median {statistics.median(times) * 1e6:.0f} µs, "
-          f"p90 {times[int(len(times) * 0.9)] * 1e6:.0f} µs over {len(times)} steps")
+    print(
+        f"{name}: compile {compile_s * 1000:.1f} ms; mask per step median {statistics.median(times) * 1e6:.0f} µs, "
+        f"p90 {times[int(len(times) * 0.9)] * 1e6:.0f} µs over {len(times)} steps"
+    )
 
 
 def bench_llguidance(tokenizer, vocab: int, ids: list[int]) -> None:

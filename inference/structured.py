@@ -17,6 +17,7 @@ xgrammar by ``bench/structured_mask_cost.py``: both fill a 49152-token mask in t
 on our CPU, far below a decode step; llguidance is one dependency-free wheel, where xgrammar pulls
 in triton and apache-tvm-ffi.  Unconstrained rows never touch this module.
 """
+
 from __future__ import annotations
 
 import json

@@ -3,6 +3,7 @@
 The tiny tokenizer has one token per character, so the template's prompt length is known
 exactly; ``logit_bias`` :data:`NO_EOS` makes every choice run to its token limit.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -146,13 +147,34 @@ def test_stop_strings_end_a_chat_choice_as_on_the_legacy_endpoint(chat_api, vali
         ({"web_search_options": {}}, "web_search_options"),
         ({"prediction": {"type": "content", "content": "x"}}, "prediction"),
         ({"messages": [{"role": "tool", "content": "x", "tool_call_id": "c"}]}, "messages[0].role"),
-        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://x.org/a.png"}}]}]},
-         "messages[0].content[0].type"),
-        ({"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}]}]},
-         "messages[0].content[0].type"),
-        ({"messages": [{"role": "assistant", "content": None,
-                        "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]},
-         "messages[0].tool_calls"),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://x.org/a.png"}}]}
+                ]
+            },
+            "messages[0].content[0].type",
+        ),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}]}
+                ]
+            },
+            "messages[0].content[0].type",
+        ),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "assistant",
+                        "content": None,
+                        "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+                    }
+                ]
+            },
+            "messages[0].tool_calls",
+        ),
     ],
 )
 def test_what_the_server_cannot_do_is_a_400_naming_the_parameter(chat_api, valid_key, fields, param):
@@ -215,6 +237,10 @@ def test_each_chat_request_leaves_one_record_naming_the_endpoint(chat_api, valid
 
     record = UsageRecord.objects.get(request_id=reply.request_id)
     assert (record.endpoint, record.model, record.prompt_tokens, record.completion_tokens) == (
-        CHAT, MODEL, len(PROMPT), 4)
+        CHAT,
+        MODEL,
+        len(PROMPT),
+        4,
+    )
     assert UsageRecord.objects.get(request_id=legacy.request_id).endpoint == "/v1/completions"
     assert UsageRecord.objects.filter(request_id=reply.request_id).count() == 1

@@ -1,4 +1,5 @@
 """``MODEL_ALIASES``: other names the served model answers to, counted under the served model."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """Chat and legacy usage told apart: the dashboard's table and filter, the CSV export, the usage API."""
+
 from __future__ import annotations
 
 import csv
@@ -32,7 +33,10 @@ def test_the_usage_api_groups_by_endpoint_as_our_extension(client, valid_key, mi
     body = usage_api(client, valid_key, start_time=T0, end_time=T0 + 86400, group_by="endpoint")
 
     results = body["data"][0]["results"]
-    assert {(r["endpoint"], r["input_tokens"], r["num_model_requests"]) for r in results} == {(CHAT, 50, 2), (LEGACY, 7, 1)}
+    assert {(r["endpoint"], r["input_tokens"], r["num_model_requests"]) for r in results} == {
+        (CHAT, 50, 2),
+        (LEGACY, 7, 1),
+    }
 
 
 def test_the_usage_api_filters_by_endpoint_and_keeps_openais_shape_otherwise(client, valid_key, mixed_usage):

@@ -3,6 +3,7 @@
 No model runs here: random logits stand in for it, so whatever the mask lets through is what a
 model could pick.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,11 @@ from inference.structured import GrammarError, compile_json_grammar
 
 SCHEMA = {
     "type": "object",
-    "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"},
-                   "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3}},
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "age": {"type": "integer"},
+        "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3},
+    },
     "required": ["name", "age", "tags"],
     "additionalProperties": False,
 }
