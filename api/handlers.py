@@ -10,10 +10,13 @@ cookies).  :class:`APIHandler` serves ``/v1/...`` and ``/healthz`` with none of 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from django.core.exceptions import DisallowedHost
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.core.handlers.exception import convert_exception_to_response
+from django.http import HttpRequest
+from django.http.response import HttpResponseBase
 
 from api.errors import APIError, error_response
 
@@ -31,10 +34,15 @@ class APIHandler(ASGIHandler):
     """
 
     def load_middleware(self, is_async: bool = False) -> None:
-        self._view_middleware, self._template_response_middleware, self._exception_middleware = [], [], []
-        self._middleware_chain = convert_exception_to_response(self._get_response_async)
+        self._view_middleware: list[Any] = []
+        self._template_response_middleware: list[Any] = []
+        self._exception_middleware: list[Any] = []
+        # BaseHandler._get_response_async is the innermost step every middleware chain wraps;
+        # django-stubs does not declare this private method.
+        self._middleware_chain = convert_exception_to_response(self._get_response_async)  # type: ignore[attr-defined]
 
-    async def get_response_async(self, request):
+    async def get_response_async(self, request: HttpRequest) -> HttpResponseBase:
+        response: HttpResponseBase
         try:
             request.get_host()
         except DisallowedHost as error:

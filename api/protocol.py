@@ -23,7 +23,7 @@ from __future__ import annotations
 import copy
 import json
 import secrets
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -47,6 +47,15 @@ from api.errors import (
     unrecognized_arguments_error,
 )
 from api.response_format import check_response_format
+from api.types import (
+    CompletionChoice,
+    CompletionChunk,
+    CompletionLogprobs,
+    CompletionUsage,
+    CreateCompletionResponse,
+    ListModelsResponse,
+    Model,
+)
 
 if TYPE_CHECKING:
     from inference.sampling import SamplingParams
@@ -510,8 +519,8 @@ def new_completion_id() -> str:
 
 
 def completion_choice(
-    index: int, text: str, finish_reason: str | None, logprobs: dict[str, Any] | None = None
-) -> dict[str, Any]:
+    index: int, text: str, finish_reason: str | None, logprobs: CompletionLogprobs | None = None
+) -> CompletionChoice:
     """One choice: ``{"text", "index", "logprobs", "finish_reason"}``.
 
     ``finish_reason`` is ``"stop"`` or ``"length"``, or ``None`` on a stream chunk before the last
@@ -520,7 +529,7 @@ def completion_choice(
     return {"text": text, "index": index, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
-def usage_dict(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def usage_dict(prompt_tokens: int, completion_tokens: int) -> CompletionUsage:
     """``CompletionUsage``: ``{"prompt_tokens", "completion_tokens", "total_tokens"}``."""
     return {
         "prompt_tokens": prompt_tokens,
@@ -534,7 +543,7 @@ def logprobs_dict(
     token_logprobs: list[float | None],
     top_logprobs: list[dict[str, float] | None],
     text_offset: list[int],
-) -> dict[str, Any]:
+) -> CompletionLogprobs:
     """A choice's ``logprobs``: four parallel lists, one entry per token.
 
     With ``echo`` the first prompt token has no logprob: OpenAI sends ``None`` in
@@ -550,8 +559,8 @@ def logprobs_dict(
 
 
 def completion_response(
-    id: str, created: int, model: str, choices: list[dict[str, Any]], usage: dict[str, int]
-) -> dict[str, Any]:
+    id: str, created: int, model: str, choices: list[CompletionChoice], usage: CompletionUsage
+) -> CreateCompletionResponse:
     """``CreateCompletionResponse``: ``{"id", "object", "created", "model", "choices", "usage"}``.
 
     ``object`` is ``"text_completion"``; ``created`` is a Unix time in seconds; ``choices`` come
@@ -571,10 +580,10 @@ def completion_chunk(
     id: str,
     created: int,
     model: str,
-    choices: list[dict[str, Any]],
-    usage: dict[str, int] | None = None,
+    choices: list[CompletionChoice],
+    usage: CompletionUsage | None = None,
     include_usage: bool = False,
-) -> dict[str, Any]:
+) -> CompletionChunk:
     """One stream event's body: the response's shape and ``"object": "text_completion"``, as OpenAI streams.
 
     With ``include_usage`` (``stream_options.include_usage``) every chunk carries ``"usage"``: null
@@ -582,7 +591,7 @@ def completion_chunk(
     (``ChatCompletionStreamOptions`` in the spec).  Without it there is no ``usage`` key unless
     ``usage`` is given.
     """
-    chunk: dict[str, Any] = {
+    chunk: CompletionChunk = {
         "id": id,
         "object": "text_completion",
         "created": created,
@@ -594,11 +603,11 @@ def completion_chunk(
     return chunk
 
 
-def model_object(id: str, created: int, owned_by: str) -> dict[str, Any]:
+def model_object(id: str, created: int, owned_by: str) -> Model:
     """``Model``: ``{"id", "object": "model", "created", "owned_by"}``."""
     return {"id": id, "object": "model", "created": created, "owned_by": owned_by}
 
 
-def model_list(models: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+def model_list(models: Iterable[Model]) -> ListModelsResponse:
     """``ListModelsResponse``: ``{"object": "list", "data": [model_object(...), ...]}``."""
     return {"object": "list", "data": list(models)}

@@ -13,7 +13,7 @@ import dataclasses
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from inference.outputs import CompletionOutput, EngineError, RequestOutput, TokenLogprob
 from inference.text import prompt_text_offsets, token_text
@@ -27,6 +27,7 @@ from .protocol import (
     logprobs_dict,
     usage_dict,
 )
+from .types import CompletionChoice, CompletionChunk, CompletionLogprobs, CreateCompletionResponse
 from .response_format import compile_grammar
 
 if TYPE_CHECKING:
@@ -210,7 +211,7 @@ class CompletionRun:
             for task in tasks:
                 task.cancel()
 
-    async def response(self) -> dict[str, Any]:
+    async def response(self) -> CreateCompletionResponse:
         """The whole ``CreateCompletionResponse`` once every choice has finished."""
         candidates: dict[tuple[int, int], _Choice] = {}
         prompt_logprobs: dict[int, list[TokenLogprob]] = {}
@@ -220,7 +221,7 @@ class CompletionRun:
             for candidate in output.outputs:
                 self._account(prompt_index, candidate)
                 candidates.setdefault((prompt_index, candidate.index), _Choice()).add(candidate)
-        choices = []
+        choices: list[CompletionChoice] = []
         n = self.request.n
         for prompt_index, prompt in enumerate(self.prompts):
             ranked = [candidates[(prompt_index, i)] for i in range(self.params.best_of)]
@@ -233,7 +234,7 @@ class CompletionRun:
             self.id, self.created, self.engine.model_id, choices, usage_dict(self.prompt_tokens, self.completion_tokens)
         )
 
-    def _choice(self, index: int, prompt: _Prompt, choice: _Choice, prompt_logprobs: list[TokenLogprob] | None) -> dict:
+    def _choice(self, index: int, prompt: _Prompt, choice: _Choice, prompt_logprobs: list[TokenLogprob] | None) -> CompletionChoice:
         text = (prompt.text if self.request.echo else "") + choice.text
         logprobs = None
         if self.request.logprobs is not None:
@@ -248,7 +249,7 @@ class CompletionRun:
         prompt_logprobs: list[TokenLogprob] | None,
         prompt: _Prompt,
         offset: int | None = None,
-    ) -> dict[str, Any]:
+    ) -> CompletionLogprobs:
         """``logprobs`` for ``entries`` (whose texts are ``texts``), preceded by ``prompt_logprobs`` if given.
 
         OpenAI counts ``text_offset`` from the start of the prompt, so the echoed prompt's tokens
@@ -282,7 +283,7 @@ class CompletionRun:
         top.setdefault(token_text(tokenizer, entry.token_id), entry.logprob)
         top_logprobs.append(top)
 
-    async def chunks(self) -> AsyncIterator[dict[str, Any]]:
+    async def chunks(self) -> AsyncIterator[CompletionChunk]:
         """The stream's chunks: one per candidate per step, then the usage chunk when asked."""
         n = self.request.n
         include_usage = self.request.include_usage

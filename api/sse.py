@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Mapping
 
 DONE = b"data: [DONE]\n\n"
 KEEPALIVE = b": keep-alive\n\n"
 
 
-def event(data: dict[str, Any]) -> bytes:
+def event(data: Mapping[str, object]) -> bytes:
     """One ``data:`` event holding ``data`` as compact one-line JSON."""
     return b"data: " + json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
 

@@ -17,6 +17,7 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http.response import HttpResponseBase
 from django.views import defaults
 from django.views.decorators.csrf import csrf_exempt
 
@@ -40,6 +41,7 @@ from .protocol import (
     parse_completion_request,
 )
 from .serving import CompletionRun
+from .types import Model
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +54,7 @@ def api_view(*methods: str):
     method with OpenAI's JSON error and a 405, not Django's empty HTML one."""
 
     def decorate(view):
-        async def wrapper(request: HttpRequest, *args, **kwargs) -> HttpResponse:
+        async def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
             if request.method not in methods:
                 response = error_response(
                     APIError(f"Invalid method for URL ({request.method} {request.path})", status=405)
@@ -68,13 +70,13 @@ def api_view(*methods: str):
 
 
 @api_view("POST")
-async def completions(request: HttpRequest) -> HttpResponse:
+async def completions(request: HttpRequest) -> HttpResponseBase:
     """``POST /v1/completions`` (``CreateCompletionRequest`` → ``CreateCompletionResponse`` or SSE)."""
     return await _serve(request, COMPLETIONS)
 
 
 @api_view("POST")
-async def chat_completions(request: HttpRequest) -> HttpResponse:
+async def chat_completions(request: HttpRequest) -> HttpResponseBase:
     """``POST /v1/chat/completions`` (``CreateChatCompletionRequest`` → ``CreateChatCompletionResponse``
     or SSE of ``CreateChatCompletionStreamResponse``)."""
     return await _serve(request, CHAT_COMPLETIONS)
@@ -94,9 +96,10 @@ COMPLETIONS = _Endpoint("/v1/completions", new_completion_id, parse_completion_r
 CHAT_COMPLETIONS = _Endpoint("/v1/chat/completions", new_chat_completion_id, parse_chat_request, ChatRun)
 
 
-async def _serve(request: HttpRequest, endpoint: _Endpoint) -> HttpResponse:
+async def _serve(request: HttpRequest, endpoint: _Endpoint) -> HttpResponseBase:
     """Authenticate, serve and account one generation request; one usage record whatever happens."""
     completion_id = endpoint.new_id()
+    response: HttpResponseBase
     try:
         api_key = await authenticate(request)
     except APIError as error:
@@ -119,7 +122,7 @@ async def _serve(request: HttpRequest, endpoint: _Endpoint) -> HttpResponse:
     return response
 
 
-async def _start_completion(request: HttpRequest, usage: _Usage, endpoint: _Endpoint) -> HttpResponse:
+async def _start_completion(request: HttpRequest, usage: _Usage, endpoint: _Endpoint) -> HttpResponseBase:
     """Validate, submit, and answer: JSON after generation, or a stream whose errors are in-band."""
     try:
         body = request.body
@@ -147,7 +150,7 @@ async def _start_completion(request: HttpRequest, usage: _Usage, endpoint: _Endp
         response["X-Accel-Buffering"] = "no"
         return response
     try:
-        body = await run.response()
+        result = await run.response()
     except BaseException as error:
         run.abort()
         await usage.finish(_status_of(error), error_type=_type_of(error))
@@ -155,7 +158,7 @@ async def _start_completion(request: HttpRequest, usage: _Usage, endpoint: _Endp
             raise
         raise _as_api_error(error) from error
     await usage.finish(200)
-    return JsonResponse(body)
+    return JsonResponse(result)
 
 
 async def _stream(run: CompletionRun, usage: _Usage) -> AsyncIterator[bytes]:
@@ -337,7 +340,7 @@ async def model_detail(request: HttpRequest, model: str) -> HttpResponse:
     return JsonResponse(_model(model))
 
 
-def _model(name: str) -> dict:
+def _model(name: str) -> Model:
     return model_object(name, get_engine().created, OWNED_BY)
 
 
@@ -372,5 +375,6 @@ async def healthz(request: HttpRequest) -> HttpResponse:
         body["status"] = "error"
         body["error"] = f"{type(engine.load_error).__name__}: {engine.load_error}"
     response = JsonResponse(body, status=200 if engine.ready else 503)
-    response._has_been_logged = True  # a 503 while loading is expected; keep it out of the error log
+    # A 503 while loading is expected: Django's private flag keeps it out of the error log.
+    response._has_been_logged = True  # type: ignore[attr-defined]
     return response
