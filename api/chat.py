@@ -48,6 +48,7 @@ from .protocol import (
 )
 from .response_format import compile_grammar
 from .serving import CompletionRun, _Choice, _Prompt
+from .types import CompletionUsage
 
 if TYPE_CHECKING:
     from inference.sampling import SamplingParams
@@ -312,7 +313,7 @@ def new_chat_completion_id() -> str:
 
 
 def chat_response(
-    id: str, created: int, model: str, fingerprint: str, choices: list[dict], usage: dict[str, int]
+    id: str, created: int, model: str, fingerprint: str, choices: list[dict], usage: CompletionUsage
 ) -> dict[str, Any]:
     """``CreateChatCompletionResponse``: ``{"id", "object": "chat.completion", "created", "model",
     "choices", "usage", "system_fingerprint"}``."""
@@ -330,7 +331,7 @@ def chat_response(
 def chat_choice(index: int, content: str, finish_reason: str | None, logprobs: list[dict] | None) -> dict[str, Any]:
     """A response choice: ``{"index", "message": {"role", "content", "refusal", "annotations"},
     "logprobs": {"content", "refusal"} | null, "finish_reason"}``."""
-    message = {"role": "assistant", "content": content, "refusal": None, "annotations": []}
+    message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None, "annotations": []}
     return {"index": index, "message": message, "logprobs": _logprobs_object(logprobs), "finish_reason": finish_reason}
 
 
@@ -340,7 +341,7 @@ def chat_chunk(
     model: str,
     fingerprint: str,
     choices: list[dict],
-    usage: dict[str, int] | None = None,
+    usage: CompletionUsage | None = None,
     include_usage: bool = False,
 ) -> dict[str, Any]:
     """``CreateChatCompletionStreamResponse``; with ``include_usage`` every chunk has ``usage``
@@ -381,7 +382,8 @@ def token_logprob(tokenizer: Any, entry: TokenLogprob) -> dict[str, Any]:
         return {"token": text, "logprob": logprob, "bytes": list(raw if raw is not None else text.encode())}
 
     top = [item(token_id, value) for token_id, value in entry.top if math.isfinite(value)]
-    return {**item(entry.token_id, entry.logprob), "top_logprobs": top}
+    logprob = entry.logprob if entry.logprob is not None else float("-inf")  # generated tokens always have one
+    return {**item(entry.token_id, logprob), "top_logprobs": top}
 
 
 # --- Serving --------------------------------------------------------------------------------------
@@ -391,7 +393,7 @@ class ChatRun(CompletionRun):
     """Serves one :class:`ChatCompletionRequest`: :meth:`prepare`, :meth:`start`, then
     :meth:`response` or :meth:`chunks` (see :class:`api.serving.CompletionRun`)."""
 
-    request: ChatCompletionRequest
+    request: ChatCompletionRequest  # type: ignore[assignment]  # a chat request, read by the overrides below
 
     async def prepare(self) -> None:
         """Apply the chat template, check the context, compile ``response_format``.
@@ -433,7 +435,9 @@ class ChatRun(CompletionRun):
             return None
         return [token_logprob(self.engine.tokenizer, entry) for entry in entries or []]
 
-    async def response(self) -> dict[str, Any]:
+    # The chat shapes replace the legacy ones: ChatRun shares CompletionRun's engine plumbing
+    # (streams, counters, aborts), not its response types.
+    async def response(self) -> dict[str, Any]:  # type: ignore[override]
         """The whole ``CreateChatCompletionResponse`` once every choice has finished."""
         candidates: dict[int, _Choice] = {}
         async for _, output in self._outputs():
@@ -447,7 +451,7 @@ class ChatRun(CompletionRun):
         usage = usage_dict(self.prompt_tokens, self.completion_tokens)
         return chat_response(self.id, self.created, self.engine.model_id, self._fingerprint, choices, usage)
 
-    async def chunks(self) -> AsyncIterator[dict[str, Any]]:
+    async def chunks(self) -> AsyncIterator[dict[str, Any]]:  # type: ignore[override]
         """The stream: a ``delta.role`` chunk per choice first, then ``delta.content`` pieces, a last
         chunk per choice with ``finish_reason`` and an empty delta, then the usage chunk if asked."""
         include_usage = self.request.include_usage

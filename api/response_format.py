@@ -47,7 +47,7 @@ def check_response_format(value: Any) -> None:
 
 def is_constrained(response_format: dict[str, Any] | None) -> bool:
     """Whether ``response_format`` asks for JSON (``json_object`` or ``json_schema``)."""
-    return bool(response_format) and response_format.get("type") in ("json_object", "json_schema")
+    return response_format is not None and response_format.get("type") in ("json_object", "json_schema")
 
 
 def grammar_schema(response_format: dict[str, Any]) -> dict[str, Any] | None:
@@ -64,7 +64,7 @@ async def compile_grammar(engine: Engine, response_format: dict[str, Any] | None
     Raises ``APIError`` 400 ``invalid_value`` naming ``response_format`` when the grammar library
     cannot compile the schema, with the library's reason.
     """
-    if not is_constrained(response_format):
+    if response_format is None or not is_constrained(response_format):
         return None
     from inference.structured import GrammarError  # torch and llguidance stay out of import time
 

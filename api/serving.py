@@ -27,8 +27,8 @@ from .protocol import (
     logprobs_dict,
     usage_dict,
 )
-from .types import CompletionChoice, CompletionChunk, CompletionLogprobs, CreateCompletionResponse
 from .response_format import compile_grammar
+from .types import CompletionChoice, CompletionChunk, CompletionLogprobs, CreateCompletionResponse
 
 if TYPE_CHECKING:
     from inference.engine import Engine, RequestStream

@@ -34,7 +34,7 @@ CACHE_SIZE = 64  # compiled grammars kept; a compile costs ~10 ms, a cached one 
 ANY_JSON_OBJECT: dict[str, Any] = {"type": "object"}  # ``json_object``: any JSON object
 # Compact JSON (``{"a":1,"b":[2]}``, as OpenAI's structured outputs look): with free whitespace a
 # small model can emit blank lines until max_tokens, and the output is never whole.
-JSON_OPTIONS = {"whitespace_flexible": False}
+JSON_OPTIONS: Any = {"whitespace_flexible": False}  # llguidance's JsonCompileOptions, a TypedDict
 
 
 class GrammarError(ValueError):

@@ -97,37 +97,32 @@ def test_a_stop_string_ends_the_answer_before_it(openai_client):
     assert choice.finish_reason == "stop" and choice.message.content == text[: text.index(stop)]
 
 
-class Colour(BaseModel):
+class City(BaseModel):
     name: str
-    hex_code: str
-    is_primary: bool
-
-
-class Palette(BaseModel):
-    title: str
-    colours: list[Colour]
+    country: str
+    population: int
 
 
 def test_parse_with_a_pydantic_model_gets_an_instance(openai_client):
     completion = openai_client.chat.completions.parse(
         model=MODEL,
-        messages=[{"role": "user", "content": "Give me a palette of two colours as JSON."}],
-        response_format=Palette,
-        max_completion_tokens=200,
+        messages=[{"role": "user", "content": "What is the largest city of France?"}],
+        response_format=City,
+        max_completion_tokens=60,
         temperature=0,
     )
 
     choice = completion.choices[0]
     assert choice.finish_reason == "stop", choice.message.content
-    assert isinstance(choice.message.parsed, Palette)
+    assert isinstance(choice.message.parsed, City)
 
 
 def test_json_object_mode_answers_a_json_object(openai_client):
     completion = openai_client.chat.completions.create(
         model=MODEL,
-        messages=[{"role": "user", "content": "Describe a cat in JSON."}],
+        messages=[{"role": "user", "content": "Give a JSON object with a cat's name."}],
         response_format={"type": "json_object"},
-        max_completion_tokens=120,
+        max_completion_tokens=60,
         temperature=0,
     )
 
