@@ -10,6 +10,7 @@ import pytest
 
 from testing.live_server import MODEL, start_server, stop_server
 
+LONG = 600  # seconds: the machine is shared
 PLAIN = ["The capital of France is", "Once upon a time", "def fibonacci(n):"]
 SCHEMA = {
     "type": "object",
@@ -26,7 +27,7 @@ def float32_server(tmp_path_factory):
 
 
 def plain(server, prompt: str) -> str:
-    response = server.post({"model": MODEL, "prompt": prompt, "max_tokens": 24, "temperature": 0})
+    response = server.post({"model": MODEL, "prompt": prompt, "max_tokens": 24, "temperature": 0}, timeout=LONG)
     assert response.status_code == 200, response.text
     return response.json()["choices"][0]["text"]
 
@@ -39,7 +40,7 @@ def constrained(server) -> str:
         "temperature": 0,
         "response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}},
     }
-    response = httpx.post(float32_url(server), json=body, headers=server.headers(), timeout=120)
+    response = httpx.post(float32_url(server), json=body, headers=server.headers(), timeout=LONG)
     assert response.status_code == 200, response.text
     return response.json()["choices"][0]["message"]["content"]
 
