@@ -52,3 +52,16 @@ def _make_engine() -> Engine:
     from inference.engine import Engine
 
     return Engine(*engine_configs())
+
+
+def served_models(model_id: str) -> list[str]:
+    """The names the model ``model_id`` answers to: its id, then ``MODEL_ALIASES`` in order."""
+    return [model_id, *(alias for alias in settings.MODEL_ALIASES if alias != model_id)]
+
+
+def key_may_use(api_key, name: str, model_id: str) -> bool:
+    """Whether ``name`` is served here (the model ``model_id`` or an alias) and ``api_key`` may use
+    it: its allowed models name ``name`` itself or the model that serves it."""
+    if name not in served_models(model_id):
+        return False
+    return api_key.allows_model(name) or api_key.allows_model(model_id)

@@ -46,6 +46,7 @@ from api.errors import (
     string_too_short_error,
     unrecognized_arguments_error,
 )
+from api.response_format import check_response_format
 from api.types import (
     CompletionChoice,
     CompletionChunk,
@@ -118,7 +119,8 @@ def _request_validator() -> Draft202012Validator:
 def _request_fields() -> tuple[frozenset[str], tuple[str, ...]]:
     """The request's known field names and its required ones, from the spec."""
     schema = _spec_document()["$defs"]["CreateCompletionRequest"]
-    return frozenset(schema["properties"]), tuple(schema.get("required", ()))
+    # response_format is our extension (structured output, as on the chat endpoint).
+    return frozenset(schema["properties"]) | {"response_format"}, tuple(schema.get("required", ()))
 
 
 # --- The request --------------------------------------------------------------------------------
@@ -153,6 +155,7 @@ class CompletionRequest:
     temperature: float = 1.0
     top_p: float = 1.0
     user: str | None = None
+    response_format: dict[str, Any] | None = None  # our extension: see api/response_format.py
 
     @property
     def prompts(self) -> list[str | list[int]]:
@@ -265,6 +268,8 @@ def parse_completion_request(body: bytes) -> CompletionRequest:
     if error is not None:
         raise schema_error(error)
     _check_unicode(data)
+    if "response_format" in data:
+        check_response_format(data["response_format"])
     if "prompt" in data:  # a required field: present once the schema has passed
         data["prompt"] = _check_prompt(data["prompt"])
     if "logit_bias" in data:
@@ -317,6 +322,7 @@ def _schema_view(data: dict[str, Any]) -> dict[str, Any]:
         # The schema's maxItems error, before its ``items`` walks a million stop strings to get there.
         raise array_too_long_error("stop", MAX_STOP_SEQUENCES, len(stop))
     view = dict(data)
+    view.pop("response_format", None)  # not the spec's: check_response_format checks it
     if isinstance(view.get("prompt"), list):
         view["prompt"] = ""
     if isinstance(view.get("logit_bias"), dict):

@@ -27,6 +27,7 @@ from .protocol import (
     logprobs_dict,
     usage_dict,
 )
+from .response_format import compile_grammar
 from .types import CompletionChoice, CompletionChunk, CompletionLogprobs, CreateCompletionResponse
 
 if TYPE_CHECKING:
@@ -127,6 +128,9 @@ class CompletionRun:
             request.check_context_length(len(ids), engine.max_context)
             self.prompts.append(_Prompt(ids, text))
         self.prompt_tokens = sum(len(p.ids) for p in self.prompts)
+        grammar = await compile_grammar(engine, request.response_format)
+        if grammar is not None:
+            self.params = dataclasses.replace(self.params, grammar=grammar)
 
     def _fim_prompt(self, prompt: str | list[int]) -> list[int]:
         """The fill-in-the-middle prompt for ``prompt`` and ``suffix``; the completion is the middle.

@@ -12,6 +12,10 @@ Query parameters (as in OpenAI's spec):
 - ``group_by``: ``model`` and/or ``api_key_id`` (others are a 400).  ``api_key_id`` is ``key_``
   plus the key's public prefix, e.g. ``key_AbCd1234``.
 - ``models``, ``api_key_ids``: keep only these.
+- Our extension, to tell ``/v1/completions`` from ``/v1/chat/completions`` (OpenAI's endpoint is
+  per API, ours covers both): ``group_by=endpoint`` adds an ``endpoint`` field (the request's
+  path) to each result, and ``endpoints`` keeps only those paths.  Without them the answer is
+  OpenAI's shape exactly.
 - ``limit``: buckets per page (1d: default 7, max 31; 1h: 24, 168; 1m: 60, 1440), and ``page``:
   the ``next_page`` cursor of the previous answer.
 
@@ -70,7 +74,7 @@ BUCKET_WIDTHS = {
     )
 }
 # OpenAI's group_by names → the UsageRecord lookups that give their values.
-GROUPS = {"model": "model", "api_key_id": "api_key__prefix"}
+GROUPS = {"model": "model", "api_key_id": "api_key__prefix", "endpoint": "endpoint"}
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,7 @@ class UsageQuery:
     width: BucketWidth
     group_by: tuple[str, ...]
     models: tuple[str, ...]
+    endpoints: tuple[str, ...]
     api_key_prefixes: tuple[str, ...]
     limit: int
     page_start: int  # the aligned start of this page's first bucket
@@ -90,7 +95,7 @@ class UsageQuery:
 LAST_TIME = 253_370_764_800  # 9999-01-01T00:00:00Z, in Unix seconds
 TIME = {"type": "integer", "minimum": 0, "maximum": LAST_TIME - 1}  # Python's datetimes end with the year 9999
 # The spec's query parameters of ``GET /organization/usage/completions``, narrowed to what this
-# server does: times from 1970 to 9998, two of the spec's six ``group_by`` values, ``limit`` >= 1
+# server does: times from 1970 to 9998, two of the spec's six ``group_by`` values and our ``endpoint``, ``limit`` >= 1
 # (its maximum depends on ``bucket_width``: a rule beyond the schema, in parse_usage_query).
 QUERY_SCHEMA = {
     "type": "object",
@@ -100,6 +105,7 @@ QUERY_SCHEMA = {
         "bucket_width": {"type": "string", "enum": list(BUCKET_WIDTHS)},
         "api_key_ids": {"type": "array", "items": {"type": "string"}},
         "models": {"type": "array", "items": {"type": "string"}},
+        "endpoints": {"type": "array", "items": {"type": "string"}},
         "group_by": {"type": "array", "items": {"type": "string", "enum": list(GROUPS)}},
         "limit": {"type": "integer", "minimum": 1},
         "page": {"type": "string"},
@@ -108,7 +114,7 @@ QUERY_SCHEMA = {
 }
 _QUERY_VALIDATOR = Draft202012Validator(QUERY_SCHEMA)
 INTEGER_PARAMS = ("start_time", "end_time", "limit")
-ARRAY_PARAMS = ("api_key_ids", "models", "group_by")
+ARRAY_PARAMS = ("api_key_ids", "models", "endpoints", "group_by")
 _INTEGER = re.compile(r"[+-]?[0-9]{1,30}")  # longer is no time or limit of ours, and int() of it is slow
 
 
@@ -142,6 +148,7 @@ def parse_usage_query(params: QueryDict, now: int) -> UsageQuery:
         width=width,
         group_by=tuple(dict.fromkeys(query.get("group_by", ()))),
         models=tuple(query.get("models", ())),
+        endpoints=tuple(query.get("endpoints", ())),
         api_key_prefixes=tuple(key_id.removeprefix(API_KEY_ID_PREFIX) for key_id in query.get("api_key_ids", ())),
         limit=limit,
         page_start=page_start,
@@ -199,6 +206,8 @@ async def _aggregate(query: UsageQuery, owner_id: int, low: int, high: int) -> d
     )
     if query.models:
         queryset = queryset.filter(model__in=query.models)
+    if query.endpoints:
+        queryset = queryset.filter(endpoint__in=query.endpoints)
     if query.api_key_prefixes:
         queryset = queryset.filter(api_key__prefix__in=query.api_key_prefixes)
     lookups = [GROUPS[name] for name in query.group_by]
@@ -221,7 +230,7 @@ async def _aggregate(query: UsageQuery, owner_id: int, low: int, high: int) -> d
 def _result(row: dict[str, Any], group_by: tuple[str, ...]) -> dict[str, Any]:
     """One ``UsageCompletionsResult``; the grouping fields not asked for are ``null``, as on OpenAI."""
     prefix = row.get("api_key__prefix")
-    return {
+    result = {
         "object": RESULT_OBJECT,
         "input_tokens": row["input_tokens"],
         "output_tokens": row["output_tokens"],
@@ -235,6 +244,9 @@ def _result(row: dict[str, Any], group_by: tuple[str, ...]) -> dict[str, Any]:
         "model": row["model"] if "model" in group_by else None,
         "batch": None,
     }
+    if "endpoint" in group_by:  # our extension; absent otherwise, so the shape stays OpenAI's
+        result["endpoint"] = row["endpoint"]
+    return result
 
 
 def _cursor(bucket_start: int) -> str:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
@@ -27,7 +28,8 @@ from keys.usage import record_usage
 
 from . import sse
 from .auth import admission_headers, admit, authenticate, current_headers
-from .engine import get_engine
+from .chat import ChatRun, new_chat_completion_id, parse_chat_request
+from .engine import get_engine, key_may_use, served_models
 from .errors import APIError, error_response
 from .handlers import is_api_path
 from .protocol import (
@@ -70,7 +72,33 @@ def api_view(*methods: str):
 @api_view("POST")
 async def completions(request: HttpRequest) -> HttpResponseBase:
     """``POST /v1/completions`` (``CreateCompletionRequest`` → ``CreateCompletionResponse`` or SSE)."""
-    completion_id = new_completion_id()
+    return await _serve(request, COMPLETIONS)
+
+
+@api_view("POST")
+async def chat_completions(request: HttpRequest) -> HttpResponseBase:
+    """``POST /v1/chat/completions`` (``CreateChatCompletionRequest`` → ``CreateChatCompletionResponse``
+    or SSE of ``CreateChatCompletionStreamResponse``)."""
+    return await _serve(request, CHAT_COMPLETIONS)
+
+
+@dataclass(frozen=True)
+class _Endpoint:
+    """What differs between the two generation endpoints: path, id prefix, parser and run."""
+
+    path: str
+    new_id: Callable[[], str]
+    parse: Callable[[bytes], Any]
+    run: type[CompletionRun]
+
+
+COMPLETIONS = _Endpoint("/v1/completions", new_completion_id, parse_completion_request, CompletionRun)
+CHAT_COMPLETIONS = _Endpoint("/v1/chat/completions", new_chat_completion_id, parse_chat_request, ChatRun)
+
+
+async def _serve(request: HttpRequest, endpoint: _Endpoint) -> HttpResponseBase:
+    """Authenticate, serve and account one generation request; one usage record whatever happens."""
+    completion_id = endpoint.new_id()
     response: HttpResponseBase
     try:
         api_key = await authenticate(request)
@@ -78,9 +106,9 @@ async def completions(request: HttpRequest) -> HttpResponseBase:
         response = error_response(error)
         response["x-request-id"] = completion_id
         return response
-    usage = _Usage(api_key, completion_id)
+    usage = _Usage(api_key, completion_id, endpoint.path)
     try:
-        response = await _start_completion(request, usage)
+        response = await _start_completion(request, usage, endpoint)
     except APIError as error:
         await usage.finish(error.status, error_type=error.type)
         response = error_response(error)
@@ -94,7 +122,7 @@ async def completions(request: HttpRequest) -> HttpResponseBase:
     return response
 
 
-async def _start_completion(request: HttpRequest, usage: _Usage) -> HttpResponseBase:
+async def _start_completion(request: HttpRequest, usage: _Usage, endpoint: _Endpoint) -> HttpResponseBase:
     """Validate, submit, and answer: JSON after generation, or a stream whose errors are in-band."""
     try:
         body = request.body
@@ -102,15 +130,16 @@ async def _start_completion(request: HttpRequest, usage: _Usage) -> HttpResponse
         raise body_too_large_error(settings.API_MAX_BODY_BYTES) from None
     if len(body) > settings.API_MAX_BODY_BYTES:
         raise body_too_large_error(settings.API_MAX_BODY_BYTES)
-    parsed = await asyncio.to_thread(parse_completion_request, body)
+    parsed = await asyncio.to_thread(endpoint.parse, body)
     usage.model, usage.stream, usage.user = parsed.model, parsed.stream, parsed.user or ""
     engine = get_engine()
-    if parsed.model != engine.model_id or not usage.api_key.allows_model(parsed.model):
+    if not key_may_use(usage.api_key, parsed.model, engine.model_id):
         raise model_not_found_error(parsed.model)  # the same 404 for a model the key may not use
+    usage.model = engine.model_id  # an alias is counted under the model that serves it
     if not engine.ready:
         raise APIError("The model is loading; try again shortly.", status=503, type="server_error",
                        headers={"Retry-After": "5"})
-    run = CompletionRun(engine, parsed, usage.request_id)
+    run = endpoint.run(engine, parsed, usage.request_id)
     usage.run = run
     await run.prepare()
     await usage.admit(run)  # limits: count and reserve tokens before the engine sees it, or 429
@@ -166,9 +195,10 @@ class _Usage:
     it reserved are settled to the real count in :meth:`finish`, in every path.
     """
 
-    def __init__(self, api_key: APIKey, request_id: str) -> None:
+    def __init__(self, api_key: APIKey, request_id: str, endpoint: str) -> None:
         self.api_key = api_key
         self.request_id = request_id
+        self.endpoint = endpoint
         self.started = time.monotonic()
         self.model = ""
         self.stream = False
@@ -185,7 +215,7 @@ class _Usage:
         The largest cost is the prompt tokens plus ``max_tokens`` for every candidate of every
         prompt (``best_of`` candidates, which is ``n`` unless ``best_of`` is sent).
         """
-        tokens = run.prompt_tokens + run.request.max_tokens * run.params.best_of * len(run.prompts)
+        tokens = run.prompt_tokens + run.params.max_tokens * run.params.best_of * len(run.prompts)
         try:
             self.admission = await admit(self.api_key, self.request_id, tokens)
         except APIError as error:
@@ -218,6 +248,7 @@ class _Usage:
             request_id=self.request_id,
             api_key=self.api_key,
             model=self.model,
+            endpoint=self.endpoint,
             prompt_tokens=run.prompt_tokens if run else 0,
             completion_tokens=run.completion_tokens if run else 0,
             stream=self.stream,
@@ -286,30 +317,31 @@ def _as_api_error(error: BaseException) -> APIError:
 
 @api_view("GET")
 async def models(request: HttpRequest) -> HttpResponse:
-    """``GET /v1/models``: ``ListModelsResponse`` with the served model, if the key may use it."""
+    """``GET /v1/models``: ``ListModelsResponse`` with the served model and its aliases
+    (``MODEL_ALIASES``), those the key may use."""
     try:
         api_key = await authenticate(request)
     except APIError as error:
         return error_response(error)
-    served = [_model()] if api_key.allows_model(get_engine().model_id) else []
-    return JsonResponse(model_list(served))
+    model_id = get_engine().model_id
+    return JsonResponse(model_list(_model(name) for name in served_models(model_id) if key_may_use(api_key, name, model_id)))
 
 
 @api_view("GET")
 async def model_detail(request: HttpRequest, model: str) -> HttpResponse:
-    """``GET /v1/models/{model}``: the ``Model`` object, or 404 ``model_not_found``."""
+    """``GET /v1/models/{model}``: the ``Model`` object (the served model or an alias), or 404
+    ``model_not_found``."""
     try:
         api_key = await authenticate(request)
     except APIError as error:
         return error_response(error)
-    if model != get_engine().model_id or not api_key.allows_model(model):
+    if not key_may_use(api_key, model, get_engine().model_id):
         return error_response(model_not_found_error(model))
-    return JsonResponse(_model())
+    return JsonResponse(_model(model))
 
 
-def _model() -> Model:
-    engine = get_engine()
-    return model_object(engine.model_id, engine.created, OWNED_BY)
+def _model(name: str) -> Model:
+    return model_object(name, get_engine().created, OWNED_BY)
 
 
 @csrf_exempt

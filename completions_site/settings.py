@@ -115,6 +115,9 @@ LOGGING = {
 # otherwise a local folder or a hub id of any causal LM that transformers can load.
 MODEL_PATH = env.str("MODEL_PATH", default="")
 MODEL_ID = env.str("MODEL_ID", default="smollm2-135m-instruct")
+# Other names the model answers to, so clients written for OpenAI's models run unchanged, e.g.
+# "gpt-3.5-turbo-instruct,gpt-4o-mini": listed by /v1/models, usage counted under MODEL_ID.
+MODEL_ALIASES = env.list("MODEL_ALIASES", default=[])
 MODEL_DEVICE = env.str("MODEL_DEVICE", default="auto")  # auto | cpu | cuda | cuda:N
 MODEL_DTYPE = env.str("MODEL_DTYPE", default="auto")  # auto | bfloat16 | float16 | float32
 # Linear layers' weight format: auto (measured per CPU at first start, cached under .cache/) or one for all.

@@ -7,6 +7,7 @@ from api import usage_views, views
 urlpatterns = [
     path("v1/usage/completions", usage_views.usage_completions, name="usage-completions"),
     path("v1/completions", views.completions, name="completions"),
+    path("v1/chat/completions", views.chat_completions, name="chat-completions"),
     path("v1/models", views.models, name="models"),
     path("v1/models/<path:model>", views.model_detail, name="model-detail"),
     path("healthz", views.healthz, name="healthz"),

@@ -70,6 +70,7 @@ def dashboard(request: HttpRequest) -> HttpResponse:
         "top_keys": stats.top_keys(records),
         "top_users": stats.top_users(records),
         "models": stats.per_model(records),
+        "endpoints": stats.per_endpoint(records),
         "hourly": stats.chart_data(hourly, "hour"),
         "daily": stats.chart_data(daily, "day"),
         "query": request.GET.urlencode(),

@@ -21,7 +21,7 @@ class DateInput(forms.DateInput):
 
 
 class UsageFilterForm(forms.Form):
-    """GET filters: a date range (UTC days, both inclusive), a user, a key and a model.
+    """GET filters: a date range (UTC days, both inclusive), a user, a key, a model and an endpoint.
 
     Without dates the window is the last 30 days up to now.  An unknown user or key prefix is a
     form error, never an empty result that looks like "no usage".
@@ -32,6 +32,10 @@ class UsageFilterForm(forms.Form):
     user = forms.CharField(required=False, max_length=150, label="User", help_text="username")
     key = forms.CharField(required=False, max_length=64, label="Key", help_text="prefix, e.g. sk-cs-AbCd1234")
     model = forms.CharField(required=False, max_length=200, label="Model")
+    endpoint = forms.ChoiceField(
+        required=False, label="Endpoint",
+        choices=[("", "all"), ("/v1/completions", "/v1/completions"), ("/v1/chat/completions", "/v1/chat/completions")],
+    )
 
     def clean_user(self):
         username = self.cleaned_data["user"].strip()
@@ -86,4 +90,5 @@ class UsageFilterForm(forms.Form):
             owner_id=user.pk if user else None,
             api_key_id=api_key.pk if api_key else None,
             model=data.get("model"),
+            endpoint=data.get("endpoint") or None,
         )

@@ -30,8 +30,8 @@ from pathlib import Path
 
 import torch
 
-from . import memory, sampling
-from .model_loader import ModelConfig, embedded_gguf_path, load_model
+from . import memory, sampling, structured
+from .model_loader import ModelConfig, embedded_gguf_path, load_model, model_fingerprint
 from .model_runner import ModelRunner, PrefillChunk, build_runner
 from .output_processor import OutputProcessor
 from .outputs import (  # noqa: F401  (re-exported: the engine's API)
@@ -119,6 +119,7 @@ class Engine:
         self.max_context = 0
         self.vocab_size = 0
         self.eos_token_ids: frozenset[int] = frozenset()
+        self.system_fingerprint = ""
         self._lock = threading.Lock()
         self._wakeup = threading.Event()
         self._inbox: collections.deque[Request] = collections.deque()
@@ -198,6 +199,27 @@ class Engine:
         if token_id is None or self.tokenizer.convert_ids_to_tokens(token_id) != token:
             return None
         return token_id
+
+    def compile_grammar(self, schema: dict | None) -> structured.CompiledGrammar:
+        """The grammar of JSON valid against ``schema`` (None: any JSON object) for
+        ``SamplingParams.grammar``; cached per schema.  Raises :class:`structured.GrammarError`
+        for a schema the library cannot compile.  Blocking (milliseconds): call it in a thread."""
+        return structured.compile_json_grammar(self.tokenizer, self.vocab_size, schema)
+
+    @property
+    def has_chat_template(self) -> bool:
+        """Whether the tokenizer has a chat template (``/v1/chat/completions`` needs one)."""
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
+    def chat_prompt_ids(self, messages: list[dict[str, str]]) -> list[int]:
+        """The prompt of a chat: ``messages`` (``{"role", "content"}`` with roles system, user,
+        assistant) through the tokenizer's chat template, with the assistant's generation prompt
+        added.  Raises ``ValueError`` when the tokenizer has no template."""
+        if not self.has_chat_template:
+            raise ValueError(f"{self.model_id} has no chat template")
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        # The template writes its special tokens itself; adding the tokenizer's would double a BOS.
+        return self.tokenizer.encode(text, add_special_tokens=False)
 
     def document_start_ids(self) -> list[int]:
         """The prompt for an empty prompt: the start of a new document, as OpenAI's default prompt
@@ -292,6 +314,10 @@ class Engine:
         if document_end is not None:
             eos.add(document_end)  # the GPT-style document separator ends a text, as on OpenAI
         self.eos_token_ids = frozenset(eos)
+        # Names the build and the weight formats it runs in: a new conversion or another format changes it.
+        self.system_fingerprint = model_fingerprint(model, self.runner.weight_formats)
+        if not self.has_chat_template:
+            logger.warning("%s has no chat template: /v1/chat/completions will refuse it", self.model_id)
         self.output_processor = OutputProcessor(tokenizer, self.eos_token_ids, self.vocab_size, self.max_context, self.device)
 
     def _loop_once(self) -> None:

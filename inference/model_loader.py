@@ -140,3 +140,32 @@ def load_model(config: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenize
         "Loaded %s (%s, %s on %s) in %.1f s", config.model_id, source, dtype, device, time.perf_counter() - started
     )
     return model, tokenizer, device
+
+
+def model_fingerprint(model: PreTrainedModel, weight_formats: str = "") -> str:
+    """The ``system_fingerprint`` of the loaded model: ``fp_<build>_<format>_<dtype>``.
+
+    ``build`` is a 10-hex digest of the model folder's files (names, sizes, modification times),
+    so new weights or a new conversion change it; ``format`` is where the weights came from
+    (``gguf-q4_1`` for the embedded GGUF, else the folder's weight file type, e.g.
+    ``safetensors``); ``dtype`` is the one they run in (``bfloat16``); ``weight_formats`` (the model
+    runner's, e.g. ``layers: int4; output layer: float32``) goes into the digest.  E.g.
+    ``fp_3e1a2b9c0d_gguf-q4_1_bfloat16``.  OpenAI documents the field as identifying "the backend
+    configuration that the model runs with".
+    """
+    folder = Path(str(model.config._name_or_path))
+    digest = hashlib.sha256(f"{folder}|{weight_formats}".encode())
+    weight_format = "unknown"
+    if folder.is_dir():
+        for file in sorted(folder.iterdir()):
+            if file.is_file():
+                stat = file.stat()
+                digest.update(f"{file.name}:{stat.st_size}:{stat.st_mtime_ns};".encode())
+                if file.suffix in (".safetensors", ".bin", ".gguf", ".pt"):
+                    weight_format = file.suffix.lstrip(".")
+        source = folder / "source.json"
+        if source.is_file():  # a GGUF converted by converted_gguf_dir: its quantization is in its name
+            gguf = Path(json.loads(source.read_text())["gguf"])
+            weight_format = "gguf-" + gguf.stem.rsplit(".", 1)[-1].lower()
+    dtype = str(model.dtype).removeprefix("torch.")
+    return f"fp_{digest.hexdigest()[:10]}_{weight_format}_{dtype}"

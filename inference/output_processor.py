@@ -79,6 +79,7 @@ class OutputProcessor:
         if token_id in self.eos_token_ids and not params.ignore_eos:
             seq.finish_reason = "stop"
             return
+        grammar_complete = seq.grammar is not None and seq.grammar.accept(token_id)
         seq.token_ids.append(token_id)
         if params.needs_penalties:
             if seq.counts is None:
@@ -95,6 +96,9 @@ class OutputProcessor:
                 seq.cut = index
                 seq.finish_reason = "stop"
                 return
+        if grammar_complete:  # the structured value is whole: only the end-of-sequence token could follow
+            seq.finish_reason = "stop"
+            return
         if len(seq.token_ids) >= params.max_tokens or seq.length + 1 >= self.max_context:
             seq.finish_reason = "length"
 

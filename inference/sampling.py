@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -40,6 +40,8 @@ class SamplingParams:
     the number of top alternatives per token (``None``: no logprobs).  ``prompt_logprobs`` asks
     for the prompt tokens' log-probabilities too (``echo`` with ``logprobs``).  ``stop`` strings
     are matched on decoded text.  ``ignore_eos`` keeps generating past the end-of-sequence token.
+    ``grammar`` (a :class:`~inference.structured.CompiledGrammar`, from
+    :meth:`~inference.engine.Engine.compile_grammar`) constrains every candidate to its grammar.
     """
 
     max_tokens: int = 16
@@ -55,6 +57,7 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: bool = False
     ignore_eos: bool = False
+    grammar: Any = None  # CompiledGrammar | None; Any keeps llguidance out of this module's imports
 
     @property
     def greedy(self) -> bool:
@@ -131,6 +134,8 @@ def sample(sequences: Sequence[SequenceState], logits: torch.Tensor) -> list[tup
             apply_logit_bias(logits[row], request.bias_ids, request.bias_values)
         if seq.counts is not None:
             apply_penalties(logits[row], seq.counts, params.presence_penalty, params.frequency_penalty)
+        if seq.grammar is not None:  # structured output: after bias and penalties, before sampling and logprobs
+            seq.grammar.mask_logits(logits[row])
     temperature = torch.tensor(
         [0.0 if seq.request.params.greedy else seq.request.params.temperature for seq in sequences],
         device=logits.device,

@@ -99,6 +99,8 @@ class SequenceState:
         self.cumulative_logprob = 0.0
         self.counts: torch.Tensor | None = None
         self.finish_reason: str | None = None
+        # structured output: this candidate's own parser state (None: unconstrained)
+        self.grammar = params.grammar.matcher() if params.grammar is not None else None
 
     @property
     def finished(self) -> bool:

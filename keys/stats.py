@@ -42,8 +42,10 @@ def records(
     owner_id: int | None = None,
     api_key_id: int | None = None,
     model: str | None = None,
+    endpoint: str | None = None,
 ) -> QuerySet[UsageRecord]:
-    """Usage records created in ``window``, narrowed to an owner, a key and a model when given."""
+    """Usage records created in ``window``, narrowed to an owner, a key, a model and an endpoint
+    (``/v1/completions``, ``/v1/chat/completions``) when given."""
     queryset = UsageRecord.objects.filter(created_at__gte=window.start, created_at__lt=window.end)
     if owner_id is not None:
         queryset = queryset.filter(owner_id=owner_id)
@@ -51,6 +53,8 @@ def records(
         queryset = queryset.filter(api_key_id=api_key_id)
     if model:
         queryset = queryset.filter(model=model)
+    if endpoint:
+        queryset = queryset.filter(endpoint=endpoint)
     return queryset
 
 
@@ -168,6 +172,11 @@ def top_users(queryset: QuerySet[UsageRecord], limit: int = 10) -> list[dict[str
 def per_model(queryset: QuerySet[UsageRecord]) -> list[dict[str, Any]]:
     """Totals for each model, most tokens first."""
     return list(queryset.values("model").annotate(**_totals()).order_by("-tokens", "model"))
+
+
+def per_endpoint(queryset: QuerySet[UsageRecord]) -> list[dict[str, Any]]:
+    """Totals for each endpoint (``/v1/completions``, ``/v1/chat/completions``), most tokens first."""
+    return list(queryset.values("endpoint").annotate(**_totals()).order_by("-tokens", "endpoint"))
 
 
 def month_to_date_by_key(owner_id: int, now: datetime | None = None) -> dict[int, dict[str, int]]:

@@ -43,10 +43,10 @@ def body(**fields: Any) -> dict[str, Any]:
     return {"model": MODEL, "prompt": "Hello", "max_tokens": 4, "logit_bias": NO_EOS, **fields}
 
 
-async def apost(key: str, request: dict[str, Any]) -> Reply:
-    """``POST /v1/completions`` with Bearer ``key``; a stream is read to its end."""
+async def apost(key: str, request: dict[str, Any], path: str = "/v1/completions") -> Reply:
+    """``POST path`` (``/v1/completions`` unless told) with Bearer ``key``; a stream is read to its end."""
     response = await AsyncClient().post(
-        "/v1/completions",
+        path,
         data=json.dumps(request),
         content_type="application/json",
         headers={"Authorization": f"Bearer {key}"},
@@ -63,8 +63,8 @@ async def apost(key: str, request: dict[str, Any]) -> Reply:
     return Reply(response.status_code, headers, events=events)
 
 
-def post(key: str, request: dict[str, Any]) -> Reply:
-    return async_to_sync(apost)(key, request)
+def post(key: str, request: dict[str, Any], path: str = "/v1/completions") -> Reply:
+    return async_to_sync(apost)(key, request, path)
 
 
 def post_many(key: str, requests: list[dict[str, Any]]) -> list[Reply]:

@@ -1,4 +1,4 @@
-"""Vendor the Completions and Models schemas of OpenAI's OpenAPI spec as plain JSON Schema 2020-12.
+"""Vendor the Completions, Chat Completions and Models schemas of OpenAI's OpenAPI spec as plain JSON Schema 2020-12.
 
 Usage (from the repository root)::
 
@@ -42,6 +42,10 @@ ROOTS = (
     "StopConfiguration",
     "Model",
     "ListModelsResponse",
+    "CreateChatCompletionRequest",
+    "CreateChatCompletionResponse",
+    "CreateChatCompletionStreamResponse",
+    "ChatCompletionTokenLogprob",
 )
 
 OPENAPI_REF_PREFIX = "#/components/schemas/"

@@ -124,7 +124,7 @@ def test_finishing_an_attempt_twice_writes_one_record_and_settles_once(tiny_api,
     from api.views import _Usage
 
     async def scenario():
-        usage = _Usage(limited_key.api_key, "cmpl-twice")
+        usage = _Usage(limited_key.api_key, "cmpl-twice", "/v1/completions")
         usage.admission = await admit(limited_key.api_key, "cmpl-twice", 50)
         await usage.finish(200)
         await usage.finish(500, error_type="server_error")
