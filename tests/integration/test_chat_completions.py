@@ -44,7 +44,8 @@ def test_a_chat_answer_is_a_spec_chat_completion_with_the_templates_tokens_count
     assert body["id"] == reply.request_id and body["model"] == MODEL
     assert body["system_fingerprint"].startswith("fp_")
     [choice] = body["choices"]
-    assert choice["message"]["role"] == "assistant" and len(choice["message"]["content"]) == 4
+    # Four tokens of the tiny model (one character each, or a special token's text such as "<unk>").
+    assert choice["message"]["role"] == "assistant" and 4 <= len(choice["message"]["content"]) <= 4 * len("<unk>")
     assert choice["finish_reason"] == "length" and choice["logprobs"] is None
     assert body["usage"] == {"prompt_tokens": len(PROMPT), "completion_tokens": 4, "total_tokens": len(PROMPT) + 4}
 
