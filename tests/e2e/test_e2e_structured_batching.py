@@ -1,5 +1,5 @@
-"""End to end in float32 (where batching changes no greedy token): a constrained request in the
-batch changes only itself."""
+"""End to end in the deterministic mode (float32 activations and weights, where batching changes no
+greedy token): a constrained request in the batch changes only itself."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ SCHEMA = {
 
 @pytest.fixture(scope="module")
 def float32_server(tmp_path_factory):
-    live = start_server(tmp_path_factory.mktemp("fp32-structured"), MODEL_DTYPE="float32")
+    live = start_server(tmp_path_factory.mktemp("fp32-structured"), MODEL_DTYPE="float32", MODEL_WEIGHTS="float32")
     yield live
     stop_server(live)
 
