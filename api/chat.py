@@ -39,6 +39,7 @@ from .protocol import (
     DEFAULT_MAX_N,
     INT64_RANGE,
     INVALID_JSON_MESSAGE,
+    StreamAndStopFields,
     _check_logit_bias,
     _check_range,
     _check_unicode,
@@ -102,7 +103,7 @@ def _known_fields() -> frozenset[str]:
 
 
 @dataclass(frozen=True)
-class ChatCompletionRequest:
+class ChatCompletionRequest(StreamAndStopFields):
     """A validated ``CreateChatCompletionRequest``: the supported fields, with the spec's defaults.
 
     ``messages`` are normalised to ``{"role", "content"}`` with ``role`` one of system, user,
@@ -133,16 +134,6 @@ class ChatCompletionRequest:
     echo = False
     suffix = None
     best_of = 1
-
-    @property
-    def include_usage(self) -> bool:
-        return self.stream and bool((self.stream_options or {}).get("include_usage"))
-
-    @property
-    def stop_sequences(self) -> tuple[str, ...]:
-        if self.stop is None:
-            return ()
-        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
 
     @property
     def max_tokens(self) -> int:

@@ -126,8 +126,28 @@ def _request_fields() -> tuple[frozenset[str], tuple[str, ...]]:
 # --- The request --------------------------------------------------------------------------------
 
 
+class StreamAndStopFields:
+    """What the legacy and the chat request read alike from ``stream``, ``stream_options`` and ``stop``."""
+
+    stream: bool
+    stream_options: dict[str, Any] | None
+    stop: str | list[str] | None
+
+    @property
+    def include_usage(self) -> bool:
+        """Whether a stream ends with a usage chunk (``stream_options.include_usage``)."""
+        return self.stream and bool((self.stream_options or {}).get("include_usage"))
+
+    @property
+    def stop_sequences(self) -> tuple[str, ...]:
+        """``stop`` as a tuple: ``None`` → ``()``, ``"x"`` → ``("x",)``, a list → a tuple."""
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+
 @dataclass(frozen=True)
-class CompletionRequest:
+class CompletionRequest(StreamAndStopFields):
     """A validated ``CreateCompletionRequest``: fields in the spec's order, with the spec's defaults.
 
     ``null`` for an optional field means its default.  Numbers are normalised (``1.0`` → ``1`` for
@@ -169,18 +189,6 @@ class CompletionRequest:
         if self.prompt and isinstance(self.prompt[0], int):
             return [list(self.prompt)]
         return list(self.prompt)
-
-    @property
-    def include_usage(self) -> bool:
-        """Whether a stream ends with a usage chunk (``stream_options.include_usage``)."""
-        return self.stream and bool((self.stream_options or {}).get("include_usage"))
-
-    @property
-    def stop_sequences(self) -> tuple[str, ...]:
-        """``stop`` as a tuple: ``None`` → ``()``, ``"x"`` → ``("x",)``, a list → a tuple."""
-        if self.stop is None:
-            return ()
-        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
 
     def sampling_params(self, *, ignore_eos: bool = False) -> SamplingParams:
         """The engine's parameters for each prompt of this request.
