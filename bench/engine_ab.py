@@ -91,13 +91,6 @@ def child(root: str, batches: list[int], new_tokens: int, scoring_requests: int)
     print(json.dumps(results))
 
 
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown CPU"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("roots", nargs="*")
@@ -133,8 +126,11 @@ def main() -> None:
             )
             figures[root].append(json.loads(out.stdout.strip().splitlines()[-1]))
             print(root, json.dumps(figures[root][-1]), flush=True)
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from inference.weights import cpu_model
+
     print(
-        f"{cpu_name()}, {os.cpu_count()} cores, torch capability {figures[a][0]['capability']}; medians of {args.rounds} rounds"
+        f"{cpu_model()}, {os.cpu_count()} cores, torch capability {figures[a][0]['capability']}; medians of {args.rounds} rounds"
     )
     keys = [k for k in figures[a][0] if k != "capability"]
     print(f"{'figure':<22}{'A ' + Path(a).name:>16}{'B ' + Path(b).name:>16}{'B/A':>8}")

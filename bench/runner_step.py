@@ -34,6 +34,7 @@ from inference.llama import LlamaModelRunner
 from inference.model_loader import converted_gguf_dir, embedded_gguf_path
 from inference.model_runner import PrefillChunk
 from inference.packed import onednn_linear_available, prepack_linear_layers
+from inference.weights import cpu_model
 
 PROMPTS = [
     "The weather is very nice today",
@@ -212,14 +213,11 @@ def _greedy_report(tokenizer, variants) -> None:
 
 def _cpu_name() -> str:
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                flags = Path("/proc/cpuinfo").read_text()
-                kind = "AVX-512 bf16" if "avx512_bf16" in flags else "AVX-512" if "avx512f" in flags else "AVX2"
-                return f"{line.split(':', 1)[1].strip()} ({kind} in its flags)"
+        flags = Path("/proc/cpuinfo").read_text()
     except OSError:
-        pass
-    return "unknown CPU"
+        flags = ""
+    kind = "AVX-512 bf16" if "avx512_bf16" in flags else "AVX-512" if "avx512f" in flags else "AVX2"
+    return f"{cpu_model()} ({kind} in its flags)"
 
 
 if __name__ == "__main__":

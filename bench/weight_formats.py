@@ -255,13 +255,6 @@ def run_child(mode: str, avx2: bool, tokens: int, threads: int, prompts: int = l
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown CPU"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=2)
@@ -285,9 +278,11 @@ def main() -> None:
             )
         )
         return
+    from inference.weights import cpu_model
+
     flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
     print(
-        f"{cpu_name()}, {os.cpu_count()} CPUs, AVX-512 bf16: {'avx512_bf16' in flags}; load average {os.getloadavg()[0]:.1f}"
+        f"{cpu_model()}, {os.cpu_count()} CPUs, AVX-512 bf16: {'avx512_bf16' in flags}; load average {os.getloadavg()[0]:.1f}"
     )
     isas = {"both": (False, True), "native": (False,), "avx2": (True,)}[args.isa]
     sweeps: dict[bool, list[dict]] = {avx2: [] for avx2 in isas}

@@ -617,7 +617,8 @@ def load_q4_1_blocks(path: Path, num_heads: int, num_kv_heads: int, cache_dir: P
 # --- The autotune -------------------------------------------------------------------------------------------
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (the platform's name for it elsewhere)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -639,7 +640,7 @@ def autotune_key(
     """What a cached choice is valid for: the CPU, torch's dispatch, the thread count and the shapes timed."""
     return {
         "version": AUTOTUNE_VERSION,
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "capability": cpu_capability(),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
