@@ -89,7 +89,7 @@ class OutputProcessor:
         seq.texts.append(piece)
         if logprob is not None:
             seq.logprobs.append(logprob)
-        seq.text += piece
+        seq.chars += len(piece)
         if params.stop and piece:
             index = seq.stop_matcher.feed(piece)
             if index != -1:
@@ -113,9 +113,9 @@ class OutputProcessor:
         if seq.cut is not None:
             end = seq.cut
         elif seq.finished:
-            end = len(seq.text)
+            end = seq.chars
         else:
-            end = len(seq.text) - seq.stop_matcher.holdback
+            end = seq.chars - seq.stop_matcher.holdback
         position = seq.released_chars
         first = seq.released_tokens
         texts: list[str] = []

@@ -91,7 +91,7 @@ class SequenceState:
         self.token_ids: list[int] = []
         self.texts: list[str] = []
         self.logprobs: list[TokenLogprob] = []
-        self.text = ""
+        self.chars = 0  # characters generated so far: the text is texts joined
         self.stop_matcher = StopMatcher(request.params.stop)
         self.cut: int | None = None  # where a stop string begins, once found
         self.released_tokens = 0
