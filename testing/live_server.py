@@ -95,10 +95,14 @@ def start_server(directory: Path, *, database_url: str | None = None, key: str |
     Without ``key`` the database is new: it is migrated and gets a user and a key.  With one, the
     server joins a database that another server prepared.  Each server counts limits under a Redis
     prefix of its own (when ``REDIS_URL`` is set) unless ``API_LIMITS_REDIS_PREFIX`` is given.
+    ``MODEL_WEIGHTS`` is ``float32`` unless the environment or ``settings`` name another: ``auto``
+    may plan int4 for one or two rows and another format above, so the same request's logprobs
+    would turn on when its prompts join the batch (the formats are tested in tests/unit).
     """
     database = directory / "server.sqlite3"
     port = free_port()
     env = {
+        "MODEL_WEIGHTS": "float32",
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "completions_site.settings",
         "DATABASE_URL": database_url or f"sqlite:///{database}",
