@@ -7,6 +7,7 @@ chunk has the same ``id``, ``created`` and ``model``; a choice's chunks carry it
 become a stop string is held back, never taken back.  ``stream_options.include_usage`` puts
 ``usage: null`` on every chunk and the request's usage on one last chunk with no choices.
 """
+
 from __future__ import annotations
 
 import json
@@ -14,22 +15,44 @@ import json
 import httpx
 import pytest
 
-from testing.live_server import MODEL
+from testing.live_server import MODEL, start_server, stop_server
 from tests.completion_helpers import NO_EOS, complete, merge_stream, stream_events
 
 PROMPT = "The capital of France is"
 NON_LATIN_PROMPT = "Reply with only emojis: 😀😃😄 and Chinese: 你好，世界。"
 
 SAME_AS_NON_STREAMED = {
-    "greedy_with_logprobs": {"prompt": PROMPT, "max_tokens": 8, "temperature": 0, "logprobs": 2,
-                             "logit_bias": NO_EOS},
-    "seeded_n_with_echo": {"prompt": PROMPT, "max_tokens": 5, "temperature": 1.0, "seed": 3, "n": 3,
-                           "echo": True, "logprobs": 1, "logit_bias": NO_EOS},
-    "two_prompts_seeded": {"prompt": [PROMPT, "Once upon a time"], "max_tokens": 4, "temperature": 0.8,
-                           "seed": 8, "n": 2, "logprobs": 0, "logit_bias": NO_EOS},
-    "non_latin": {"prompt": NON_LATIN_PROMPT, "max_tokens": 12, "temperature": 0, "logprobs": 1,
-                  "logit_bias": NO_EOS},
+    "greedy_with_logprobs": {"prompt": PROMPT, "max_tokens": 8, "temperature": 0, "logprobs": 2, "logit_bias": NO_EOS},
+    "seeded_n_with_echo": {
+        "prompt": PROMPT,
+        "max_tokens": 5,
+        "temperature": 1.0,
+        "seed": 3,
+        "n": 3,
+        "echo": True,
+        "logprobs": 1,
+        "logit_bias": NO_EOS,
+    },
+    "two_prompts_seeded": {
+        "prompt": [PROMPT, "Once upon a time"],
+        "max_tokens": 4,
+        "temperature": 0.8,
+        "seed": 8,
+        "n": 2,
+        "logprobs": 0,
+        "logit_bias": NO_EOS,
+    },
+    "non_latin": {"prompt": NON_LATIN_PROMPT, "max_tokens": 12, "temperature": 0, "logprobs": 1, "logit_bias": NO_EOS},
 }
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """The deterministic mode (float32): the stream and the plain answer are served in batches that
+    differ in when the prompts join, where bfloat16 can move a near-tie (README, Configuration)."""
+    live = start_server(tmp_path_factory.mktemp("stream"), MODEL_DTYPE="float32", MODEL_WEIGHTS="float32")
+    yield live
+    stop_server(live)
 
 
 @pytest.mark.parametrize("name", list(SAME_AS_NON_STREAMED))
@@ -67,8 +90,15 @@ def test_without_include_usage_no_chunk_has_usage(n_stream):
 
 
 def test_with_include_usage_every_chunk_has_null_usage_but_the_last_which_has_no_choices(server):
-    chunks = stream_events(server, prompt=PROMPT, max_tokens=3, temperature=0, n=2, logit_bias=NO_EOS,
-                           stream_options={"include_usage": True})
+    chunks = stream_events(
+        server,
+        prompt=PROMPT,
+        max_tokens=3,
+        temperature=0,
+        n=2,
+        logit_bias=NO_EOS,
+        stream_options={"include_usage": True},
+    )
     *chunks, last = chunks
     assert all(chunk["usage"] is None and chunk["choices"] for chunk in chunks)
     assert last["choices"] == []
@@ -77,16 +107,16 @@ def test_with_include_usage_every_chunk_has_null_usage_but_the_last_which_has_no
 
 
 def test_include_usage_false_is_no_usage(server):
-    chunks = stream_events(server, prompt=PROMPT, max_tokens=2, temperature=0,
-                           stream_options={"include_usage": False})
+    chunks = stream_events(server, prompt=PROMPT, max_tokens=2, temperature=0, stream_options={"include_usage": False})
     assert all("usage" not in chunk for chunk in chunks)
 
 
 def test_no_chunk_splits_a_utf8_character(server):
     """Read the raw bytes: every event is whole UTF-8 JSON and no text holds a replacement character."""
     body = {"model": MODEL, **SAME_AS_NON_STREAMED["non_latin"], "stream": True, "logprobs": None}
-    with httpx.stream("POST", server.api_url + "/completions", json=body, headers=server.headers(),
-                      timeout=120) as response:
+    with httpx.stream(
+        "POST", server.api_url + "/completions", json=body, headers=server.headers(), timeout=120
+    ) as response:
         raw = b"".join(response.iter_bytes())
     events = [event for event in raw.split(b"\n\n") if event]
     assert events[-1] == b"data: [DONE]"
@@ -121,8 +151,12 @@ def test_a_stop_string_is_held_back_never_streamed_and_the_text_equals_the_non_s
 
 
 def test_done_comes_once_and_last(server):
-    response = httpx.post(server.api_url + "/completions", headers=server.headers(), timeout=120,
-                          json={"model": MODEL, "prompt": PROMPT, "max_tokens": 2, "stream": True})
+    response = httpx.post(
+        server.api_url + "/completions",
+        headers=server.headers(),
+        timeout=120,
+        json={"model": MODEL, "prompt": PROMPT, "max_tokens": 2, "stream": True},
+    )
     lines = [line for line in response.text.split("\n") if line.startswith("data: ")]
     assert lines[-1] == "data: [DONE]" and lines.count("data: [DONE]") == 1
     assert response.text.endswith("data: [DONE]\n\n")
