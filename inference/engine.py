@@ -362,6 +362,7 @@ class Engine:
             PrefillChunk(item.request.key, item.request.prompt_ids[item.start : item.end], item.start, item.request.prompt_logprobs is not None)
             for item in scheduled
         ]
+        started = []
         for item, logits in zip(scheduled, self.runner.prefill(chunks)):
             request = item.request
             request.prefilled = item.end
@@ -372,7 +373,12 @@ class Engine:
             alive = self._start_sequences(request, logits[-1:])
             self.runner.join(request.key, len(alive))
             self._running.extend(alive)
+            started.append(request)
         self.scheduler.finish_prefills()
+        # Published only now: a client that has its first token finds its request counted as
+        # running, not waiting, by the queue limit and /healthz.
+        for request in started:
+            self._publish(request.sequences)
 
     def _start_sequences(self, request: Request, logits: torch.Tensor) -> list[SequenceState]:
         """Create the request's candidates and sample their first tokens from ``logits`` ``[1, vocab]``.
@@ -382,7 +388,6 @@ class Engine:
         sequences = self.output_processor.new_sequences(request)
         if request.params.max_tokens:
             self._sample(sequences, logits.expand(len(sequences), -1).clone())
-        self._publish(request.sequences)
         return [seq for seq in request.sequences if not seq.finished]
 
     def _decode_step(self) -> None:

@@ -36,6 +36,8 @@ def test_past_the_queue_limit_a_request_gets_503_with_retry_after(small_server):
     holders[0].start()
     try:
         assert running.wait(60)
+        # A client holding its first token finds its request running, no longer waiting.
+        assert httpx.get(small_server.base_url + "/healthz").json()["waiting"] == 0
         # The second request waits in the queue (the batch holds one sequence).
         holders.append(threading.Thread(target=_hold, args=(small_server, queued, stop)))
         holders[1].start()
