@@ -249,7 +249,7 @@ def unrecognized_arguments_error(names: Sequence[str]) -> APIError:
     null (what api.openai.com sends for ``/v1/completions``)."""
     names = sorted(names)
     plural = "s" if len(names) > 1 else ""
-    return APIError(f"Unrecognized request argument{plural} supplied: {_shorten(', '.join(names))}")
+    return APIError(f"Unrecognized request argument{plural} supplied: {shorten(', '.join(names))}")
 
 
 def json_type_name(value: Any) -> str:
@@ -276,13 +276,13 @@ def value_text(value: Any) -> str:
     """``value`` as an error message quotes it: strings in single quotes, numbers in digits, else JSON;
     cut to ``MAX_VALUE_CHARS``."""
     if isinstance(value, str):
-        return f"'{_shorten(value)}'"
+        return f"'{shorten(value)}'"
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return _number_text(value)
     try:
-        return _shorten(json.dumps(value, ensure_ascii=False))
+        return shorten(json.dumps(value, ensure_ascii=False))
     except (TypeError, ValueError):
-        return _shorten(repr(value))
+        return shorten(repr(value))
 
 
 def schema_types(schema: Mapping[str, Any]) -> list[str]:
@@ -375,7 +375,7 @@ def _additional_properties_keyword(error: ValidationError, path: list) -> APIErr
 
 
 def _other_keyword(error: ValidationError, path: list) -> APIError:
-    return invalid_value_error(param_path(path), error.instance, why=_shorten(error.message))
+    return invalid_value_error(param_path(path), error.instance, why=shorten(error.message))
 
 
 _SCHEMA_KEYWORDS: dict[str, Callable[[ValidationError, list], APIError]] = {
@@ -429,10 +429,11 @@ def _sentence(text: str) -> str:
 def _number_text(value: float) -> str:
     """Digits, shortened; an integer too long for ``str`` (over Python's 4300 digits) by its size."""
     try:
-        return _shorten(repr(value) if isinstance(value, float) else str(value))
+        return shorten(repr(value) if isinstance(value, float) else str(value))
     except ValueError:  # only an int can be too long for str()
         return f"a {int(value).bit_length()}-bit integer"
 
 
-def _shorten(text: str) -> str:
+def shorten(text: str) -> str:
+    """``text`` cut to ``MAX_VALUE_CHARS`` characters, with ``...`` where it was cut."""
     return text if len(text) <= MAX_VALUE_CHARS else text[:MAX_VALUE_CHARS] + "..."

@@ -43,6 +43,7 @@ from api.errors import (
     invalid_value_error,
     param_path,
     schema_error,
+    shorten,
     string_too_short_error,
     unrecognized_arguments_error,
 )
@@ -77,7 +78,6 @@ DEFAULT_MAX_LOGPROBS = 5
 LOGIT_BIAS_RANGE = (-100, 100)  # the spec's description: "an associated bias value from -100 to 100"
 INT64_RANGE = (-(2**63), 2**63 - 1)  # seed is ``format: int64`` in the spec
 MAX_STOP_SEQUENCES = 4  # StopConfiguration: "Up to 4 sequences" (maxItems 4)
-MAX_REPR_CHARS = 200  # a 4 MB prompt must not come back inside an error message
 
 
 # --- The vendored spec --------------------------------------------------------------------------
@@ -486,14 +486,10 @@ def _check_unicode(data: dict[str, Any]) -> None:
             raise APIError(message, param=name, code="invalid_value") from None
 
 
-def _shorten(text: str) -> str:
-    return text if len(text) <= MAX_REPR_CHARS else text[:MAX_REPR_CHARS] + "..."
-
-
 def _integer_text(value: int) -> str:
     """``value`` in digits, shortened; one too long for ``str`` (over Python's 4300 digits) by its size."""
     try:
-        return _shorten(str(value))
+        return shorten(str(value))
     except ValueError:
         return f"a {value.bit_length()}-bit number of"
 
@@ -511,7 +507,7 @@ def body_too_large_error(limit: int) -> APIError:
 def model_not_found_error(model: str) -> APIError:
     """404 for a model this server does not serve, in OpenAI's words, code ``model_not_found``."""
     return APIError(
-        f"The model `{_shorten(model)}` does not exist or you do not have access to it.",
+        f"The model `{shorten(model)}` does not exist or you do not have access to it.",
         status=404,
         param="model",
         code="model_not_found",
