@@ -56,6 +56,8 @@ application = ProtocolTypeRouter(
     }
 )
 
+from completions_site.metrics import forget_live_gauges_at_exit  # noqa: E402
 from completions_site.startup import start_server  # noqa: E402
 
+forget_live_gauges_at_exit()
 start_server()

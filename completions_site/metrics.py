@@ -15,6 +15,7 @@ The metric objects: :mod:`inference.metrics` (engine), :mod:`keys.metrics` (limi
 
 from __future__ import annotations
 
+import atexit
 import hmac
 import ipaddress
 import os
@@ -53,6 +54,18 @@ def allowed(request: HttpRequest) -> bool:
 def allowed_networks(entries: tuple[str, ...]) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
     """``METRICS_ALLOWED_IPS`` as networks (an address is a network of one); raises ``ValueError`` on a bad entry."""
     return tuple(ipaddress.ip_network(entry.strip(), strict=False) for entry in entries if entry.strip())
+
+
+def forget_live_gauges_at_exit() -> None:
+    """In multiprocess mode, drop this process's live gauges when it exits normally.
+
+    ``livesum`` gauges (requests running and waiting, KV cache columns) add up the files of
+    processes not yet marked dead; without this, a stopped process's last values would stay in
+    the sums until the folder is emptied.  Counters and histograms keep its values, as they must.
+    A process killed with SIGKILL cannot run it: empty the folder before each deployment starts.
+    """
+    if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
+        atexit.register(multiprocess.mark_process_dead, os.getpid())
 
 
 def _registry() -> CollectorRegistry:
