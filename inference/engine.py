@@ -16,6 +16,9 @@ penalties, seeded generators, top logprobs or stop strings), so the engine sched
 Torch runs only in the worker thread.  The asyncio side calls :meth:`Engine.submit`, which returns
 a :class:`RequestStream` (an async iterator of :class:`RequestOutput`) fed from the worker with
 ``loop.call_soon_threadsafe``.
+
+The worker updates the Prometheus metrics of :mod:`inference.metrics` (vLLM's names) once per step
+and once per request, never per token.
 """
 from __future__ import annotations
 
