@@ -12,6 +12,7 @@ from keys import auth, limits
 from keys.errors import AuthFailed, LimiterUnavailable, LimitRefused
 from keys.models import APIKey
 
+from .access import note
 from .translate import auth_error, limit_error, limiter_error, rate_limit_headers
 
 
@@ -19,11 +20,14 @@ async def authenticate(request: HttpRequest) -> APIKey:
     """The active key of the request's ``Authorization: Bearer`` header (one query).
 
     Raises ``APIError`` 401 (OpenAI's ``invalid_api_key``, or ``code: null`` when no key is sent).
+    The key's public prefix and owner go to the request's access-log line (:mod:`api.access`).
     """
     try:
-        return await auth.authenticate(request.headers.get("Authorization"))
+        api_key = await auth.authenticate(request.headers.get("Authorization"))
     except AuthFailed as error:
         raise auth_error(error) from None
+    note(request, key_prefix=api_key.prefix, owner=api_key.owner.get_username())
+    return api_key
 
 
 async def admit(api_key: APIKey, request_id: str, tokens: int) -> limits.Admission:

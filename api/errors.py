@@ -49,10 +49,16 @@ class APIError(Exception):
 
 
 def error_response(error: APIError) -> JsonResponse:
-    """The JSON HTTP response for ``error``, with its status and extra headers."""
+    """The JSON HTTP response for ``error``, with its status and extra headers.
+
+    Django's ``django.request`` logger does not log it a second time: the access log
+    (``api/access.py``) has one line for every request, its status included.  (Django's private
+    flag; an uncaught exception's 500 is still logged with its traceback.)
+    """
     response = JsonResponse(error.to_dict(), status=error.status)
     for name, value in error.headers.items():
         response[name] = value
+    response._has_been_logged = True  # type: ignore[attr-defined]
     return response
 
 

@@ -26,7 +26,8 @@ from keys.auth import touch_last_used
 from keys.models import APIKey
 from keys.usage import record_usage
 
-from . import sse
+from . import metrics, sse
+from .access import note
 from .auth import admission_headers, admit, authenticate, current_headers
 from .chat import ChatRun, new_chat_completion_id, parse_chat_request
 from .engine import get_engine, key_may_use, served_models
@@ -51,7 +52,10 @@ OWNED_BY = "completions-site"
 
 def api_view(*methods: str):
     """An API view: CSRF-exempt (keys, not cookies, authenticate it) and answering any other HTTP
-    method with OpenAI's JSON error and a 405, not Django's empty HTML one."""
+    method with OpenAI's JSON error and a 405, not Django's empty HTML one.  A ``GET`` view answers
+    ``HEAD`` too (RFC 9110: GET without the body; the server sends the headers only)."""
+    if "GET" in methods:
+        methods = (*methods, "HEAD")
 
     def decorate(view):
         async def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
@@ -107,6 +111,7 @@ async def _serve(request: HttpRequest, endpoint: _Endpoint) -> HttpResponseBase:
         response["x-request-id"] = completion_id
         return response
     usage = _Usage(api_key, completion_id, endpoint.path)
+    note(request, usage=usage)  # the access-log line reads its record
     try:
         response = await _start_completion(request, usage, endpoint)
     except APIError as error:
@@ -144,6 +149,7 @@ async def _start_completion(request: HttpRequest, usage: _Usage, endpoint: _Endp
     await run.prepare()
     await usage.admit(run)  # limits: count and reserve tokens before the engine sees it, or 429
     run.start()
+    usage.submitted = True  # from here on, tokens are charged
     if parsed.stream:
         response = StreamingHttpResponse(_stream(run, usage), content_type="text/event-stream")
         response["Cache-Control"] = "no-cache"
@@ -192,7 +198,8 @@ class _Usage:
     """Collects one request's accounting and writes its single usage record.
 
     It also holds the request's admission by the per-key limits (:mod:`keys.limits`): the tokens
-    it reserved are settled to the real count in :meth:`finish`, in every path.
+    it reserved are settled to the real count in :meth:`finish`, in every path.  ``record`` is the
+    usage record's fields once written (the access log reads them).
     """
 
     def __init__(self, api_key: APIKey, request_id: str, endpoint: str) -> None:
@@ -204,6 +211,8 @@ class _Usage:
         self.stream = False
         self.user = ""
         self.run: CompletionRun | None = None
+        self.submitted = False  # whether the engine took the request (only then are tokens charged)
+        self.record: dict | None = None
         self.written = False
         self.admission: limits.Admission | None = None
         self.limit_headers: dict[str, str] | None = None
@@ -232,14 +241,14 @@ class _Usage:
     async def finish(self, status: int, *, error_type: str = "") -> None:
         """Write the record once and settle the reservation; shielded, so a disconnect cannot cancel them.
 
-        Tokens are recorded only for a request the limits admitted: one they refused never
-        reached the engine, and costs nothing.
+        Tokens are recorded only for a request the engine took: one the limits refused, or the
+        engine's full queue (503), never reached the engine, and costs nothing.
         """
         if self.written:
             return
         self.written = True
         interrupted = error_type == "interrupted"
-        run = self.run if self.admission is not None else None
+        run = self.run if self.submitted else None
         finish_reason = "interrupted" if interrupted else (run.finish_reasons if run else "")
         if error_type == "server_error" and not interrupted:
             finish_reason = "error"
@@ -259,6 +268,7 @@ class _Usage:
             time_to_first_token_ms=None if first is None else (first - self.started) * 1000,
             user=self.user,
         )
+        self.record = fields
         try:
             await asyncio.shield(_write_usage(self.api_key, fields, self.admission))
         except asyncio.CancelledError:
@@ -288,6 +298,7 @@ async def _write_usage(api_key: APIKey, fields: dict, admission: limits.Admissio
         await record_usage(**fields)
         await touch_last_used(api_key)
     except Exception:
+        metrics.usage_record_failures.inc()
         logger.exception("Could not record usage for %s", fields.get("request_id"))
     finally:
         if admission is not None:

@@ -21,29 +21,43 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "completions_site.settings")
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402 - after the thread policy, before torch
 from django.core.asgi import get_asgi_application  # noqa: E402 - after the thread policy, before torch
 
+from api.access import AccessLog  # noqa: E402
 from api.handlers import APIHandler, route  # noqa: E402 - after the thread policy, before torch
+from completions_site.http_status import add_reason_phrases  # noqa: E402
+from completions_site.logs import route_daphne_access_log  # noqa: E402
+
+add_reason_phrases()  # "429 Too Many Requests", not twisted's "Unknown Status"
+route_daphne_access_log()  # daphne's access lines through logging, where secrets are redacted
 
 # The admin's CSS and JavaScript come from the apps' static folders through Django's own handler,
 # so a fresh checkout needs no collectstatic and no separate file server.  The API's paths skip
 # the browser middleware (api/handlers.py).
 site_application = ASGIStaticFilesHandler(get_asgi_application())
-http_application = route(APIHandler(), site_application)
+# One access-log line, one x-request-id and the gateway's metrics per request (api/access.py).
+http_application = AccessLog(route(APIHandler(), site_application))
 
 # --- WebSockets (the dashboard app): the staff dashboard's live engine figures, through channels.
 # Session auth gives the consumer its user; the origin must be one of ALLOWED_HOSTS.
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from django.urls import re_path  # noqa: E402
 
+from completions_site.websocket import refuse  # noqa: E402
 from dashboard.routing import websocket_urlpatterns  # noqa: E402
 
+# Any other WebSocket path is refused quietly (a 403 to the handshake), not a 500 traceback.
 application = ProtocolTypeRouter(
     {
         "http": http_application,
-        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        "websocket": AllowedHostsOriginValidator(
+            AuthMiddlewareStack(URLRouter([*websocket_urlpatterns, re_path(r"", refuse)]))
+        ),
     }
 )
 
+from completions_site.metrics import forget_live_gauges_at_exit  # noqa: E402
 from completions_site.startup import start_server  # noqa: E402
 
+forget_live_gauges_at_exit()
 start_server()

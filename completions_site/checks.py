@@ -54,3 +54,21 @@ def check_engine_settings(app_configs, **kwargs) -> list[Error]:
         hint="Set it to 'auto' (our Llama runner when it supports the model, else transformers'), 'llama' or 'transformers'.",
         id="completions_site.E005",
     )]
+
+
+@register(Tags.compatibility)
+def check_metrics_settings(app_configs, **kwargs) -> list[Error]:
+    """``METRICS_ALLOWED_IPS``: addresses or networks that ``ipaddress`` reads."""
+    import ipaddress
+
+    errors = []
+    for entry in settings.METRICS_ALLOWED_IPS:
+        try:
+            ipaddress.ip_network(entry.strip(), strict=False)
+        except ValueError:
+            errors.append(Error(
+                f"METRICS_ALLOWED_IPS has {entry!r}, which is neither an address nor a network.",
+                hint="List addresses or networks, comma-separated: 127.0.0.1,::1,10.0.0.0/8.",
+                id="completions_site.E006",
+            ))
+    return errors

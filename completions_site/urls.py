@@ -3,6 +3,7 @@ from django.contrib import admin
 from django.urls import path, re_path
 
 from api import usage_views, views
+from completions_site import metrics
 
 urlpatterns = [
     path("v1/usage/completions", usage_views.usage_completions, name="usage-completions"),
@@ -11,6 +12,7 @@ urlpatterns = [
     path("v1/models", views.models, name="models"),
     path("v1/models/<path:model>", views.model_detail, name="model-detail"),
     path("healthz", views.healthz, name="healthz"),
+    path("metrics", metrics.metrics, name="metrics"),
     path("admin/", admin.site.urls),
 ]
 

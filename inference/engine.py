@@ -16,6 +16,9 @@ penalties, seeded generators, top logprobs or stop strings), so the engine sched
 Torch runs only in the worker thread.  The asyncio side calls :meth:`Engine.submit`, which returns
 a :class:`RequestStream` (an async iterator of :class:`RequestOutput`) fed from the worker with
 ``loop.call_soon_threadsafe``.
+
+The worker updates the Prometheus metrics of :mod:`inference.metrics` (vLLM's names) once per step
+and once per request, never per token.
 """
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ from pathlib import Path
 import torch
 
 from . import memory, sampling, structured
+from . import metrics as m
 from .model_loader import ModelConfig, embedded_gguf_path, load_model, model_fingerprint
 from .model_runner import ModelRunner, PrefillChunk, build_runner
 from .output_processor import OutputProcessor
@@ -338,6 +342,14 @@ class Engine:
         except Exception as error:  # noqa: BLE001 - one bad step must not kill the engine
             logger.exception("An engine step failed; failing the requests in it")
             self._fail_all(EngineError(f"The engine failed while generating: {type(error).__name__}"))
+        self._set_gauges()
+
+    def _set_gauges(self) -> None:
+        """The metrics' gauges, once per loop: requests running and waiting, KV cache columns in use."""
+        running = self._running
+        m.requests_running.set(len({id(seq.request) for seq in running}))
+        m.requests_waiting.set(len(self.scheduler) + len(self._inbox))
+        m.kv_cache_columns.set(sum(seq.length for seq in running))
 
     def _take_inbox(self) -> None:
         with self._lock:
@@ -346,9 +358,12 @@ class Engine:
             aborted, self._aborted = self._aborted, set()
         if not aborted:
             return
-        for request in self.scheduler.remove(aborted):
+        removed = self.scheduler.remove(aborted)
+        for request in removed:
             self.runner.release(request.key)  # its partial prefill, if any
         keep = [row for row, seq in enumerate(self._running) if seq.request.request_id not in aborted]
+        stopped = {seq.request.request_id for seq in self._running if seq.request.request_id in aborted}
+        m.finished("abort", len(removed) + len(stopped))
         if len(keep) != len(self._running):
             self._select_rows(keep)
 
@@ -358,11 +373,16 @@ class Engine:
         scheduled = self.scheduler.schedule(len(self._running))
         if not scheduled:
             return
+        started = time.monotonic()
         chunks = [
             PrefillChunk(item.request.key, item.request.prompt_ids[item.start : item.end], item.start, item.request.prompt_logprobs is not None)
             for item in scheduled
         ]
-        started = []
+        for item in scheduled:
+            if item.start == 0:
+                m.request_queue_time.observe(started - item.request.arrival)
+        m.prompt_tokens.inc(sum(item.end - item.start for item in scheduled))
+        prompts_done = []
         for item, logits in zip(scheduled, self.runner.prefill(chunks)):
             request = item.request
             request.prefilled = item.end
@@ -373,12 +393,13 @@ class Engine:
             alive = self._start_sequences(request, logits[-1:])
             self.runner.join(request.key, len(alive))
             self._running.extend(alive)
-            started.append(request)
+            prompts_done.append(request)
         self.scheduler.finish_prefills()
         # Published only now: a client that has its first token finds its request counted as
         # running, not waiting, by the queue limit and /healthz.
-        for request in started:
+        for request in prompts_done:
             self._publish(request.sequences)
+        m.prefill_step_duration.observe(time.monotonic() - started)
 
     def _start_sequences(self, request: Request, logits: torch.Tensor) -> list[SequenceState]:
         """Create the request's candidates and sample their first tokens from ``logits`` ``[1, vocab]``.
@@ -388,10 +409,13 @@ class Engine:
         sequences = self.output_processor.new_sequences(request)
         if request.params.max_tokens:
             self._sample(sequences, logits.expand(len(sequences), -1).clone())
+            request.first_token_at = time.monotonic()
+            m.time_to_first_token.observe(request.first_token_at - request.arrival)
         return [seq for seq in request.sequences if not seq.finished]
 
     def _decode_step(self) -> None:
         """One forward pass for every running sequence, then sampling, then release and cleanup."""
+        started = time.monotonic()
         sequences = self._running
         logits = self.runner.decode([seq.next_token for seq in sequences])
         for seq in sequences:
@@ -401,6 +425,7 @@ class Engine:
         keep = [row for row, seq in enumerate(sequences) if not seq.finished]
         if len(keep) != len(sequences):
             self._select_rows(keep)
+        m.decode_step_duration.observe(time.monotonic() - started)
 
     def _select_rows(self, keep: list[int]) -> None:
         """Keep only batch rows ``keep`` (finished and aborted sequences leave)."""
@@ -413,6 +438,7 @@ class Engine:
         """Pick each sequence's next token from its row of ``logits`` ``[batch, vocab]`` (float32)."""
         for seq, (token_id, logprob) in zip(sequences, sampling.sample(sequences, logits)):
             self.output_processor.append(seq, token_id, logprob)
+        m.generation_tokens.inc(len(sequences))
 
     def _publish(self, sequences: list[SequenceState]) -> None:
         """Send each request its sequences' released outputs for this step."""
@@ -424,6 +450,8 @@ class Engine:
                 self._recent_tokens.popleft()
         for request, output in results:
             request.push(output)
+            if output.finished:
+                _observe_finished(request, now)
 
     def _fail_all(self, error: EngineError) -> None:
         """Fail every running and waiting request with ``error`` and reset the batch."""
@@ -438,3 +466,12 @@ class Engine:
         if self.runner is not None:
             self.runner.reset()
 
+
+def _observe_finished(request: Request, now: float) -> None:
+    """A finished request's metrics: end-to-end latency, time per output token, finish reasons."""
+    m.e2e_request_latency.observe(now - request.arrival)
+    tokens = max((len(seq.token_ids) for seq in request.sequences), default=0)
+    if request.first_token_at is not None and tokens > 1:
+        m.time_per_output_token.observe((now - request.first_token_at) / (tokens - 1))
+    for seq in request.sequences:
+        m.finished(seq.finish_reason)

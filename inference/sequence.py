@@ -10,6 +10,7 @@ same way: ``vllm/v1/request.py`` against the runner's input batch.)
 from __future__ import annotations
 
 import asyncio
+import time
 
 import torch
 
@@ -24,7 +25,8 @@ class Request:
     ``group`` names the API request it belongs to (the scheduler shares prefill turns between
     groups, not between prompts); it defaults to ``request_id``.  ``prefilled`` counts the prompt
     tokens already in the model runner's cache.  ``prompt_logprobs`` collects the prompt tokens'
-    log-probabilities (the first token's is ``None``) until they are published.
+    log-probabilities (the first token's is ``None``) until they are published.  ``arrival`` and
+    ``first_token_at`` (``time.monotonic()`` seconds) time it for the metrics (:mod:`inference.metrics`).
     """
 
     def __init__(
@@ -38,6 +40,8 @@ class Request:
     ) -> None:
         self.request_id = request_id
         self.group = request_id if group is None else group
+        self.arrival = time.monotonic()
+        self.first_token_at: float | None = None
         self.prompt_ids = prompt_ids
         self.params = params
         self.loop = loop

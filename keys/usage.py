@@ -15,6 +15,7 @@ from django.db import connection, models, transaction
 from .db import db_call
 from .models import ROLLUP_FIELDS, DailyUsage, UsageRecord, rollup_increments
 from .periods import midnight, month_bounds, usage_day
+from .redaction import redact
 
 # A request "reached the model" when it succeeded or consumed tokens (an interrupted stream
 # did; a 400 before generation did not).  The usage API counts these as num_model_requests.
@@ -66,6 +67,8 @@ def _complete(fields: dict[str, Any]) -> dict[str, Any]:
         # owner_id, not owner: reading api_key.owner could be a lazy query in async code.
         fields["owner_id"] = api_key.owner_id
     fields.setdefault("total_tokens", fields.get("prompt_tokens", 0) + fields.get("completion_tokens", 0))
+    if isinstance(fields.get("user"), str):  # client-supplied text: a key pasted there is not kept
+        fields["user"] = redact(fields["user"])
     return {name: _clipped(name, value) for name, value in fields.items()}
 
 

@@ -40,7 +40,7 @@ from django.conf import settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from keys import periods
+from keys import metrics, periods
 from keys.db import db_call
 from keys.errors import LimiterUnavailable, LimitRefused
 from keys.models import APIKey
@@ -144,6 +144,7 @@ async def _admit(api_key: APIKey, request_id: str, tokens: int) -> Admission:
             await proc.seed_month(api_key.pk, month, used)
             continue
         if decision.refusal is not None:
+            metrics.refused(decision.refusal)
             raise LimitRefused(decision, limits, tokens, month)
         return Admission(store, api_key.pk, request_id, month, tokens, limits, decision)
     raise LimiterUnavailable(closed=False, retry_after_seconds=1)
@@ -185,10 +186,15 @@ class Limiter:
             raise LimiterUnavailable(
                 closed=True, retry_after_seconds=math.ceil(settings.API_LIMITS_REDIS_RETRY_SECONDS)
             )
+        if self.redis is not None:
+            metrics.limiter_fail_open_requests.inc()
         return self.local
 
     def _redis_failed(self, error: StoreUnavailable) -> None:
         assert self.redis is not None
+        metrics.limiter_store_errors.inc()
+        if self.fail_open:
+            metrics.limiter_fail_open_periods.inc()
         self._redis_down_until = time.monotonic() + settings.API_LIMITS_REDIS_RETRY_SECONDS
         logger.error(
             "Redis at %s is unavailable (%s): %s for the next %s s",

@@ -1,0 +1,163 @@
+"""The engine's Prometheus metrics, named as vLLM names its own with our prefix ``completions_``.
+
+vLLM's ``vllm:num_requests_running`` is our ``completions_num_requests_running``, and so on
+(vLLM's docs, "Production Metrics"; llama.cpp's server exports the same quantities as
+``llamacpp:*``), so an existing dashboard translates by its prefix.  The objects live in this
+module, which imports ``prometheus_client`` only (no HTTP, no Django): the engine's worker thread
+updates them, and the HTTP side (``completions_site/metrics.py``) exposes the registry.
+
+Cost: the worker updates them once per step (gauges set, one counter ``inc`` by the step's token
+count, one histogram observation of the step's duration) and once per request at its first
+token and at its end, never per token: a few microseconds against a decode step of tens of
+milliseconds (``bench/metrics_cost.py`` measures it).
+
+Several server processes (daphne behind a proxy) write their values to files under
+``PROMETHEUS_MULTIPROC_DIR`` when that is set before the process starts (prometheus_client's
+multiprocess mode); the gauges then add up over live processes (``livesum``).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+PREFIX = "completions_"
+
+# vLLM's buckets (vllm/v1/metrics/loggers.py), in seconds.
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+TPOT_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+REQUEST_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
+QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+requests_running = Gauge(
+    PREFIX + "num_requests_running",
+    "Requests with sequences in the running batch (vLLM: num_requests_running).",
+    multiprocess_mode="livesum",
+)
+requests_waiting = Gauge(
+    PREFIX + "num_requests_waiting",
+    "Requests queued or being prefilled, not yet in the batch (vLLM: num_requests_waiting).",
+    multiprocess_mode="livesum",
+)
+kv_cache_columns = Gauge(
+    PREFIX + "kv_cache_columns_in_use",
+    "KV cache positions held by running sequences: the sum of their lengths in tokens.",
+    multiprocess_mode="livesum",
+)
+prompt_tokens = Counter(PREFIX + "prompt_tokens", "Prompt tokens prefilled (vLLM: prompt_tokens_total).")
+generation_tokens = Counter(
+    PREFIX + "generation_tokens",
+    "Tokens sampled, end-of-sequence and stop-cut tokens included (vLLM: generation_tokens_total).",
+)
+time_to_first_token = Histogram(
+    PREFIX + "time_to_first_token_seconds",
+    "From submission to the engine until a request's first token is sampled.",
+    buckets=TTFT_BUCKETS,
+)
+time_per_output_token = Histogram(
+    PREFIX + "time_per_output_token_seconds",
+    "A finished request's mean time between tokens after the first: (end - first token) / (tokens - 1).",
+    buckets=TPOT_BUCKETS,
+)
+e2e_request_latency = Histogram(
+    PREFIX + "e2e_request_latency_seconds",
+    "From submission to the engine until the request finished (in the engine).",
+    buckets=REQUEST_BUCKETS,
+)
+request_queue_time = Histogram(
+    PREFIX + "request_queue_time_seconds",
+    "From submission until the request's first prefill step.",
+    buckets=QUEUE_BUCKETS,
+)
+request_success = Counter(
+    PREFIX + "request_success",
+    "Sequences (candidates) finished, by finish_reason: stop, length, or abort (a request aborted by "
+    "its client counts once).",
+    ["finish_reason"],
+)
+prefill_step_duration = Histogram(
+    PREFIX + "prefill_step_duration_seconds",
+    "Duration of one prefill step (the scheduler's chunks in one forward pass).",
+    buckets=STEP_BUCKETS,
+)
+decode_step_duration = Histogram(
+    PREFIX + "decode_step_duration_seconds",
+    "Duration of one decode step (forward pass, sampling and output for the whole batch).",
+    buckets=STEP_BUCKETS,
+)
+
+# Children bound once: ``labels()`` per event would cost a dict lookup and a lock.
+_finished = {reason: request_success.labels(finish_reason=reason) for reason in ("stop", "length", "abort")}
+
+
+def finished(reason: str | None, count: int = 1) -> None:
+    """Count ``count`` sequences finished with ``reason`` (``None`` counts as ``abort``)."""
+    child = _finished.get(reason or "abort")
+    if child is None:
+        child = _finished[reason or "abort"] = request_success.labels(finish_reason=reason)
+    child.inc(count)
