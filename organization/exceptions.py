@@ -81,8 +81,8 @@ def validation_error(
 
     ===============================  ========================================================
     ``required``                     ``missing_required_parameter``
-    ``null``, ``invalid``,           ``invalid_type`` ("expected an integer, but got a
-    ``not_a_list``, ``not_a_dict``   string instead")
+    ``null``, ``not_a_list``, and    ``invalid_type`` ("expected an integer, but got a
+    ``invalid`` of another type      string instead")
     ``max_value`` / ``min_value``    ``integer_above_max_value`` / ``integer_below_min_value``
     ``max_length``                   ``string_above_max_length`` (``array_...`` for lists)
     ``blank``                        ``empty_string``
@@ -96,9 +96,10 @@ def validation_error(
     code = getattr(error, "code", None)
     if code == "required":
         return missing_parameter_error(param or "body")
-    if code in ("null", "invalid", "not_a_list", "not_a_dict", "not_a_string"):
-        return invalid_type_error(param, [_type_name(field)], None if value is _NO_VALUE else value)
     shown = None if value is _NO_VALUE else value
+    wrong_type = code in ("null", "not_a_list", "not_a_dict") or (code == "invalid" and not _takes(field, shown))
+    if wrong_type:
+        return invalid_type_error(param, [_type_name(field)], shown)
     if code == "max_value" and field is not None and isinstance(shown, int):
         return above_maximum_error(param, field.max_value, shown, integer=True)
     if code == "min_value" and field is not None and isinstance(shown, int):
@@ -164,6 +165,18 @@ def _type_name(field: Any) -> str:
     if isinstance(field, (fields.DictField, serializers.Serializer)):
         return "an object"
     return "a string"
+
+
+def _takes(field: Any, value: Any) -> bool:
+    """Whether ``value``'s JSON type is the one ``field`` takes (then an ``invalid`` is a bad value)."""
+    expected = {
+        "a boolean": (bool,),
+        "an integer": (int,),
+        "an array": (list,),
+        "an object": (dict,),
+        "a string": (str,),
+    }[_type_name(field)]
+    return isinstance(value, expected) and not (isinstance(value, bool) and bool not in expected)
 
 
 def _first_message(detail: Any) -> str:
