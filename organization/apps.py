@@ -8,3 +8,6 @@ class OrganizationConfig(AppConfig):
 
     name = "organization"
     verbose_name = "Administration API"
+
+    def ready(self) -> None:
+        from . import schema  # noqa: F401  (drf-spectacular's extensions register on import)

@@ -155,7 +155,7 @@ class AdminApiKeyViewSet(OrganizationViewSet):
     def retrieve(self, request: Request, key_id: str) -> Response:
         return Response(shapes.AdminApiKeySerializer(self.admin_key(key_id)).data)
 
-    @extend_schema(operation_id="admin-api-keys-delete", responses=shapes.AdminApiKeyDeleteResponseSerializer)
+    @extend_schema(operation_id="admin-api-keys-delete", responses={200: shapes.AdminApiKeyDeleteResponseSerializer})
     def destroy(self, request: Request, key_id: str) -> Response:
         """Revoke the key; the next request with it is a 401 (the caller's own key too)."""
         admin_key = self.admin_key(key_id)
@@ -211,7 +211,7 @@ class UserViewSet(OrganizationViewSet):
         user.save(update_fields=["is_staff"])
         return Response(shapes.UserSerializer(user).data)
 
-    @extend_schema(operation_id="delete-user", responses=shapes.UserDeleteResponseSerializer)
+    @extend_schema(operation_id="delete-user", responses={200: shapes.UserDeleteResponseSerializer})
     def destroy(self, request: Request, user_id: str) -> Response:
         """Deactivate the user: their keys are refused from the next request, their records stay."""
         user = self.active_user(user_id)
@@ -302,7 +302,7 @@ class ProjectApiKeyViewSet(UserKeysViewSet):
             api_key.save(update_fields=list(columns))
         return Response(shapes.ProjectApiKeySerializer(api_key).data)
 
-    @extend_schema(operation_id="delete-project-api-key", responses=shapes.ProjectApiKeyDeleteResponseSerializer)
+    @extend_schema(operation_id="delete-project-api-key", responses={200: shapes.ProjectApiKeyDeleteResponseSerializer})
     def destroy(self, request: Request, project_id: str, api_key_id: str) -> Response:
         """Revoke the key: its next request is a 401."""
         api_key = self.key(project_id, api_key_id, "key_")
