@@ -14,7 +14,7 @@ of the spec that this server does not do is ``unsupported_parameter`` (:class:`R
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.password_validation import validate_password
@@ -196,7 +196,7 @@ class KeyLimitsRequestSerializer(RequestSerializer):
         for index, model in enumerate(value):
             if not model.strip() or "," in model or any(char.isspace() for char in model):
                 raise serializers.ValidationError({index: [f"'{model}' is not a model id."]}, code="invalid_value")
-        if len(",".join(value)) > APIKey._meta.get_field("allowed_models").max_length:
+        if len(",".join(value)) > cast(int, APIKey._meta.get_field("allowed_models").max_length):
             raise serializers.ValidationError("Too many model ids for one key.", code="invalid_value")
         return value
 

@@ -7,7 +7,7 @@ of the output, so scripts can take ``tail -n 1``; it is not stored in plain text
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
@@ -28,7 +28,7 @@ class Command(BaseCommand):
         owner = find_owner(user)
         if not (owner.is_active and getattr(owner, "is_staff", False)):
             raise CommandError(f"{owner.get_username()!r} is not active staff; an admin key acts for staff only.")
-        if not name.strip() or len(name) > AdminAPIKey._meta.get_field("name").max_length:
+        if not name.strip() or len(name) > cast(int, AdminAPIKey._meta.get_field("name").max_length):
             raise CommandError("--name must be 1 to 100 characters.")
         admin_key, plaintext = AdminAPIKey.objects.create_key(
             name=name, owner=owner, expires_at=timezone.now() + expires_in if expires_in else None
