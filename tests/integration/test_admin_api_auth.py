@@ -163,3 +163,31 @@ def test_an_unknown_organization_path_is_openais_404(admin_key):
     answer = get("/projects", admin_key.plaintext)
 
     assert answer.status == 404 and answer.error["message"].startswith("Invalid URL")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_routes_work_through_the_apis_asgi_handler_without_middleware(admin_key):
+    import json
+
+    from asgiref.sync import async_to_sync
+    from asgiref.testing import ApplicationCommunicator
+
+    from api.handlers import APIHandler
+
+    async def call() -> tuple[int, dict]:
+        scope = {
+            "type": "http", "http_version": "1.1", "method": "POST", "path": "/v1/organization/users",
+            "raw_path": b"/v1/organization/users", "query_string": b"", "root_path": "", "scheme": "http",
+            "headers": [(b"host", b"localhost"), (b"content-type", b"application/json"), (b"content-length", b"20"),
+                        (b"authorization", f"Bearer {admin_key.plaintext}".encode())],
+            "server": ("localhost", 80), "client": ("127.0.0.1", 5000),
+        }  # fmt: skip
+        communicator = ApplicationCommunicator(APIHandler(), scope)
+        await communicator.send_input({"type": "http.request", "body": b'{"username": "asgi"}'})
+        start = await communicator.receive_output(10)
+        body = await communicator.receive_output(10)
+        return start["status"], json.loads(body["body"])
+
+    status, answer = async_to_sync(call)()
+
+    assert (status, answer.get("username")) == (200, "asgi"), answer
