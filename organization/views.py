@@ -239,6 +239,20 @@ class UserKeysViewSet(OrganizationViewSet):
             raise not_found("API key" if id_prefix == "key_" else "rate limit", public_id)
         return api_key
 
+    def change(self, api_key: APIKey, columns: dict[str, Any], public_id: str) -> None:
+        """Save ``columns`` on the key's row, which every process reads on the key's next request.
+
+        A key revoked since it was read is a 404 (``APIKey.save`` refuses to write over a revocation).
+        """
+        for column, value in columns.items():
+            setattr(api_key, column, value)
+        if not columns:
+            return
+        try:
+            api_key.save(update_fields=list(columns))
+        except ValueError:
+            raise not_found("API key", public_id) from None
+
     def cursor_pk(self, public_id: str) -> int | None:
         prefix = public_id.removeprefix("rl_" if public_id.startswith("rl_") else "key_")
         user_pk = _pk_of(self.kwargs["project_id"], "user_")
@@ -295,11 +309,7 @@ class ProjectApiKeyViewSet(UserKeysViewSet):
     def update(self, request: Request, project_id: str, api_key_id: str) -> Response:
         """Change any of the key's fields; the next request with the key sees the change."""
         api_key = self.key(project_id, api_key_id, "key_")
-        columns = _key_columns(self.validated(shapes.ProjectApiKeyUpdateRequestSerializer))
-        for column, value in columns.items():
-            setattr(api_key, column, value)
-        if columns:
-            api_key.save(update_fields=list(columns))
+        self.change(api_key, _key_columns(self.validated(shapes.ProjectApiKeyUpdateRequestSerializer)), api_key_id)
         return Response(shapes.ProjectApiKeySerializer(api_key).data)
 
     @extend_schema(operation_id="delete-project-api-key", responses={200: shapes.ProjectApiKeyDeleteResponseSerializer})
@@ -331,9 +341,7 @@ class ProjectRateLimitViewSet(UserKeysViewSet):
     def update(self, request: Request, project_id: str, rate_limit_id: str) -> Response:
         """Set the key's own limits (``null``: the site's default; ``0``: none), from its next request."""
         api_key = self.key(project_id, rate_limit_id, "rl_")
-        columns = _key_columns(self.validated(shapes.ProjectRateLimitUpdateRequestSerializer))
-        for column, value in columns.items():
-            setattr(api_key, column, value)
-        if columns:
-            api_key.save(update_fields=list(columns))
+        self.change(
+            api_key, _key_columns(self.validated(shapes.ProjectRateLimitUpdateRequestSerializer)), rate_limit_id
+        )
         return Response(shapes.ProjectRateLimitSerializer(api_key).data)

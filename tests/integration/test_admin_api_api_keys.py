@@ -199,3 +199,21 @@ def test_an_unknown_user_or_key_is_a_404(admin_key, user):
     assert post("/projects/user_999999/api_keys", admin_key.plaintext, {"name": "x"}).status == 404
     assert get(keys_path(user, "key_nokey123"), admin_key.plaintext).status == 404
     assert get(keys_path(user, "abc"), admin_key.plaintext).status == 404
+
+
+def test_a_key_revoked_while_its_update_runs_is_a_404_and_stays_revoked(admin_key, user, valid_key, monkeypatch):
+    from organization.views import UserKeysViewSet
+
+    found = UserKeysViewSet.key
+
+    def found_then_revoked(self, *args):
+        api_key = found(self, *args)
+        APIKey.objects.get(pk=api_key.pk).revoke()  # another process, meanwhile
+        return api_key
+
+    monkeypatch.setattr(UserKeysViewSet, "key", found_then_revoked)
+
+    answer = post(keys_path(user, valid_key.api_key), admin_key.plaintext, {"max_requests_per_1_minute": 5})
+
+    valid_key.api_key.refresh_from_db()
+    assert answer.status == 404 and valid_key.api_key.is_revoked and valid_key.api_key.rpm_limit is None
