@@ -243,7 +243,23 @@ LIMIT_COLUMNS = {
 # --- Responses ------------------------------------------------------------------------------------
 
 
-class UserSerializer(serializers.Serializer):
+class UserIdentity:
+    """``id``, ``name`` and ``role`` of a user, for the serializers that declare those method fields."""
+
+    @extend_schema_field(OpenApiTypes.STR)
+    def get_id(self, user: Any) -> str:
+        return user_id(user)
+
+    @extend_schema_field(OpenApiTypes.STR)
+    def get_name(self, user: Any) -> str:
+        return user_name(user)
+
+    @extend_schema_field(OpenApiTypes.STR)
+    def get_role(self, user: Any) -> str:
+        return user_role(user)
+
+
+class UserSerializer(UserIdentity, serializers.Serializer):
     """The spec's ``User`` (``organization.user``), plus our ``username``."""
 
     object = ConstField("organization.user")
@@ -254,18 +270,6 @@ class UserSerializer(serializers.Serializer):
     added_at = UnixTimeField(source="date_joined", read_only=True)
     username = serializers.CharField(read_only=True)
 
-    @extend_schema_field(OpenApiTypes.STR)
-    def get_id(self, user: Any) -> str:
-        return user_id(user)
-
-    @extend_schema_field(OpenApiTypes.STR)
-    def get_name(self, user: Any) -> str:
-        return user_name(user)
-
-    @extend_schema_field(OpenApiTypes.STR)
-    def get_role(self, user: Any) -> str:
-        return user_role(user)
-
 
 class UserDeleteResponseSerializer(serializers.Serializer):
     """The spec's ``UserDeleteResponse``."""
@@ -275,7 +279,7 @@ class UserDeleteResponseSerializer(serializers.Serializer):
     deleted = serializers.BooleanField()
 
 
-class AdminApiKeyOwnerSerializer(serializers.Serializer):
+class AdminApiKeyOwnerSerializer(UserIdentity, serializers.Serializer):
     """``AdminApiKey.owner``: the staff user the key acts for."""
 
     type = ConstField("user")
@@ -284,18 +288,6 @@ class AdminApiKeyOwnerSerializer(serializers.Serializer):
     name = serializers.SerializerMethodField()
     created_at = UnixTimeField(source="date_joined", read_only=True)
     role = serializers.SerializerMethodField()
-
-    @extend_schema_field(OpenApiTypes.STR)
-    def get_id(self, user: Any) -> str:
-        return user_id(user)
-
-    @extend_schema_field(OpenApiTypes.STR)
-    def get_name(self, user: Any) -> str:
-        return user_name(user)
-
-    @extend_schema_field(OpenApiTypes.STR)
-    def get_role(self, user: Any) -> str:
-        return user_role(user)
 
 
 class AdminApiKeySerializer(serializers.Serializer):
@@ -325,7 +317,7 @@ class AdminApiKeyDeleteResponseSerializer(serializers.Serializer):
     deleted = serializers.BooleanField()
 
 
-class ProjectApiKeyOwnerUserSerializer(serializers.Serializer):
+class ProjectApiKeyOwnerUserSerializer(UserIdentity, serializers.Serializer):
     """The spec's ``ProjectApiKeyOwnerUser``: the key's owner."""
 
     id = serializers.SerializerMethodField()
@@ -333,18 +325,6 @@ class ProjectApiKeyOwnerUserSerializer(serializers.Serializer):
     name = serializers.SerializerMethodField()
     created_at = UnixTimeField(source="date_joined", read_only=True)
     role = serializers.SerializerMethodField()
-
-    @extend_schema_field(OpenApiTypes.STR)
-    def get_id(self, user: Any) -> str:
-        return user_id(user)
-
-    @extend_schema_field(OpenApiTypes.STR)
-    def get_name(self, user: Any) -> str:
-        return user_name(user)
-
-    @extend_schema_field(OpenApiTypes.STR)
-    def get_role(self, user: Any) -> str:
-        return user_role(user)
 
 
 class ProjectApiKeyOwnerSerializer(serializers.Serializer):

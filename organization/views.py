@@ -122,6 +122,7 @@ class AdminApiKeyViewSet(OrganizationViewSet):
         return AdminAPIKey.objects.filter(prefix=public_id.removeprefix("key_")).values_list("pk", flat=True).first()
 
     def admin_key(self, key_id: str) -> AdminAPIKey:
+        """The unrevoked admin key named ``key_{prefix}``, or a 404."""
         admin_key = (
             AdminAPIKey.objects.unrevoked().select_related("owner").filter(prefix=key_id.removeprefix("key_")).first()
             if key_id.startswith("key_")
@@ -133,6 +134,7 @@ class AdminApiKeyViewSet(OrganizationViewSet):
 
     @extend_schema(operation_id="admin-api-keys-list", responses=shapes.AdminApiKeySerializer(many=True))
     def list(self, request: Request) -> Response:
+        """The admin keys not deleted (revoked), expired ones included, oldest first."""
         return self.listed(AdminAPIKey.objects.unrevoked().select_related("owner"), shapes.AdminApiKeySerializer)
 
     @extend_schema(
@@ -153,6 +155,7 @@ class AdminApiKeyViewSet(OrganizationViewSet):
 
     @extend_schema(operation_id="admin-api-keys-get", responses=shapes.AdminApiKeySerializer)
     def retrieve(self, request: Request, key_id: str) -> Response:
+        """One admin key (never its value)."""
         return Response(shapes.AdminApiKeySerializer(self.admin_key(key_id)).data)
 
     @extend_schema(operation_id="admin-api-keys-delete", responses={200: shapes.AdminApiKeyDeleteResponseSerializer})
@@ -175,6 +178,7 @@ class UserViewSet(OrganizationViewSet):
 
     @extend_schema(operation_id="list-users", responses=shapes.UserSerializer(many=True))
     def list(self, request: Request) -> Response:
+        """The active users, oldest first."""
         return self.listed(User.objects.filter(is_active=True), shapes.UserSerializer)
 
     @extend_schema(
@@ -196,6 +200,7 @@ class UserViewSet(OrganizationViewSet):
 
     @extend_schema(operation_id="retrieve-user", responses=shapes.UserSerializer)
     def retrieve(self, request: Request, user_id: str) -> Response:
+        """One active user."""
         return Response(shapes.UserSerializer(self.active_user(user_id)).data)
 
     @extend_schema(
@@ -232,6 +237,7 @@ class UserKeysViewSet(OrganizationViewSet):
         return APIKey.objects.filter(owner=user, revoked_at__isnull=True).select_related("owner")
 
     def key(self, project_id: str, public_id: str, id_prefix: str) -> APIKey:
+        """The user's unrevoked key named ``{id_prefix}{prefix}`` (``key_`` or ``rl_``), or a 404."""
         user = self.active_user(project_id)
         prefix = public_id.removeprefix(id_prefix)
         api_key = self.keys_of(user).filter(prefix=prefix).first() if public_id.startswith(id_prefix) else None
@@ -282,6 +288,7 @@ class ProjectApiKeyViewSet(UserKeysViewSet):
 
     @extend_schema(operation_id="list-project-api-keys", responses=shapes.ProjectApiKeySerializer(many=True))
     def list(self, request: Request, project_id: str) -> Response:
+        """The user's keys not deleted (revoked), expired ones included, oldest first."""
         return self.listed(self.keys_of(self.active_user(project_id)), shapes.ProjectApiKeySerializer)
 
     @extend_schema(
@@ -299,6 +306,7 @@ class ProjectApiKeyViewSet(UserKeysViewSet):
 
     @extend_schema(operation_id="retrieve-project-api-key", responses=shapes.ProjectApiKeySerializer)
     def retrieve(self, request: Request, project_id: str, api_key_id: str) -> Response:
+        """One of the user's keys (never its value)."""
         return Response(shapes.ProjectApiKeySerializer(self.key(project_id, api_key_id, "key_")).data)
 
     @extend_schema(
@@ -331,6 +339,7 @@ class ProjectRateLimitViewSet(UserKeysViewSet):
 
     @extend_schema(operation_id="list-project-rate-limits", responses=shapes.ProjectRateLimitSerializer(many=True))
     def list(self, request: Request, project_id: str) -> Response:
+        """The limits in force of each of the user's keys, oldest key first."""
         return self.listed(self.keys_of(self.active_user(project_id)), shapes.ProjectRateLimitSerializer)
 
     @extend_schema(
