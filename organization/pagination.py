@@ -3,7 +3,8 @@
 A list answers ``{"object": "list", "data": [...], "first_id", "last_id", "has_more"}`` (the spec's
 ``ApiKeyList``, ``UserListResponse``, ``ProjectApiKeyListResponse``, ...).  Query parameters:
 ``limit`` (1 to 100, default 20) and ``after`` (the id of the last object of the previous page; the
-page starts after it), and ``order`` (``asc``, the default: oldest first, or ``desc``).  The cursor
+page starts after it), and ``order`` (``asc``, the default: oldest first, or ``desc``); ``before``
+is ``unsupported_parameter``.  The cursor
 is the object's primary key, so a page never repeats or skips an object when others are added or
 deleted meanwhile.  An ``after`` that names no object (never existed, or not in this list) is a 400
 ``invalid_value`` naming ``after``; an ``after`` whose object was deleted since still works.
@@ -19,7 +20,7 @@ from typing import Any
 from rest_framework.pagination import BasePagination
 from rest_framework.response import Response
 
-from api.errors import above_maximum_error, below_minimum_error, invalid_type_error, invalid_value_error
+from api.errors import APIError, above_maximum_error, below_minimum_error, invalid_type_error, invalid_value_error
 
 _INTEGER = re.compile(r"[+-]?[0-9]{1,18}")
 
@@ -33,6 +34,12 @@ class OpenAIListPagination(BasePagination):
     def paginate_queryset(self, queryset, request, view=None) -> list[Any]:
         """The page's objects; ``has_more`` from fetching one more than ``limit``."""
         query = request.query_params
+        if "before" in query:
+            raise APIError(
+                "Unsupported parameter: 'before' is not supported by this server; page forward with 'after'.",
+                param="before",
+                code="unsupported_parameter",
+            )
         limit = self._limit(query.get("limit"))
         descending = self._descending(query.get("order"))
         queryset = queryset.order_by("-pk" if descending else "pk")

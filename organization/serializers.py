@@ -191,6 +191,16 @@ class KeyLimitsRequestSerializer(RequestSerializer):
     max_concurrent_requests = StrictIntegerField(required=False, allow_null=True, min_value=0, max_value=MAX_INT)
     max_tokens_per_1_month = StrictIntegerField(required=False, allow_null=True, min_value=0, max_value=MAX_BIGINT)
     expires_at = StrictIntegerField(required=False, allow_null=True, min_value=0, max_value=253_402_300_799)
+    expires_in_seconds = StrictIntegerField(required=False, min_value=1, max_value=100 * 365 * 86400)
+
+    unsupported = ("scopes",)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if "expires_at" in attrs and "expires_in_seconds" in attrs:
+            raise APIError(
+                "Give 'expires_at' or 'expires_in_seconds', not both.", param="expires_in_seconds", code="invalid_value"
+            )
+        return attrs
 
     def validate_models(self, value: list[str]) -> list[str]:
         for index, model in enumerate(value):

@@ -275,6 +275,8 @@ def _key_columns(fields: dict[str, Any]) -> dict[str, Any]:
     if "expires_at" in fields:
         seconds = fields["expires_at"]
         columns["expires_at"] = None if seconds is None else datetime.fromtimestamp(seconds, tz=dt_timezone.utc)
+    if "expires_in_seconds" in fields:
+        columns["expires_at"] = timezone.now() + timedelta(seconds=fields["expires_in_seconds"])
     return columns
 
 

@@ -163,7 +163,10 @@ def test_an_expiry_set_in_the_past_refuses_the_key_at_once(tiny_api, admin_key, 
         ({"name": "k", "max_concurrent_requests": 2**31}, "max_concurrent_requests", "integer_above_max_value"),
         ({"name": "k", "max_tokens_per_1_month": True}, "max_tokens_per_1_month", "invalid_type"),
         ({"name": "k", "expires_at": "tomorrow"}, "expires_at", "invalid_type"),
-        ({"name": "k", "scopes": ["x"]}, None, None),
+        ({"name": "k", "expires_at": 4102444800, "expires_in_seconds": 60}, "expires_in_seconds", "invalid_value"),
+        ({"name": "k", "expires_in_seconds": 0}, "expires_in_seconds", "integer_below_min_value"),
+        ({"name": "k", "scopes": ["api.all.read"]}, "scopes", "unsupported_parameter"),
+        ({"name": "k", "colour": "blue"}, None, None),
     ],
 )
 def test_an_invalid_key_request_names_the_parameter(admin_key, user, request_body, param, code):

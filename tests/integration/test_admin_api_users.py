@@ -107,6 +107,12 @@ def test_after_an_unknown_id_names_after(admin_key, after):
     assert answer.status == 400 and (answer.error["param"], answer.error["code"]) == ("after", "invalid_value")
 
 
+def test_before_is_unsupported_naming_it(admin_key, user):
+    answer = get("/users", admin_key.plaintext, before=f"user_{user.pk}")
+
+    assert answer.status == 400 and (answer.error["param"], answer.error["code"]) == ("before", "unsupported_parameter")
+
+
 def test_an_unknown_order_names_order(admin_key):
     answer = get("/users", admin_key.plaintext, order="newest")
 
