@@ -20,7 +20,7 @@ from django.contrib.auth import get_user_model
 from django.db.models import QuerySet
 from django.http import QueryDict
 from django.utils import timezone
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import viewsets
 from rest_framework.negotiation import BaseContentNegotiation
 from rest_framework.parsers import JSONParser
@@ -176,10 +176,18 @@ class UserViewSet(OrganizationViewSet):
         pk = _pk_of(public_id, "user_")
         return pk if pk is not None and User.objects.filter(pk=pk).exists() else None
 
-    @extend_schema(operation_id="list-users", responses=shapes.UserSerializer(many=True))
+    @extend_schema(
+        operation_id="list-users",
+        responses=shapes.UserSerializer(many=True),
+        parameters=[OpenApiParameter("emails", str, many=True, description="Only users with these e-mail addresses.")],
+    )
     def list(self, request: Request) -> Response:
-        """The active users, oldest first."""
-        return self.listed(User.objects.filter(is_active=True), shapes.UserSerializer)
+        """The active users, oldest first; ``emails`` (or the client's ``emails[]``) keeps those addresses."""
+        users = User.objects.filter(is_active=True)
+        emails = request.query_params.getlist("emails") + request.query_params.getlist("emails[]")
+        if emails:
+            users = users.filter(email__in=emails)
+        return self.listed(users, shapes.UserSerializer)
 
     @extend_schema(
         operation_id="create-user", request=shapes.UserCreateRequestSerializer, responses=shapes.UserSerializer

@@ -39,6 +39,15 @@ def test_the_client_pages_through_the_users(admin_client, staff_user, django_use
     assert users[0].role == "owner" and users[1].role == "reader"
 
 
+def test_the_client_filters_users_by_email(admin_client, user, other_user):
+    other_user.email = "bob@example.org"
+    other_user.save()
+
+    found = list(admin_client.admin.organization.users.list(emails=["bob@example.org", "nobody@example.org"]))
+
+    assert [u.id for u in found] == [f"user_{other_user.pk}"]
+
+
 def test_the_client_retrieves_modifies_and_deletes_a_user(admin_client, user):
     users = admin_client.admin.organization.users
 
