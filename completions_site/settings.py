@@ -36,6 +36,9 @@ INSTALLED_APPS = [
     "api",  # the OpenAI HTTP surface; the engine (inference/) is no Django app
     "dashboard",  # the staff dashboard and live updates
     "accounts",  # users' own pages and sign-up
+    "rest_framework",
+    "drf_spectacular",
+    "organization",  # the Administration API (/v1/organization/) and admin keys
 ]
 
 MIDDLEWARE = [
@@ -194,3 +197,25 @@ if REDIS_URL:
     }
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+# --- The Administration API (organization/, Django REST framework) ------------------------------
+# Its views set these too; here they are the defaults of any DRF view, so that none answers HTML
+# (the browsable API) or authenticates by session.
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["organization.authentication.AdminKeyAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["organization.authentication.HasAdminKey"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "EXCEPTION_HANDLER": "organization.exceptions.openai_exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "UNAUTHENTICATED_USER": None,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "completions-site Administration API",
+    "DESCRIPTION": "OpenAI's Administration API where it maps (users stand for projects), served at /v1/organization/.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SCHEMA_PATH_PREFIX": "/v1/organization",
+    # Enums stay inline, as the spec writes them (the default hook would make a component of each).
+    "POSTPROCESSING_HOOKS": [],
+}

@@ -22,9 +22,10 @@ from django.urls import include  # noqa: E402
 
 from accounts.urls import account_urlpatterns, staff_routes  # noqa: E402
 from dashboard.urls import admin_routes  # noqa: E402
+from organization.urls import organization_urlpatterns  # noqa: E402
 
 admin_urlpatterns = [path("admin/dashboard/", include(([*admin_routes, *staff_routes], "dashboard")))]
-urlpatterns = [*admin_urlpatterns, *account_urlpatterns, *urlpatterns]
+urlpatterns = [*admin_urlpatterns, *account_urlpatterns, *organization_urlpatterns, *urlpatterns]
 
 # Any other /v1 URL gets OpenAI's JSON 404, after every real /v1 route above.
 urlpatterns.append(re_path(r"^v1/(?P<path>[\s\S]*)$", views.not_found))  # newlines too

@@ -14,6 +14,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.utils import timezone
@@ -128,6 +129,44 @@ def quota_key(user) -> IssuedKey:
 def restricted_key(user) -> IssuedKey:
     """Alice's key for the models ``other-model`` and ``third-model`` only."""
     return issue(user, "alice restricted", allowed_models="other-model,third-model")
+
+
+# --- Admin keys (the Administration API) -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class IssuedAdminKey:
+    """An admin key as its owner holds it: the row and the plaintext shown once."""
+
+    admin_key: Any
+    plaintext: str
+
+
+def issue_admin_key(owner, name: str, **options) -> IssuedAdminKey:
+    """Create an admin key for ``owner`` through the real ``create_key``."""
+    from organization.models import AdminAPIKey
+
+    return IssuedAdminKey(*AdminAPIKey.objects.create_key(name=name, owner=owner, **options))
+
+
+@pytest.fixture
+def admin_key(staff_user) -> IssuedAdminKey:
+    """Sam's admin key, for the Administration API."""
+    return issue_admin_key(staff_user, "sam provisioning")
+
+
+@pytest.fixture
+def revoked_admin_key(staff_user) -> IssuedAdminKey:
+    """Sam's admin key that was deleted (revoked)."""
+    issued = issue_admin_key(staff_user, "sam revoked")
+    issued.admin_key.revoke()
+    return issued
+
+
+@pytest.fixture
+def expired_admin_key(staff_user) -> IssuedAdminKey:
+    """Sam's admin key whose expiry passed a minute ago."""
+    return issue_admin_key(staff_user, "sam expired", expires_at=timezone.now() - timedelta(minutes=1))
 
 
 # --- Limits -------------------------------------------------------------------------------------

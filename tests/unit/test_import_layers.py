@@ -23,7 +23,8 @@ ALLOWED = {
     "api": {"inference", "keys"},
     "dashboard": {"inference", "keys"},
     "accounts": {"dashboard", "keys"},
-    "completions_site": {"accounts", "api", "dashboard", "inference", "keys"},
+    "organization": {"api", "keys"},
+    "completions_site": {"accounts", "api", "dashboard", "inference", "keys", "organization"},
 }
 
 

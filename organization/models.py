@@ -1,0 +1,143 @@
+"""Admin keys: the credentials of the Administration API (``/v1/organization/...``) and of nothing else.
+
+An admin key's plaintext is ``sk-cs-admin-{prefix}.{secret}``, built like an API key
+(``keys.models``): an 8-character public prefix stored in clear for one indexed lookup, a
+``secrets.token_urlsafe(32)`` secret, and only ``sha256(plaintext)`` stored.  The plaintext is shown
+once, when the key is created.  The namespace differs from API keys' ``sk-cs-``, and API keys'
+pattern (``sk-cs-`` then 8 letters or digits then ``.``) cannot match an admin key, so neither kind
+authenticates where the other is meant.
+
+Deleting an admin key (the API's ``DELETE``, the admin's action) revokes it: the row stays, so that
+an audit trail can still name it, and revocation is one-way as for API keys.
+"""
+
+from __future__ import annotations
+
+import hmac
+import re
+import secrets
+from datetime import datetime
+
+from django.conf import settings
+from django.db import IntegrityError, models, transaction
+from django.utils import timezone
+
+from keys.models import PREFIX_LENGTH, SECRET_BYTES, generate_prefix, hash_key
+
+ADMIN_KEY_NAMESPACE = "sk-cs-admin-"
+_ADMIN_KEY_PATTERN = re.compile(
+    rf"{re.escape(ADMIN_KEY_NAMESPACE)}(?P<prefix>[A-Za-z0-9]{{{PREFIX_LENGTH}}})\.[A-Za-z0-9_-]{{1,256}}"
+)
+_PREFIX_ATTEMPTS = 5
+
+
+def parse_admin_prefix(plaintext: str) -> str | None:
+    """The prefix of a well-formed admin key, or ``None`` when ``plaintext`` is not shaped like one."""
+    match = _ADMIN_KEY_PATTERN.fullmatch(plaintext)
+    return match["prefix"] if match else None
+
+
+class AdminAPIKeyQuerySet(models.QuerySet):
+    """Status filters; "now" is evaluated per call."""
+
+    def unrevoked(self) -> AdminAPIKeyQuerySet:
+        """Keys not deleted (revoked): the ones the API lists, expired ones included."""
+        return self.filter(revoked_at__isnull=True)
+
+
+class AdminAPIKeyManager(models.Manager.from_queryset(AdminAPIKeyQuerySet)):  # type: ignore[misc]
+    """Creates admin keys; the plaintext exists only in the return value of :meth:`create_key`."""
+
+    def create_key(
+        self, *, name: str, owner: models.Model, expires_at: datetime | None = None
+    ) -> tuple[AdminAPIKey, str]:
+        """Insert a new admin key for ``owner`` (a staff user) and return ``(row, plaintext)``."""
+        admin_key = self.model(name=name, owner=owner, expires_at=expires_at)
+        return admin_key, self.issue(admin_key)
+
+    def issue(self, admin_key: AdminAPIKey) -> str:
+        """Give the unsaved ``admin_key`` a fresh prefix and secret, insert it, return the plaintext.
+
+        A prefix collision (a chance of about n/62**8) is retried, as ``keys.models`` does.
+        """
+        for attempt in range(_PREFIX_ATTEMPTS):
+            admin_key.prefix = generate_prefix()
+            plaintext = f"{ADMIN_KEY_NAMESPACE}{admin_key.prefix}.{secrets.token_urlsafe(SECRET_BYTES)}"
+            admin_key.hashed_key = hash_key(plaintext)
+            try:
+                with transaction.atomic(using=self.db):
+                    admin_key.save(force_insert=True, using=self.db)
+                return plaintext
+            except IntegrityError:
+                if not self.filter(prefix=admin_key.prefix).exists() or attempt == _PREFIX_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+
+class AdminAPIKey(models.Model):
+    """A Bearer credential of the Administration API, owned by a staff user (OpenAI's ``AdminApiKey``)."""
+
+    name = models.CharField(max_length=100, help_text="What the key is for, e.g. “billing sync”.")
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.CASCADE,
+        related_name="admin_api_keys",
+        limit_choices_to={"is_staff": True},
+        help_text="The staff user the key acts for.",
+    )
+    prefix = models.CharField(max_length=PREFIX_LENGTH, unique=True, editable=False)
+    hashed_key = models.CharField(max_length=64, editable=False, help_text="SHA-256 hex of the whole key.")
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+    last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
+    expires_at = models.DateTimeField(null=True, blank=True, help_text="Leave empty for a key that never expires.")
+    revoked_at = models.DateTimeField(null=True, blank=True, editable=False)
+
+    objects = AdminAPIKeyManager()
+
+    class Meta:
+        verbose_name = "admin API key"
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({ADMIN_KEY_NAMESPACE}{self.prefix}…)"
+
+    @property
+    def public_id(self) -> str:
+        """The id the API names it by: ``key_{prefix}`` (OpenAI's ``key_abc``)."""
+        return f"key_{self.prefix}"
+
+    @property
+    def redacted_value(self) -> str:
+        """``sk-cs-admin-{prefix}...``: the public part only (the secret is not stored)."""
+        return f"{ADMIN_KEY_NAMESPACE}{self.prefix}..."
+
+    @property
+    def is_revoked(self) -> bool:
+        return self.revoked_at is not None
+
+    @property
+    def is_expired(self) -> bool:
+        return self.expires_at is not None and self.expires_at <= timezone.now()
+
+    @property
+    def status(self) -> str:
+        """``"revoked"``, ``"expired"`` or ``"active"``; revocation wins over expiry."""
+        if self.is_revoked:
+            return "revoked"
+        return "expired" if self.is_expired else "active"
+
+    def verify(self, plaintext: str) -> bool:
+        """Whether ``plaintext`` is this key, compared in constant time (status is not checked)."""
+        return hmac.compare_digest(hash_key(plaintext), self.hashed_key)
+
+    def revoke(self) -> bool:
+        """Revoke the key now; ``False`` if it already was (one conditional UPDATE, as ``APIKey.revoke``)."""
+        if self.is_revoked:
+            return False
+        now = timezone.now()
+        updated = type(self).objects.filter(pk=self.pk, revoked_at__isnull=True).update(revoked_at=now)
+        if updated:
+            self.revoked_at = now
+        else:
+            self.refresh_from_db(fields=["revoked_at"])
+        return bool(updated)

@@ -1,0 +1,439 @@
+"""The Administration API's shapes: OpenAI's objects (responses) and requests, as DRF serializers.
+
+Responses follow the spec (``openai-openapi.yaml``) field for field, in its order; drf-spectacular
+names each component after its serializer (``AdminApiKeySerializer`` → ``AdminApiKey``), and
+``tests/integration/test_admin_api_schema.py`` compares them with the spec's.  Our extensions sit
+after OpenAI's fields.  Ids: ``user_{pk}`` for users, ``key_{prefix}`` for API keys (as the usage
+API's ``api_key_id``) and admin keys, ``rl_{prefix}`` for a key's rate limit.
+
+Requests are strict: a field of the wrong JSON type is an ``invalid_type`` (``"12"`` is no integer,
+``12`` no string), an unknown field is OpenAI's "Unrecognized request argument supplied", a field
+of the spec that this server does not do is ``unsupported_parameter`` (:class:`RequestSerializer`).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, cast
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.password_validation import validate_password
+from django.core.exceptions import ValidationError as DjangoValidationError
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from api.errors import APIError, unrecognized_arguments_error
+from keys.limits import Limits
+from keys.models import KEY_NAMESPACE, APIKey, parse_model_list
+
+User = get_user_model()
+
+# The largest values the key's columns hold (PositiveIntegerField, PositiveBigIntegerField).
+MAX_INT = 2_147_483_647
+MAX_BIGINT = 9_223_372_036_854_775_807
+
+
+# --- Fields ---------------------------------------------------------------------------------------
+
+
+class UnixTimeField(serializers.IntegerField):
+    """A ``datetime`` as Unix seconds (OpenAI's ``format: unixtime``); ``null`` stays ``null``."""
+
+    def to_representation(self, value: datetime) -> int:
+        return int(value.timestamp())
+
+
+class ConstField(serializers.ChoiceField):
+    """The ``object`` field of OpenAI's shapes: one constant string (an ``enum`` of one in the schema)."""
+
+    def __init__(self, value: str, **kwargs: Any) -> None:
+        self.value = value
+        super().__init__(choices=[value], source="*", read_only=True, **kwargs)
+
+    def to_representation(self, value: Any) -> str:
+        return self.value
+
+
+class StrictIntegerField(serializers.IntegerField):
+    """An integer that must be a JSON integer: not ``"12"``, ``12.0`` or ``true`` (DRF takes those)."""
+
+    def to_internal_value(self, data: Any) -> int:
+        if isinstance(data, bool) or not isinstance(data, int):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class StrictCharField(serializers.CharField):
+    """A string that must be a JSON string: not ``12`` (DRF's ``CharField`` turns it into ``"12"``)."""
+
+    def to_internal_value(self, data: Any) -> str:
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class StrictChoiceField(serializers.ChoiceField):
+    """A choice among strings that must be a JSON string."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if not isinstance(data, str):
+            raise serializers.ValidationError("Not a string.", code="invalid")
+        return super().to_internal_value(data)
+
+
+def user_id(user: Any) -> str:
+    """A user's public id: ``user_{pk}``."""
+    return f"user_{user.pk}"
+
+
+def user_role(user: Any) -> str:
+    """OpenAI's organization role: ``owner`` for staff (the admin's users), else ``reader``."""
+    return "owner" if user.is_staff else "reader"
+
+
+def user_name(user: Any) -> str:
+    """The user's full name, or the username when there is none."""
+    return user.get_full_name() or user.username
+
+
+def api_key_id(api_key: APIKey) -> str:
+    """An API key's public id: ``key_{prefix}`` (the usage API's ``api_key_id``)."""
+    return f"key_{api_key.prefix}"
+
+
+# --- Requests -------------------------------------------------------------------------------------
+
+
+class RequestSerializer(serializers.Serializer):
+    """A request body: a JSON object whose every field is known.
+
+    ``unsupported`` names fields of the spec's request that this server does not do: each is a 400
+    ``unsupported_parameter`` naming it.  Any other unknown field is OpenAI's "Unrecognized request
+    argument supplied".
+    """
+
+    unsupported: tuple[str, ...] = ()
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, dict):
+            for name in self.unsupported:
+                if name in data:
+                    raise APIError(
+                        f"Unsupported parameter: '{name}' is not supported by this server.",
+                        param=name,
+                        code="unsupported_parameter",
+                    )
+            unknown = [name for name in data if name not in self.fields or self.fields[name].read_only]
+            if unknown:
+                raise unrecognized_arguments_error(unknown)
+        return super().to_internal_value(data)
+
+
+class AdminApiKeyCreateRequestSerializer(RequestSerializer):
+    """``POST /v1/organization/admin_api_keys``: ``name`` and an optional ``expires_in_seconds``."""
+
+    name = StrictCharField(max_length=100)
+    expires_in_seconds = StrictIntegerField(required=False, min_value=1, max_value=31_536_000)
+
+
+class UserCreateRequestSerializer(RequestSerializer):
+    """``POST /v1/organization/users`` (our extension; OpenAI invites by e-mail instead).
+
+    ``role`` defaults to ``reader``; without ``password`` the user cannot log in to the account
+    pages (staff may set one in the admin later), but keys issued to them work.
+    """
+
+    username = StrictCharField(max_length=150)
+    email = serializers.EmailField(required=False, allow_blank=True, max_length=254)
+    name = StrictCharField(required=False, allow_blank=True, max_length=150)
+    role = StrictChoiceField(choices=["owner", "reader"], required=False, default="reader")
+    password = StrictCharField(required=False, write_only=True, max_length=128)
+
+    def validate_username(self, value: str) -> str:
+        username_field = User._meta.get_field("username")
+        try:
+            username_field.run_validators(value)
+        except DjangoValidationError as error:
+            raise serializers.ValidationError(" ".join(error.messages), code="invalid_value") from None
+        if User.objects.filter(username=value).exists():
+            raise serializers.ValidationError("A user with that username already exists.", code="unique")
+        return value
+
+    def validate_password(self, value: str) -> str:
+        try:
+            validate_password(value, User(username=self.initial_data.get("username", "")))
+        except DjangoValidationError as error:
+            raise serializers.ValidationError(" ".join(error.messages), code="invalid_value") from None
+        return value
+
+
+class UserRoleUpdateRequestSerializer(RequestSerializer):
+    """``POST /v1/organization/users/{user_id}``: the spec's ``UserRoleUpdateRequest``, ``role`` only."""
+
+    unsupported = ("role_id", "technical_level", "developer_persona")
+
+    role = StrictChoiceField(choices=["owner", "reader"])
+
+
+class KeyLimitsRequestSerializer(RequestSerializer):
+    """The per-key fields the admin edits, as an API key's create and update requests take them.
+
+    A limit is ``null`` for the site's default (``API_DEFAULT_*``), ``0`` for no limit; ``models``
+    are the model ids the key may use (``[]``: every model); ``expires_at`` is Unix seconds
+    (``null``: never).
+    """
+
+    name = StrictCharField(max_length=100)
+    models = serializers.ListField(child=StrictCharField(max_length=200), required=False, max_length=50)
+    max_requests_per_1_minute = StrictIntegerField(required=False, allow_null=True, min_value=0, max_value=MAX_INT)
+    max_tokens_per_1_minute = StrictIntegerField(required=False, allow_null=True, min_value=0, max_value=MAX_BIGINT)
+    max_concurrent_requests = StrictIntegerField(required=False, allow_null=True, min_value=0, max_value=MAX_INT)
+    max_tokens_per_1_month = StrictIntegerField(required=False, allow_null=True, min_value=0, max_value=MAX_BIGINT)
+    expires_at = StrictIntegerField(required=False, allow_null=True, min_value=0, max_value=253_402_300_799)
+    expires_in_seconds = StrictIntegerField(required=False, min_value=1, max_value=100 * 365 * 86400)
+
+    unsupported = ("scopes",)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if "expires_at" in attrs and "expires_in_seconds" in attrs:
+            raise APIError(
+                "Give 'expires_at' or 'expires_in_seconds', not both.", param="expires_in_seconds", code="invalid_value"
+            )
+        return attrs
+
+    def validate_models(self, value: list[str]) -> list[str]:
+        for index, model in enumerate(value):
+            if not model.strip() or "," in model or any(char.isspace() for char in model):
+                raise serializers.ValidationError({index: [f"'{model}' is not a model id."]}, code="invalid_value")
+        if len(",".join(value)) > cast(int, APIKey._meta.get_field("allowed_models").max_length):
+            raise serializers.ValidationError("Too many model ids for one key.", code="invalid_value")
+        return value
+
+
+class ProjectApiKeyCreateRequestSerializer(KeyLimitsRequestSerializer):
+    """``POST /v1/organization/projects/{user_id}/api_keys`` (our extension): a new key for the user."""
+
+
+class ProjectApiKeyUpdateRequestSerializer(KeyLimitsRequestSerializer):
+    """``POST /v1/organization/projects/{user_id}/api_keys/{key_id}`` (our extension): any of the fields."""
+
+    name = StrictCharField(max_length=100, required=False)
+
+
+class ProjectRateLimitUpdateRequestSerializer(RequestSerializer):
+    """``POST .../rate_limits/{rate_limit_id}``: the spec's ``ProjectRateLimitUpdateRequest`` where it maps.
+
+    ``null`` returns a limit to the site's default, ``0`` lifts it.  The image, audio, daily and batch
+    limits are ``unsupported_parameter``; the concurrency and monthly-token limits are our extensions.
+    """
+
+    unsupported = (
+        "max_images_per_1_minute",
+        "max_audio_megabytes_per_1_minute",
+        "max_requests_per_1_day",
+        "batch_1_day_max_input_tokens",
+    )
+
+    max_requests_per_1_minute = StrictIntegerField(required=False, allow_null=True, min_value=0, max_value=MAX_INT)
+    max_tokens_per_1_minute = StrictIntegerField(required=False, allow_null=True, min_value=0, max_value=MAX_BIGINT)
+    max_concurrent_requests = StrictIntegerField(required=False, allow_null=True, min_value=0, max_value=MAX_INT)
+    max_tokens_per_1_month = StrictIntegerField(required=False, allow_null=True, min_value=0, max_value=MAX_BIGINT)
+
+
+# The request fields of the limits, and the APIKey columns they set.
+LIMIT_COLUMNS = {
+    "max_requests_per_1_minute": "rpm_limit",
+    "max_tokens_per_1_minute": "tpm_limit",
+    "max_concurrent_requests": "max_concurrent",
+    "max_tokens_per_1_month": "monthly_token_quota",
+}
+
+
+# --- Responses ------------------------------------------------------------------------------------
+
+
+class UserIdentity:
+    """``id``, ``name`` and ``role`` of a user, for the serializers that declare those method fields."""
+
+    @extend_schema_field(OpenApiTypes.STR)
+    def get_id(self, user: Any) -> str:
+        return user_id(user)
+
+    @extend_schema_field(OpenApiTypes.STR)
+    def get_name(self, user: Any) -> str:
+        return user_name(user)
+
+    @extend_schema_field(OpenApiTypes.STR)
+    def get_role(self, user: Any) -> str:
+        return user_role(user)
+
+
+class UserSerializer(UserIdentity, serializers.Serializer):
+    """The spec's ``User`` (``organization.user``), plus our ``username``."""
+
+    object = ConstField("organization.user")
+    id = serializers.SerializerMethodField()
+    name = serializers.SerializerMethodField()
+    email = serializers.CharField(allow_null=True, read_only=True)
+    role = serializers.SerializerMethodField()
+    added_at = UnixTimeField(source="date_joined", read_only=True)
+    username = serializers.CharField(read_only=True)
+
+
+class UserDeleteResponseSerializer(serializers.Serializer):
+    """The spec's ``UserDeleteResponse``."""
+
+    object = ConstField("organization.user.deleted")
+    id = serializers.CharField()
+    deleted = serializers.BooleanField()
+
+
+class AdminApiKeyOwnerSerializer(UserIdentity, serializers.Serializer):
+    """``AdminApiKey.owner``: the staff user the key acts for."""
+
+    type = ConstField("user")
+    object = ConstField("organization.user")
+    id = serializers.SerializerMethodField()
+    name = serializers.SerializerMethodField()
+    created_at = UnixTimeField(source="date_joined", read_only=True)
+    role = serializers.SerializerMethodField()
+
+
+class AdminApiKeySerializer(serializers.Serializer):
+    """The spec's ``AdminApiKey`` (``organization.admin_api_key``)."""
+
+    object = ConstField("organization.admin_api_key")
+    id = serializers.CharField(source="public_id", read_only=True)
+    name = serializers.CharField(allow_null=True, read_only=True)
+    redacted_value = serializers.CharField(read_only=True)
+    created_at = UnixTimeField(read_only=True)
+    expires_at = UnixTimeField(allow_null=True, read_only=True)
+    last_used_at = UnixTimeField(allow_null=True, read_only=True)
+    owner = AdminApiKeyOwnerSerializer(read_only=True)
+
+
+class AdminApiKeyCreateResponseSerializer(AdminApiKeySerializer):
+    """The spec's ``AdminApiKeyCreateResponse``: the key and, this once, its ``value``."""
+
+    value = serializers.CharField(read_only=True)
+
+
+class AdminApiKeyDeleteResponseSerializer(serializers.Serializer):
+    """The admin key ``DELETE``'s answer (``organization.admin_api_key.deleted``)."""
+
+    id = serializers.CharField()
+    object = ConstField("organization.admin_api_key.deleted")
+    deleted = serializers.BooleanField()
+
+
+class ProjectApiKeyOwnerUserSerializer(UserIdentity, serializers.Serializer):
+    """The spec's ``ProjectApiKeyOwnerUser``: the key's owner."""
+
+    id = serializers.SerializerMethodField()
+    email = serializers.CharField(read_only=True)
+    name = serializers.SerializerMethodField()
+    created_at = UnixTimeField(source="date_joined", read_only=True)
+    role = serializers.SerializerMethodField()
+
+
+class ProjectApiKeyOwnerSerializer(serializers.Serializer):
+    """``ProjectApiKey.owner``: always a user here (there are no service accounts)."""
+
+    type = ConstField("user")
+    user = ProjectApiKeyOwnerUserSerializer(source="owner", read_only=True)
+
+
+class ProjectApiKeySerializer(serializers.Serializer):
+    """The spec's ``ProjectApiKey`` (``organization.project.api_key``), then the key's own settings.
+
+    Extensions: ``expires_at``, ``models`` (``[]``: every model) and the key's own limits, ``null``
+    where the key uses the site's default (the effective values are its rate limit's).
+    """
+
+    object = ConstField("organization.project.api_key")
+    redacted_value = serializers.SerializerMethodField()
+    name = serializers.CharField(read_only=True)
+    created_at = UnixTimeField(read_only=True)
+    last_used_at = UnixTimeField(allow_null=True, read_only=True)
+    id = serializers.SerializerMethodField()
+    owner_project_access = serializers.SerializerMethodField()
+    owner = ProjectApiKeyOwnerSerializer(source="*", read_only=True)
+    expires_at = UnixTimeField(allow_null=True, read_only=True)
+    models = serializers.ListField(child=serializers.CharField(), read_only=True)
+    max_requests_per_1_minute = serializers.IntegerField(source="rpm_limit", allow_null=True, read_only=True)
+    max_tokens_per_1_minute = serializers.IntegerField(source="tpm_limit", allow_null=True, read_only=True)
+    max_concurrent_requests = serializers.IntegerField(source="max_concurrent", allow_null=True, read_only=True)
+    max_tokens_per_1_month = serializers.IntegerField(source="monthly_token_quota", allow_null=True, read_only=True)
+
+    @extend_schema_field(OpenApiTypes.STR)
+    def get_redacted_value(self, api_key: APIKey) -> str:
+        return f"{KEY_NAMESPACE}{api_key.prefix}..."
+
+    @extend_schema_field(OpenApiTypes.STR)
+    def get_id(self, api_key: APIKey) -> str:
+        return api_key_id(api_key)
+
+    @extend_schema_field({"type": "string", "enum": ["active", "inactive"]})
+    def get_owner_project_access(self, api_key: APIKey) -> str:
+        return "active" if api_key.owner.is_active else "inactive"
+
+
+class ProjectApiKeyCreateResponseSerializer(ProjectApiKeySerializer):
+    """A new API key (our extension) and, this once, its ``value``."""
+
+    value = serializers.CharField(read_only=True)
+
+
+class ProjectApiKeyDeleteResponseSerializer(serializers.Serializer):
+    """The spec's ``ProjectApiKeyDeleteResponse``."""
+
+    object = ConstField("organization.project.api_key.deleted")
+    id = serializers.CharField()
+    deleted = serializers.BooleanField()
+
+
+class ProjectRateLimitSerializer(serializers.Serializer):
+    """The spec's ``ProjectRateLimit`` (``project.rate_limit``) for one API key: the limits in force.
+
+    ``model`` is the key's models comma-separated, ``*`` for every model.  The values are effective:
+    the key's own or else the site's default (``keys.limits.Limits.of``); ``0`` means no limit.  Extensions: ``api_key_id``,
+    ``max_concurrent_requests``, ``max_tokens_per_1_month``.
+    """
+
+    object = ConstField("project.rate_limit")
+    id = serializers.SerializerMethodField()
+    model = serializers.SerializerMethodField()
+    max_requests_per_1_minute = serializers.SerializerMethodField()
+    max_tokens_per_1_minute = serializers.SerializerMethodField()
+    api_key_id = serializers.SerializerMethodField()
+    max_concurrent_requests = serializers.SerializerMethodField()
+    max_tokens_per_1_month = serializers.SerializerMethodField()
+
+    @extend_schema_field(OpenApiTypes.STR)
+    def get_id(self, api_key: APIKey) -> str:
+        return f"rl_{api_key.prefix}"
+
+    @extend_schema_field(OpenApiTypes.STR)
+    def get_model(self, api_key: APIKey) -> str:
+        return ",".join(parse_model_list(api_key.allowed_models)) or "*"
+
+    @extend_schema_field(OpenApiTypes.INT)
+    def get_max_requests_per_1_minute(self, api_key: APIKey) -> int:
+        return Limits.of(api_key).rpm
+
+    @extend_schema_field(OpenApiTypes.INT)
+    def get_max_tokens_per_1_minute(self, api_key: APIKey) -> int:
+        return Limits.of(api_key).tpm
+
+    @extend_schema_field(OpenApiTypes.STR)
+    def get_api_key_id(self, api_key: APIKey) -> str:
+        return api_key_id(api_key)
+
+    @extend_schema_field(OpenApiTypes.INT)
+    def get_max_concurrent_requests(self, api_key: APIKey) -> int:
+        return Limits.of(api_key).max_concurrent
+
+    @extend_schema_field(OpenApiTypes.INT)
+    def get_max_tokens_per_1_month(self, api_key: APIKey) -> int:
+        return Limits.of(api_key).monthly_tokens

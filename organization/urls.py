@@ -1,0 +1,53 @@
+"""The Administration API's routes under ``/v1/organization/`` (OpenAI's paths; POST modifies, as OpenAI's do).
+
+The audit log (``audit_logs``) and the organization's usage (``usage/completions``) join
+``organization_urlpatterns`` below, where marked.
+"""
+
+from __future__ import annotations
+
+from django.urls import path
+from drf_spectacular.views import SpectacularJSONAPIView
+
+from . import views
+
+PREFIX = "v1/organization/"
+
+organization_urlpatterns = [
+    path(PREFIX + "admin_api_keys", views.AdminApiKeyViewSet.as_view({"get": "list", "post": "create"})),
+    path(
+        PREFIX + "admin_api_keys/<str:key_id>",
+        views.AdminApiKeyViewSet.as_view({"get": "retrieve", "delete": "destroy"}),
+    ),
+    path(PREFIX + "users", views.UserViewSet.as_view({"get": "list", "post": "create"})),
+    path(
+        PREFIX + "users/<str:user_id>",
+        views.UserViewSet.as_view({"get": "retrieve", "post": "update", "delete": "destroy"}),
+    ),
+    path(
+        PREFIX + "projects/<str:project_id>/api_keys",
+        views.ProjectApiKeyViewSet.as_view({"get": "list", "post": "create"}),
+    ),
+    path(
+        PREFIX + "projects/<str:project_id>/api_keys/<str:api_key_id>",
+        views.ProjectApiKeyViewSet.as_view({"get": "retrieve", "post": "update", "delete": "destroy"}),
+    ),
+    path(PREFIX + "projects/<str:project_id>/rate_limits", views.ProjectRateLimitViewSet.as_view({"get": "list"})),
+    path(
+        PREFIX + "projects/<str:project_id>/rate_limits/<str:rate_limit_id>",
+        views.ProjectRateLimitViewSet.as_view({"post": "update"}),
+    ),
+    # The audit log and the organization's usage go here (another branch):
+    #   path(PREFIX + "audit_logs", ...), path(PREFIX + "usage/completions", ...),
+]
+
+# The schema of the routes above, generated from the code, readable without a key.
+organization_urlpatterns.append(
+    path(
+        PREFIX + "openapi.json",
+        SpectacularJSONAPIView.as_view(
+            patterns=list(organization_urlpatterns), authentication_classes=[], permission_classes=[]
+        ),
+        name="organization-openapi",
+    )
+)

@@ -1,0 +1,366 @@
+"""The Administration API's routes: DRF viewsets, thin (shapes in ``serializers``, rules on the models).
+
+Users stand where OpenAI's projects stand: a user's API keys and their rate limits live under
+``/v1/organization/projects/{user_id}/...`` (OpenAI's own paths, so its SDK's calls work), and
+``/v1/organization/users/...`` are the organization's members (role ``owner`` = staff).  Every
+route needs an admin key (``authentication``), answers JSON only, errors in OpenAI's shape
+(``exceptions``), lists with OpenAI's cursor pagination (``pagination``).
+
+``DELETE`` revokes a key (the row stays: usage and the audit log keep naming it) and deactivates
+a user (their records stay; their keys stop working at once); neither is listed afterwards.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.db.models import QuerySet
+from django.http import QueryDict
+from django.utils import timezone
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import viewsets
+from rest_framework.negotiation import BaseContentNegotiation
+from rest_framework.parsers import JSONParser
+from rest_framework.renderers import JSONRenderer
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from api.errors import APIError
+from keys.models import APIKey
+
+from . import serializers as shapes
+from .authentication import AdminKeyAuthentication, HasAdminKey
+from .exceptions import validation_error
+from .models import AdminAPIKey
+from .pagination import OpenAIListPagination
+
+User = get_user_model()
+
+
+def not_found(kind: str, public_id: str) -> APIError:
+    """The 404 for an id that names nothing (or nothing listed: a revoked key, a deactivated user)."""
+    return APIError(f"No such {kind}: '{public_id}'.", status=404, param=None, code=None)
+
+
+def _pk_of(public_id: str, prefix: str) -> int | None:
+    """``user_12`` → 12 for ``prefix="user_"``; ``None`` when it is not shaped so."""
+    digits = public_id.removeprefix(prefix)
+    if public_id == digits or not digits.isascii() or not digits.isdigit() or len(digits) > 18:
+        return None
+    return int(digits)
+
+
+class JSONOnly(BaseContentNegotiation):
+    """JSON whatever the ``Accept`` header says, as OpenAI answers (never DRF's browsable HTML, never a 406)."""
+
+    def select_parser(self, request: Request, parsers: list[Any]) -> Any:
+        return parsers[0]
+
+    def select_renderer(self, request: Request, renderers: list[Any], format_suffix: str | None = None) -> Any:
+        return renderers[0], renderers[0].media_type
+
+
+class OrganizationViewSet(viewsets.GenericViewSet):
+    """What every Administration API view shares: admin-key auth, JSON in and out, OpenAI's lists."""
+
+    authentication_classes = [AdminKeyAuthentication]
+    permission_classes = [HasAdminKey]
+    renderer_classes = [JSONRenderer]
+    parser_classes = [JSONParser]
+    content_negotiation_class = JSONOnly
+    pagination_class = OpenAIListPagination
+
+    def validated(self, serializer_class: type[shapes.RequestSerializer]) -> dict[str, Any]:
+        """The request body validated by ``serializer_class``; a 400 naming the first bad field."""
+        data = self.request.data
+        if isinstance(data, QueryDict):  # no body at all
+            data = {}
+        serializer = serializer_class(data=data, context=self.get_serializer_context())
+        if not serializer.is_valid():
+            raise validation_error(serializer.errors, data, serializer)
+        return dict(serializer.validated_data)
+
+    def listed(self, queryset: QuerySet, serializer_class: type) -> Response:
+        """One page of ``queryset`` in OpenAI's list shape."""
+        page = self.paginate_queryset(queryset)
+        assert page is not None
+        return self.get_paginated_response(serializer_class(page, many=True).data)
+
+    def cursor_pk(self, public_id: str) -> int | None:
+        """The primary key of the object named by a list's ``after`` (see ``pagination``)."""
+        raise NotImplementedError
+
+    def active_user(self, public_id: str) -> Any:
+        """The active user named ``user_{pk}``, or a 404."""
+        pk = _pk_of(public_id, "user_")
+        user = User.objects.filter(pk=pk, is_active=True).first() if pk is not None else None
+        if user is None:
+            raise not_found("user", public_id)
+        return user
+
+    def refuse_self_demotion(self, user: Any, param: str | None) -> None:
+        """An admin key cannot take staff away from its own owner: it would lock itself out."""
+        if user.pk == self.request.user.pk:
+            raise APIError(
+                "The owner of the admin key making this request cannot be demoted or deleted with it; "
+                "use another owner's admin key.",
+                param=param,
+                code="invalid_value",
+            )
+
+
+# --- Admin keys -----------------------------------------------------------------------------------
+
+
+class AdminApiKeyViewSet(OrganizationViewSet):
+    """``/v1/organization/admin_api_keys[/{key_id}]``: list, create, retrieve, delete (revoke)."""
+
+    def cursor_pk(self, public_id: str) -> int | None:
+        return AdminAPIKey.objects.filter(prefix=public_id.removeprefix("key_")).values_list("pk", flat=True).first()
+
+    def admin_key(self, key_id: str) -> AdminAPIKey:
+        """The unrevoked admin key named ``key_{prefix}``, or a 404."""
+        admin_key = (
+            AdminAPIKey.objects.unrevoked().select_related("owner").filter(prefix=key_id.removeprefix("key_")).first()
+            if key_id.startswith("key_")
+            else None
+        )
+        if admin_key is None:
+            raise not_found("admin API key", key_id)
+        return admin_key
+
+    @extend_schema(operation_id="admin-api-keys-list", responses=shapes.AdminApiKeySerializer(many=True))
+    def list(self, request: Request) -> Response:
+        """The admin keys not deleted (revoked), expired ones included, oldest first."""
+        return self.listed(AdminAPIKey.objects.unrevoked().select_related("owner"), shapes.AdminApiKeySerializer)
+
+    @extend_schema(
+        operation_id="admin-api-keys-create",
+        request=shapes.AdminApiKeyCreateRequestSerializer,
+        responses=shapes.AdminApiKeyCreateResponseSerializer,
+    )
+    def create(self, request: Request) -> Response:
+        """A new admin key for the caller's owner; its ``value`` is in this answer only."""
+        fields = self.validated(shapes.AdminApiKeyCreateRequestSerializer)
+        seconds = fields.get("expires_in_seconds")
+        expires_at = timezone.now() + timedelta(seconds=seconds) if seconds else None
+        admin_key, plaintext = AdminAPIKey.objects.create_key(
+            name=fields["name"], owner=request.user, expires_at=expires_at
+        )
+        admin_key.value = plaintext  # type: ignore[attr-defined]
+        return Response(shapes.AdminApiKeyCreateResponseSerializer(admin_key).data)
+
+    @extend_schema(operation_id="admin-api-keys-get", responses=shapes.AdminApiKeySerializer)
+    def retrieve(self, request: Request, key_id: str) -> Response:
+        """One admin key (never its value)."""
+        return Response(shapes.AdminApiKeySerializer(self.admin_key(key_id)).data)
+
+    @extend_schema(operation_id="admin-api-keys-delete", responses={200: shapes.AdminApiKeyDeleteResponseSerializer})
+    def destroy(self, request: Request, key_id: str) -> Response:
+        """Revoke the key; the next request with it is a 401 (the caller's own key too)."""
+        admin_key = self.admin_key(key_id)
+        admin_key.revoke()
+        return Response({"id": admin_key.public_id, "object": "organization.admin_api_key.deleted", "deleted": True})
+
+
+# --- Users ----------------------------------------------------------------------------------------
+
+
+class UserViewSet(OrganizationViewSet):
+    """``/v1/organization/users[/{user_id}]``: list, create (our extension), retrieve, modify, delete."""
+
+    def cursor_pk(self, public_id: str) -> int | None:
+        pk = _pk_of(public_id, "user_")
+        return pk if pk is not None and User.objects.filter(pk=pk).exists() else None
+
+    @extend_schema(
+        operation_id="list-users",
+        responses=shapes.UserSerializer(many=True),
+        parameters=[OpenApiParameter("emails", str, many=True, description="Only users with these e-mail addresses.")],
+    )
+    def list(self, request: Request) -> Response:
+        """The active users, oldest first; ``emails`` (or the client's ``emails[]``) keeps those addresses."""
+        users = User.objects.filter(is_active=True)
+        emails = request.query_params.getlist("emails") + request.query_params.getlist("emails[]")
+        if emails:
+            users = users.filter(email__in=emails)
+        return self.listed(users, shapes.UserSerializer)
+
+    @extend_schema(
+        operation_id="create-user", request=shapes.UserCreateRequestSerializer, responses=shapes.UserSerializer
+    )
+    def create(self, request: Request) -> Response:
+        """A new user (our extension: OpenAI invites by e-mail); without a password they cannot log in."""
+        fields = self.validated(shapes.UserCreateRequestSerializer)
+        first, _, last = fields.get("name", "").strip().partition(" ")
+        user = User.objects.create_user(
+            username=fields["username"],
+            email=fields.get("email", ""),
+            password=fields.get("password"),  # None: an unusable password
+            first_name=first,
+            last_name=last,
+            is_staff=fields["role"] == "owner",
+        )
+        return Response(shapes.UserSerializer(user).data)
+
+    @extend_schema(operation_id="retrieve-user", responses=shapes.UserSerializer)
+    def retrieve(self, request: Request, user_id: str) -> Response:
+        """One active user."""
+        return Response(shapes.UserSerializer(self.active_user(user_id)).data)
+
+    @extend_schema(
+        operation_id="modify-user", request=shapes.UserRoleUpdateRequestSerializer, responses=shapes.UserSerializer
+    )
+    def update(self, request: Request, user_id: str) -> Response:
+        """Set the role: ``owner`` makes the user staff, ``reader`` a plain user."""
+        user = self.active_user(user_id)
+        role = self.validated(shapes.UserRoleUpdateRequestSerializer)["role"]
+        if role == "reader":
+            self.refuse_self_demotion(user, "role")
+        user.is_staff = role == "owner"
+        user.save(update_fields=["is_staff"])
+        return Response(shapes.UserSerializer(user).data)
+
+    @extend_schema(operation_id="delete-user", responses={200: shapes.UserDeleteResponseSerializer})
+    def destroy(self, request: Request, user_id: str) -> Response:
+        """Deactivate the user: their keys are refused from the next request, their records stay."""
+        user = self.active_user(user_id)
+        self.refuse_self_demotion(user, None)
+        user.is_active = False
+        user.save(update_fields=["is_active"])
+        return Response({"object": "organization.user.deleted", "id": user_id, "deleted": True})
+
+
+# --- A user's API keys and their rate limits (users as OpenAI's projects) -------------------------
+
+
+class UserKeysViewSet(OrganizationViewSet):
+    """What the two views of a user's API keys share: the user (``project_id``) and their keys."""
+
+    def keys_of(self, user: Any) -> QuerySet[APIKey]:
+        """The user's keys that are not revoked (a revoked key is deleted, for this API)."""
+        return APIKey.objects.filter(owner=user, revoked_at__isnull=True).select_related("owner")
+
+    def key(self, project_id: str, public_id: str, id_prefix: str) -> APIKey:
+        """The user's unrevoked key named ``{id_prefix}{prefix}`` (``key_`` or ``rl_``), or a 404."""
+        user = self.active_user(project_id)
+        prefix = public_id.removeprefix(id_prefix)
+        api_key = self.keys_of(user).filter(prefix=prefix).first() if public_id.startswith(id_prefix) else None
+        if api_key is None:
+            raise not_found("API key" if id_prefix == "key_" else "rate limit", public_id)
+        return api_key
+
+    def change(self, api_key: APIKey, columns: dict[str, Any], public_id: str) -> None:
+        """Save ``columns`` on the key's row, which every process reads on the key's next request.
+
+        A key revoked since it was read is a 404 (``APIKey.save`` refuses to write over a revocation).
+        """
+        for column, value in columns.items():
+            setattr(api_key, column, value)
+        if not columns:
+            return
+        try:
+            api_key.save(update_fields=list(columns))
+        except ValueError:
+            raise not_found("API key", public_id) from None
+
+    def cursor_pk(self, public_id: str) -> int | None:
+        prefix = public_id.removeprefix("rl_" if public_id.startswith("rl_") else "key_")
+        user_pk = _pk_of(self.kwargs["project_id"], "user_")
+        return APIKey.objects.filter(prefix=prefix, owner_id=user_pk).values_list("pk", flat=True).first()
+
+
+def _key_columns(fields: dict[str, Any]) -> dict[str, Any]:
+    """A key request's fields as ``APIKey`` columns (only those present)."""
+    columns = {shapes.LIMIT_COLUMNS[name]: value for name, value in fields.items() if name in shapes.LIMIT_COLUMNS}
+    if "name" in fields:
+        columns["name"] = fields["name"]
+    if "models" in fields:
+        columns["allowed_models"] = ",".join(fields["models"])
+    if "expires_at" in fields:
+        seconds = fields["expires_at"]
+        columns["expires_at"] = None if seconds is None else datetime.fromtimestamp(seconds, tz=dt_timezone.utc)
+    if "expires_in_seconds" in fields:
+        columns["expires_at"] = timezone.now() + timedelta(seconds=fields["expires_in_seconds"])
+    return columns
+
+
+class ProjectApiKeyViewSet(UserKeysViewSet):
+    """``/v1/organization/projects/{user_id}/api_keys[/{api_key_id}]``: a user's keys.
+
+    List, retrieve, delete (revoke) in the spec's ``ProjectApiKey`` shape; create and modify are our
+    extensions, with every per-key field of the admin.  A change is saved on the key's row, which
+    every server process reads on each request, so it applies to the key's next request.
+    """
+
+    @extend_schema(operation_id="list-project-api-keys", responses=shapes.ProjectApiKeySerializer(many=True))
+    def list(self, request: Request, project_id: str) -> Response:
+        """The user's keys not deleted (revoked), expired ones included, oldest first."""
+        return self.listed(self.keys_of(self.active_user(project_id)), shapes.ProjectApiKeySerializer)
+
+    @extend_schema(
+        operation_id="create-project-api-key",
+        request=shapes.ProjectApiKeyCreateRequestSerializer,
+        responses=shapes.ProjectApiKeyCreateResponseSerializer,
+    )
+    def create(self, request: Request, project_id: str) -> Response:
+        """A new key for the user, working at once; its ``value`` is in this answer only."""
+        user = self.active_user(project_id)
+        columns = _key_columns(self.validated(shapes.ProjectApiKeyCreateRequestSerializer))
+        api_key, plaintext = APIKey.objects.create_key(owner=user, **columns)
+        api_key.value = plaintext  # type: ignore[attr-defined]
+        return Response(shapes.ProjectApiKeyCreateResponseSerializer(api_key).data)
+
+    @extend_schema(operation_id="retrieve-project-api-key", responses=shapes.ProjectApiKeySerializer)
+    def retrieve(self, request: Request, project_id: str, api_key_id: str) -> Response:
+        """One of the user's keys (never its value)."""
+        return Response(shapes.ProjectApiKeySerializer(self.key(project_id, api_key_id, "key_")).data)
+
+    @extend_schema(
+        operation_id="modify-project-api-key",
+        request=shapes.ProjectApiKeyUpdateRequestSerializer,
+        responses=shapes.ProjectApiKeySerializer,
+    )
+    def update(self, request: Request, project_id: str, api_key_id: str) -> Response:
+        """Change any of the key's fields; the next request with the key sees the change."""
+        api_key = self.key(project_id, api_key_id, "key_")
+        self.change(api_key, _key_columns(self.validated(shapes.ProjectApiKeyUpdateRequestSerializer)), api_key_id)
+        return Response(shapes.ProjectApiKeySerializer(api_key).data)
+
+    @extend_schema(operation_id="delete-project-api-key", responses={200: shapes.ProjectApiKeyDeleteResponseSerializer})
+    def destroy(self, request: Request, project_id: str, api_key_id: str) -> Response:
+        """Revoke the key: its next request is a 401."""
+        api_key = self.key(project_id, api_key_id, "key_")
+        api_key.revoke()
+        return Response(
+            {"object": "organization.project.api_key.deleted", "id": shapes.api_key_id(api_key), "deleted": True}
+        )
+
+
+class ProjectRateLimitViewSet(UserKeysViewSet):
+    """``/v1/organization/projects/{user_id}/rate_limits[/{rate_limit_id}]``: one limit per key of the user.
+
+    The spec's ``ProjectRateLimit`` per model maps to one per API key here (``rl_{prefix}``), since
+    limits are per key; list and update.
+    """
+
+    @extend_schema(operation_id="list-project-rate-limits", responses=shapes.ProjectRateLimitSerializer(many=True))
+    def list(self, request: Request, project_id: str) -> Response:
+        """The limits in force of each of the user's keys, oldest key first."""
+        return self.listed(self.keys_of(self.active_user(project_id)), shapes.ProjectRateLimitSerializer)
+
+    @extend_schema(
+        operation_id="update-project-rate-limits",
+        request=shapes.ProjectRateLimitUpdateRequestSerializer,
+        responses=shapes.ProjectRateLimitSerializer,
+    )
+    def update(self, request: Request, project_id: str, rate_limit_id: str) -> Response:
+        """Set the key's own limits (``null``: the site's default; ``0``: none), from its next request."""
+        api_key = self.key(project_id, rate_limit_id, "rl_")
+        self.change(
+            api_key, _key_columns(self.validated(shapes.ProjectRateLimitUpdateRequestSerializer)), rate_limit_id
+        )
+        return Response(shapes.ProjectRateLimitSerializer(api_key).data)
