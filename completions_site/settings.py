@@ -36,6 +36,7 @@ INSTALLED_APPS = [
     "api",  # the OpenAI HTTP surface; the engine (inference/) is no Django app
     "dashboard",  # the staff dashboard and live updates
     "accounts",  # users' own pages and sign-up
+    "audit",  # the audit log of keys, users and sign-ins, from every surface
 ]
 
 MIDDLEWARE = [
@@ -44,6 +45,7 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "audit.middleware.AuditActorMiddleware",  # who acts, for the audit log (after authentication)
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
@@ -139,6 +141,16 @@ API_MAX_LOGPROBS = env.int("API_MAX_LOGPROBS", default=5)
 API_MAX_N = env.int("API_MAX_N", default=20)
 API_MAX_PROMPTS = env.int("API_MAX_PROMPTS", default=64)  # prompts in one request's array
 API_SSE_KEEPALIVE_SECONDS = env.float("API_SSE_KEEPALIVE_SECONDS", default=15.0)
+
+# --- The Administration API (/v1/organization/...) ---------------------------------------------
+# Who may call it: DRF authentication and permission classes, as dotted paths (api/admin_api.py).
+# The defaults admit a staff member's admin session.
+ADMIN_API_AUTHENTICATION_CLASSES = env.list(
+    "ADMIN_API_AUTHENTICATION_CLASSES", default=["rest_framework.authentication.SessionAuthentication"]
+)
+ADMIN_API_PERMISSION_CLASSES = env.list(
+    "ADMIN_API_PERMISSION_CLASSES", default=["rest_framework.permissions.IsAdminUser"]
+)
 
 # --- Per-key limits (keys/limits/) --------------------------------------------------------------
 # Defaults for keys without their own; 0 means no limit.  A dimension without a limit sends no
