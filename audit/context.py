@@ -17,6 +17,7 @@ travels beside it:
 An actor is the spec's ``AuditLogActor``::
 
     {"type": "session", "session": {"user": {"id": "user-3", "email": "a@b.c"}, "ip_address": "10.0.0.1"}}
+    {"type": "session", "session": {"ip_address": "10.0.0.1"}}  (nobody signed in: a sign-up, a failed login)
     {"type": "api_key", "api_key": {"id": "<admin key id>", "type": "user", "user": {"id": ..., "email": ...}}}
     {"type": "system", "system": {"id": "manage.py create_api_key"}}
 """
@@ -53,13 +54,18 @@ class Actor:
     ip_address: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """The spec's ``AuditLogActor`` (``system`` is ours)."""
-        user = {"id": self.user_id, "email": self.email} if self.user_id else None
+        """The spec's ``AuditLogActor`` (``system`` is ours); what is unknown (no user signed in,
+        no e-mail, no IP) is left out rather than ``null``, as the spec's strings allow no null."""
+        user = _present({"id": self.user_id, "email": self.email}) if self.user_id else None
         if self.type == SESSION:
-            return {"type": SESSION, "session": {"user": user, "ip_address": self.ip_address}}
+            return {"type": SESSION, "session": _present({"user": user, "ip_address": self.ip_address})}
         if self.type == API_KEY:
-            return {"type": API_KEY, "api_key": {"id": self.id, "type": "user", "user": user}}
+            return {"type": API_KEY, "api_key": _present({"id": self.id, "type": "user", "user": user})}
         return {"type": SYSTEM, "system": {"id": self.id}}
+
+
+def _present(fields: dict[str, Any]) -> dict[str, Any]:
+    return {name: value for name, value in fields.items() if value is not None}
 
 
 _current: contextvars.ContextVar[Actor | Callable[[], Actor] | None] = contextvars.ContextVar(
