@@ -3,8 +3,8 @@ from django.contrib import admin
 from django.urls import path, re_path
 
 from api import usage_views, views
+from api.audit_views import AuditLogListView
 from api.organization_usage import OrganizationUsageCompletionsView
-from audit.views import AuditLogListView
 
 urlpatterns = [
     # The Administration API (access: ADMIN_API_* settings, api/admin_api.py).

@@ -13,10 +13,11 @@ from io import StringIO
 from pathlib import Path
 
 import pytest
+from asgiref.sync import async_to_sync
 from django.contrib.admin.models import LogEntry
 from django.core.management import call_command
 from django.forms import MultiWidget
-from django.test import RequestFactory
+from django.test import AsyncClient, RequestFactory
 from django.urls import reverse
 
 from audit.context import acting_as, current_actor, request_actor, set_request_actor
@@ -206,6 +207,16 @@ def test_a_key_created_and_revoked_on_the_account_page_names_the_user(alice, use
     created, deleted = only("api_key.created"), only("api_key.deleted")
     assert created.actor == deleted.actor == session_of(user)
     assert created.resource_id == deleted.resource_id == api_key_id(key.prefix)
+
+
+def test_the_actor_reaches_a_sync_view_through_the_asgi_handler(user):
+    asgi_client = AsyncClient()
+    asgi_client.force_login(user)
+
+    response = async_to_sync(asgi_client.post)("/account/keys/create/", {"name": "over asgi"})
+
+    assert response.status_code == 201
+    assert only("api_key.created").actor == session_of(user)
 
 
 def test_staff_acting_for_a_user_are_the_actor(staff_client, staff_user, user):

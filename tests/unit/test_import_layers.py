@@ -20,10 +20,11 @@ ROOT = Path(__file__).resolve().parents[2]
 ALLOWED = {
     "inference": set(),
     "keys": set(),
-    "api": {"inference", "keys"},
+    "audit": {"keys"},
+    "api": {"audit", "inference", "keys"},
     "dashboard": {"inference", "keys"},
     "accounts": {"dashboard", "keys"},
-    "completions_site": {"accounts", "api", "dashboard", "inference", "keys"},
+    "completions_site": {"accounts", "api", "audit", "dashboard", "inference", "keys"},
 }
 
 

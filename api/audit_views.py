@@ -3,7 +3,7 @@
 Newest first.  The answer is ``{"object": "list", "data": [AuditLog, ...], "first_id", "last_id",
 "has_more"}``; ``after=<last_id>`` gives the next (older) page, ``before=<first_id>`` the previous
 (newer) one, and ``has_more`` says whether more entries lie beyond this page in the direction
-asked (older for a first page or ``after``, newer for ``before``).  Parameters: ``audit.query``.
+asked (older for a first page or ``after``, newer for ``before``).  Parameters: ``api.audit_api``.
 Who may call it is set as for every Administration API view (``api.admin_api``).
 """
 
@@ -18,10 +18,10 @@ from rest_framework.pagination import BasePagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from api.admin_api import AdminAPIView
+from audit.models import AuditLogEntry
 
-from .models import AuditLogEntry
-from .query import AuditQuery, filtered, parse_audit_query
+from .admin_api import AdminAPIView
+from .audit_api import AuditQuery, filtered, parse_audit_query
 
 
 class AuditLogSerializer(serializers.BaseSerializer):
@@ -35,7 +35,7 @@ class OpenAIListPagination(BasePagination):
     """OpenAI's cursor lists over a queryset ordered newest first (by ``pk``): ``limit``,
     ``after``/``before`` by an entry's id, and the ``first_id``/``last_id``/``has_more`` envelope.
 
-    The view parses the query (``view.audit_query``: an :class:`audit.query.AuditQuery`).
+    The view parses the query (``view.audit_query``: an :class:`api.audit_api.AuditQuery`).
     """
 
     has_more = False

@@ -1,4 +1,7 @@
-"""The list endpoint's parameters: OpenAI's ``list-audit-logs`` query, checked like every other query.
+"""The audit log API's protocol: OpenAI's ``list-audit-logs`` query, checked like every other query.
+
+Served at ``GET /v1/organization/audit_logs`` (``api/audit_views.py``); the entries are the audit
+app's (``audit/``).
 
 - ``event_types[]``: any of :data:`audit.models.EVENT_TYPES` (another value is a 400
   ``invalid_value``; we record no other type).
@@ -24,10 +27,10 @@ from django.db.models import QuerySet
 from django.http import QueryDict
 from jsonschema import Draft202012Validator
 
-from api.errors import invalid_value_error
-from api.query import query_instance, validate_query
+from audit.models import EVENT_TYPES, AuditLogEntry
 
-from .models import EVENT_TYPES, AuditLogEntry
+from .errors import invalid_value_error
+from .query import query_instance, validate_query
 
 DEFAULT_LIMIT = 20
 MAX_LIMIT = 100
