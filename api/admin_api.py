@@ -3,8 +3,9 @@
 Access comes from two settings, read on each request (so tests and deployments can change them):
 ``ADMIN_API_AUTHENTICATION_CLASSES`` and ``ADMIN_API_PERMISSION_CLASSES``, dotted paths of DRF
 authentication and permission classes.  The defaults let a staff member's admin session in
-(``SessionAuthentication`` and ``IsAdminUser``); the admin-key authentication of the
-Administration API takes their place by setting them.  A view (or ``as_view(...)``) that sets
+(``SessionAuthentication`` and ``IsAdminUser``) where the session middleware runs (Django's test
+client); under daphne ``/v1/`` paths run without it (``api/handlers.py``), so there the defaults
+admit nobody until the admin-key authentication of the Administration API takes their place.  A view (or ``as_view(...)``) that sets
 ``authentication_classes``/``permission_classes`` itself keeps its own.
 
 Errors are OpenAI's ``{"error": {"message", "type", "param", "code"}}``: an ``api.errors.APIError``

@@ -144,7 +144,8 @@ API_SSE_KEEPALIVE_SECONDS = env.float("API_SSE_KEEPALIVE_SECONDS", default=15.0)
 
 # --- The Administration API (/v1/organization/...) ---------------------------------------------
 # Who may call it: DRF authentication and permission classes, as dotted paths (api/admin_api.py).
-# The defaults admit a staff member's admin session.
+# The defaults admit a staff member's admin session, which only the test client carries on /v1/
+# paths (the server's API handler runs no session middleware): set the admin-key authentication.
 ADMIN_API_AUTHENTICATION_CLASSES = env.list(
     "ADMIN_API_AUTHENTICATION_CLASSES", default=["rest_framework.authentication.SessionAuthentication"]
 )

@@ -15,11 +15,17 @@ from pathlib import Path
 import pytest
 from asgiref.sync import async_to_sync
 from django.contrib.admin.models import LogEntry
+from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.forms import MultiWidget
 from django.test import AsyncClient, RequestFactory
-from django.urls import reverse
+from django.urls import path, reverse
+from rest_framework.authentication import BaseAuthentication
+from rest_framework.permissions import AllowAny
+from rest_framework.response import Response
 
+from api.admin_api import AdminAPIView
+from api.handlers import APIHandler
 from audit.context import acting_as, current_actor, request_actor, set_request_actor
 from audit.models import AuditLogEntry
 from dashboard.models import AccountSettings
@@ -535,3 +541,38 @@ def test_the_answer_is_a_valid_list_audit_logs_response_of_openais_spec(staff_cl
     assert len(body["data"]) >= 3
     errors = list(validator.iter_errors(body))
     assert not errors, errors[0].message
+
+
+# --- The API's own handler (no middleware on /v1/) ----------------------------------------------
+
+
+class _AdminKeyAuthentication(BaseAuthentication):
+    """Stands in for the Administration API's admin-key authentication: ``(user, admin key)``."""
+
+    def authenticate(self, request):
+        owner = get_user_model()._default_manager.get(username="sam")
+        return owner, FakeAdminKey("key_adminEEE", owner=owner)
+
+
+class _CreateKeyView(AdminAPIView):
+    authentication_classes = [_AdminKeyAuthentication]
+    permission_classes = [AllowAny]
+
+    def post(self, request):
+        APIKey.objects.create_key(name="through the api", owner=get_user_model()._default_manager.get(username="alice"))
+        return Response({}, status=201)
+
+
+urlpatterns = [path("v1/organization/test-create-key", _CreateKeyView.as_view())]
+
+
+@pytest.mark.urls(__name__)
+def test_a_change_through_the_apis_handler_names_the_admin_key(staff_user, user):
+    request = RequestFactory().post("/v1/organization/test-create-key", REMOTE_ADDR="10.9.8.7")
+
+    response = async_to_sync(APIHandler().get_response_async)(request)
+
+    assert response.status_code == 201
+    entry = only("api_key.created")
+    assert entry.actor_id == "key_adminEEE"
+    assert entry.actor["api_key"]["user"]["id"] == user_id(staff_user.pk)
