@@ -19,6 +19,7 @@ from django.http import HttpRequest
 from django.http.response import HttpResponseBase
 
 from api.errors import APIError, error_response
+from audit.context import acting_for_request
 
 security_logger = logging.getLogger("django.security.DisallowedHost")
 
@@ -30,7 +31,9 @@ class APIHandler(ASGIHandler):
     signals (which close stale database connections).  Of the middleware's work the API keeps
     two parts: the ``Host`` header must be in ``ALLOWED_HOSTS`` (``CommonMiddleware`` checked it;
     here a refusal is OpenAI's JSON 400), and responses carry ``X-Content-Type-Options: nosniff``
-    (``SecurityMiddleware``).
+    (``SecurityMiddleware``).  And the audit log's actor is the request's, as
+    ``audit.middleware.AuditActorMiddleware`` sets it on the other paths (an Administration API
+    view's ``request.auth`` or ``request.audit_actor``; see ``audit.context``).
     """
 
     def load_middleware(self, is_async: bool = False) -> None:
@@ -49,7 +52,8 @@ class APIHandler(ASGIHandler):
             security_logger.warning("%s", error)
             response = error_response(APIError("Invalid Host header.", status=400))
         else:
-            response = await super().get_response_async(request)
+            with acting_for_request(request):
+                response = await super().get_response_async(request)
         response.headers.setdefault("X-Content-Type-Options", "nosniff")
         return response
 

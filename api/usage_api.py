@@ -1,7 +1,11 @@
-"""The usage API's protocol: OpenAI's ``GET /v1/organization/usage/completions``, for one owner.
+"""The usage APIs' protocol: OpenAI's ``GET /v1/organization/usage/completions``, one implementation for two scopes.
 
-Served at ``GET /v1/usage/completions`` (see ``api/usage_views.py``).  The caller's key decides
-the scope: the figures are those of every key of the key's owner, never anyone else's.
+- ``GET /v1/usage/completions`` (``api/usage_views.py``): the caller's key decides the scope: the
+  figures are those of every key of the key's owner, never anyone else's.
+- ``GET /v1/organization/usage/completions`` (the Administration API, ``api/organization_usage.py``):
+  every key of every user, with ``group_by=user_id`` (``user_id`` is ``user-{pk}``, see
+  ``keys.ids``) and the ``user_ids`` filter besides the parameters below
+  (:data:`ORGANIZATION_QUERY_SCHEMA`).
 
 Query parameters (as in OpenAI's spec):
 
@@ -9,7 +13,7 @@ Query parameters (as in OpenAI's spec):
 - ``bucket_width``: ``1m``, ``1h`` or ``1d`` (default).  Buckets are aligned to UTC minutes,
   hours and days; the first and last are clipped to the range, and each bucket's
   ``start_time``/``end_time`` say what it covers.  Empty buckets are listed with no results.
-- ``group_by``: ``model`` and/or ``api_key_id`` (others are a 400).  ``api_key_id`` is ``key_``
+- ``group_by``: ``model`` and/or ``api_key_id`` (others are a 400; the organization's also ``user_id``).  ``api_key_id`` is ``key_``
   plus the key's public prefix, e.g. ``key_AbCd1234``.
 - ``models``, ``api_key_ids``: keep only these.
 - Our extension, to tell ``/v1/completions`` from ``/v1/chat/completions`` (OpenAI's endpoint is
@@ -35,7 +39,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -44,15 +47,16 @@ from django.db.models import Count, Func, Sum
 from django.db.models.functions import Coalesce, TruncDay, TruncHour, TruncMinute
 from django.http import QueryDict
 from jsonschema import Draft202012Validator
-from jsonschema.exceptions import relevance
 
-from api.errors import above_maximum_error, below_minimum_error, invalid_value_error, schema_error
+from api.errors import above_maximum_error, below_minimum_error, invalid_value_error
+from api.query import query_instance, validate_query
+from keys.db import db_call
+from keys.ids import api_key_id, parse_api_key_id, parse_user_id, user_id
 from keys.models import UsageRecord
 from keys.periods import bucket_start
 from keys.usage import MODEL_REQUEST
 
 RESULT_OBJECT = "organization.usage.completions.result"
-API_KEY_ID_PREFIX = "key_"
 PAGE_PREFIX = "page_"
 
 
@@ -74,7 +78,9 @@ BUCKET_WIDTHS = {
     )
 }
 # OpenAI's group_by names → the UsageRecord lookups that give their values.
-GROUPS = {"model": "model", "api_key_id": "api_key__prefix", "endpoint": "endpoint"}
+GROUPS = {"model": "model", "api_key_id": "api_key__prefix", "endpoint": "endpoint", "user_id": "owner_id"}
+KEY_GROUPS = ("model", "api_key_id", "endpoint")  # a user's own usage: user_id would say nothing
+ORGANIZATION_GROUPS = (*KEY_GROUPS, "user_id")
 
 
 @dataclass(frozen=True)
@@ -90,6 +96,7 @@ class UsageQuery:
     api_key_prefixes: tuple[str, ...]
     limit: int
     page_start: int  # the aligned start of this page's first bucket
+    user_pks: tuple[int, ...] | None = None  # the organization's ``user_ids`` filter; None: everyone
 
 
 LAST_TIME = 253_370_764_800  # 9999-01-01T00:00:00Z, in Unix seconds
@@ -97,7 +104,7 @@ TIME = {"type": "integer", "minimum": 0, "maximum": LAST_TIME - 1}  # Python's d
 # The spec's query parameters of ``GET /organization/usage/completions``, narrowed to what this
 # server does: times from 1970 to 9998, two of the spec's six ``group_by`` values and our ``endpoint``, ``limit`` >= 1
 # (its maximum depends on ``bucket_width``: a rule beyond the schema, in parse_usage_query).
-QUERY_SCHEMA = {
+QUERY_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
         "start_time": TIME,
@@ -106,30 +113,35 @@ QUERY_SCHEMA = {
         "api_key_ids": {"type": "array", "items": {"type": "string"}},
         "models": {"type": "array", "items": {"type": "string"}},
         "endpoints": {"type": "array", "items": {"type": "string"}},
-        "group_by": {"type": "array", "items": {"type": "string", "enum": list(GROUPS)}},
+        "group_by": {"type": "array", "items": {"type": "string", "enum": list(KEY_GROUPS)}},
         "limit": {"type": "integer", "minimum": 1},
         "page": {"type": "string"},
     },
     "required": ["start_time"],
 }
-_QUERY_VALIDATOR = Draft202012Validator(QUERY_SCHEMA)
-INTEGER_PARAMS = ("start_time", "end_time", "limit")
-ARRAY_PARAMS = ("api_key_ids", "models", "endpoints", "group_by")
-_INTEGER = re.compile(r"[+-]?[0-9]{1,30}")  # longer is no time or limit of ours, and int() of it is slow
+# The organization's: the same, plus the spec's ``user_ids`` filter and ``group_by=user_id``.
+ORGANIZATION_QUERY_SCHEMA = {
+    **QUERY_SCHEMA,
+    "properties": {
+        **QUERY_SCHEMA["properties"],
+        "user_ids": {"type": "array", "items": {"type": "string"}},
+        "group_by": {"type": "array", "items": {"type": "string", "enum": list(ORGANIZATION_GROUPS)}},
+    },
+}
+_VALIDATORS = {False: Draft202012Validator(QUERY_SCHEMA), True: Draft202012Validator(ORGANIZATION_QUERY_SCHEMA)}
 
 
-def parse_usage_query(params: QueryDict, now: int) -> UsageQuery:
-    """Validate the query string against :data:`QUERY_SCHEMA`, then the rules beyond it.
+def parse_usage_query(params: QueryDict, now: int, *, organization: bool = False) -> UsageQuery:
+    """Validate the query string against :data:`QUERY_SCHEMA` (``organization``:
+    :data:`ORGANIZATION_QUERY_SCHEMA`), then the rules beyond it.
 
     Raises ``APIError`` 400 naming the ``param``, with OpenAI's code: what the schema refuses via
     :func:`api.errors.schema_error`; ``end_time`` not after ``start_time`` and ``limit`` over
     the width's maximum as ``integer_below_min_value``/``integer_above_max_value``; a ``page`` that
     is not this query's cursor as ``invalid_value``.
     """
-    query = _query_instance(params)
-    error = max(_QUERY_VALIDATOR.iter_errors(query), key=relevance, default=None)
-    if error is not None:
-        raise schema_error(error)
+    query = query_instance(params, ORGANIZATION_QUERY_SCHEMA if organization else QUERY_SCHEMA)
+    validate_query(query, _VALIDATORS[organization])
     start_time = query["start_time"]
     end_time = query.get("end_time", now)
     if end_time <= start_time:
@@ -149,31 +161,25 @@ def parse_usage_query(params: QueryDict, now: int) -> UsageQuery:
         group_by=tuple(dict.fromkeys(query.get("group_by", ()))),
         models=tuple(query.get("models", ())),
         endpoints=tuple(query.get("endpoints", ())),
-        api_key_prefixes=tuple(key_id.removeprefix(API_KEY_ID_PREFIX) for key_id in query.get("api_key_ids", ())),
+        api_key_prefixes=tuple(parse_api_key_id(key_id) for key_id in query.get("api_key_ids", ())),
         limit=limit,
         page_start=page_start,
+        user_pks=_user_pks(query["user_ids"]) if "user_ids" in query else None,
     )
 
 
-def _query_instance(params: QueryDict) -> dict[str, Any]:
-    """The query string as the JSON the schema checks: digits as integers (anything else stays a
-    string, for the schema to call an ``invalid_type``), arrays as lists, empty values left out."""
-    query: dict[str, Any] = {}
-    for name in QUERY_SCHEMA["properties"]:
-        if name in ARRAY_PARAMS:
-            values = _array(params, name)
-            if values:
-                query[name] = values
-            continue
-        raw = params.get(name)
-        if raw is None or raw == "":
-            continue
-        query[name] = int(raw) if name in INTEGER_PARAMS and _INTEGER.fullmatch(raw) else raw
-    return query
+def _user_pks(public_ids: list[str]) -> tuple[int, ...]:
+    """The users the ids name; an id of no user's shape names nobody (and so filters out everything)."""
+    return tuple(pk for pk in map(parse_user_id, public_ids) if pk is not None)
 
 
-async def usage_page(query: UsageQuery, owner_id: int) -> dict[str, Any]:
-    """The ``UsageResponse`` page for ``query`` over ``owner_id``'s usage records."""
+async def usage_page(query: UsageQuery, owner_id: int | None) -> dict[str, Any]:
+    """:func:`build_usage_page`, from async code (the key-scoped view)."""
+    return await db_call(build_usage_page, query, owner_id)
+
+
+def build_usage_page(query: UsageQuery, owner_id: int | None = None) -> dict[str, Any]:
+    """The ``UsageResponse`` page for ``query`` over ``owner_id``'s usage records (everyone's when ``None``)."""
     seconds = query.width.seconds
     boundaries = []
     moment = query.page_start
@@ -182,7 +188,7 @@ async def usage_page(query: UsageQuery, owner_id: int) -> dict[str, Any]:
         moment += seconds
     low = max(query.start_time, boundaries[0])
     high = min(query.end_time, boundaries[-1] + seconds)
-    grouped = await _aggregate(query, owner_id, low, high)
+    grouped = _aggregate(query, owner_id, low, high)
     data = [
         {
             "object": "bucket",
@@ -196,14 +202,17 @@ async def usage_page(query: UsageQuery, owner_id: int) -> dict[str, Any]:
     return {"object": "page", "data": data, "has_more": has_more, "next_page": _cursor(moment) if has_more else None}
 
 
-async def _aggregate(query: UsageQuery, owner_id: int, low: int, high: int) -> dict[int, list[dict[str, Any]]]:
+def _aggregate(query: UsageQuery, owner_id: int | None, low: int, high: int) -> dict[int, list[dict[str, Any]]]:
     """``{bucket start (Unix s): [result, ...]}`` for records in ``[low, high)``, grouped as asked."""
     queryset = UsageRecord.objects.filter(
         MODEL_REQUEST,
-        owner_id=owner_id,
         created_at__gte=datetime.fromtimestamp(low, timezone.utc),
         created_at__lt=datetime.fromtimestamp(high, timezone.utc),
     )
+    if owner_id is not None:
+        queryset = queryset.filter(owner_id=owner_id)
+    if query.user_pks is not None:
+        queryset = queryset.filter(owner_id__in=query.user_pks)
     if query.models:
         queryset = queryset.filter(model__in=query.models)
     if query.endpoints:
@@ -222,7 +231,7 @@ async def _aggregate(query: UsageQuery, owner_id: int, low: int, high: int) -> d
         .order_by("bucket", *lookups)
     )
     grouped: dict[int, list[dict[str, Any]]] = {}
-    async for row in rows:
+    for row in rows:
         grouped.setdefault(int(row["bucket"].timestamp()), []).append(_result(row, query.group_by))
     return grouped
 
@@ -230,6 +239,7 @@ async def _aggregate(query: UsageQuery, owner_id: int, low: int, high: int) -> d
 def _result(row: dict[str, Any], group_by: tuple[str, ...]) -> dict[str, Any]:
     """One ``UsageCompletionsResult``; the grouping fields not asked for are ``null``, as on OpenAI."""
     prefix = row.get("api_key__prefix")
+    owner = row.get("owner_id")
     result = {
         "object": RESULT_OBJECT,
         "input_tokens": row["input_tokens"],
@@ -239,8 +249,8 @@ def _result(row: dict[str, Any], group_by: tuple[str, ...]) -> dict[str, Any]:
         "output_audio_tokens": 0,
         "num_model_requests": row["num_model_requests"],
         "project_id": None,
-        "user_id": None,
-        "api_key_id": (API_KEY_ID_PREFIX + prefix if prefix else None) if "api_key_id" in group_by else None,
+        "user_id": (user_id(owner) if owner is not None else None) if "user_id" in group_by else None,
+        "api_key_id": (api_key_id(prefix) if prefix else None) if "api_key_id" in group_by else None,
         "model": row["model"] if "model" in group_by else None,
         "batch": None,
     }
@@ -262,10 +272,4 @@ def _page_start(cursor: str, first: int, end_time: int, width: BucketWidth) -> i
     if value is None or not first <= value < end_time or (value - first) % width.seconds:
         raise invalid_value_error("page", cursor, why="Use the 'next_page' of a previous answer to the same query.")
     return value
-
-
-def _array(params: QueryDict, name: str) -> list[str]:
-    """Values of an array parameter: repeated, with ``[]`` brackets, or comma-separated."""
-    values = params.getlist(name) + params.getlist(f"{name}[]")
-    return [item.strip() for value in values for item in value.split(",") if item.strip()]
 

@@ -39,6 +39,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "drf_spectacular",
     "organization",  # the Administration API (/v1/organization/) and admin keys
+    "audit",  # the audit log of keys, users and sign-ins, from every surface
 ]
 
 MIDDLEWARE = [
@@ -47,6 +48,7 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "audit.middleware.AuditActorMiddleware",  # who acts, for the audit log (after authentication)
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
@@ -164,6 +166,17 @@ API_MAX_LOGPROBS = env.int("API_MAX_LOGPROBS", default=5)
 API_MAX_N = env.int("API_MAX_N", default=20)
 API_MAX_PROMPTS = env.int("API_MAX_PROMPTS", default=64)  # prompts in one request's array
 API_SSE_KEEPALIVE_SECONDS = env.float("API_SSE_KEEPALIVE_SECONDS", default=15.0)
+
+# --- The Administration API (/v1/organization/...) ---------------------------------------------
+# Who may call it: DRF authentication and permission classes, as dotted paths (api/admin_api.py).
+# The defaults admit a staff member's admin session, which only the test client carries on /v1/
+# paths (the server's API handler runs no session middleware): set the admin-key authentication.
+ADMIN_API_AUTHENTICATION_CLASSES = env.list(
+    "ADMIN_API_AUTHENTICATION_CLASSES", default=["organization.authentication.AdminKeyAuthentication"]
+)
+ADMIN_API_PERMISSION_CLASSES = env.list(
+    "ADMIN_API_PERMISSION_CLASSES", default=["organization.authentication.HasAdminKey"]
+)
 
 # --- Per-key limits (keys/limits/) --------------------------------------------------------------
 # Defaults for keys without their own; 0 means no limit.  A dimension without a limit sends no

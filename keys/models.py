@@ -31,6 +31,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from .periods import usage_day
+from .signals import api_key_revoked
 
 KEY_NAMESPACE = "sk-cs-"
 PREFIX_LENGTH = 8
@@ -224,7 +225,8 @@ class APIKey(models.Model):
     def revoke(self) -> bool:
         """Revoke the key now; ``False`` (and the first ``revoked_at`` kept) if it already was.
 
-        The conditional UPDATE makes two concurrent revocations agree on one timestamp.
+        The conditional UPDATE makes two concurrent revocations agree on one timestamp; only the
+        one that revoked sends :data:`keys.signals.api_key_revoked`.
         """
         if self.is_revoked:
             return False
@@ -232,6 +234,7 @@ class APIKey(models.Model):
         updated = type(self).objects.filter(pk=self.pk, revoked_at__isnull=True).update(revoked_at=now)
         if updated:
             self.revoked_at = now
+            api_key_revoked.send(sender=type(self), api_key=self)
         else:
             self.refresh_from_db(fields=["revoked_at"])
         return bool(updated)

@@ -20,11 +20,12 @@ ROOT = Path(__file__).resolve().parents[2]
 ALLOWED = {
     "inference": set(),
     "keys": set(),
-    "api": {"inference", "keys"},
+    "audit": {"keys"},
+    "api": {"audit", "inference", "keys"},
     "dashboard": {"inference", "keys"},
     "accounts": {"dashboard", "keys"},
     "organization": {"api", "keys"},
-    "completions_site": {"accounts", "api", "dashboard", "inference", "keys", "organization"},
+    "completions_site": {"accounts", "api", "audit", "dashboard", "inference", "keys", "organization"},
 }
 
 
