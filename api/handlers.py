@@ -18,6 +18,7 @@ from django.core.handlers.exception import convert_exception_to_response
 from django.http import HttpRequest
 from django.http.response import HttpResponseBase
 
+from api import draining
 from api.errors import APIError, error_response
 
 security_logger = logging.getLogger("django.security.DisallowedHost")
@@ -49,9 +50,17 @@ class APIHandler(ASGIHandler):
             security_logger.warning("%s", error)
             response = error_response(APIError("Invalid Host header.", status=400))
         else:
-            response = await super().get_response_async(request)
+            response = await self._admitted_response(request)
         response.headers.setdefault("X-Content-Type-Options", "nosniff")
         return response
+
+    async def _admitted_response(self, request: HttpRequest) -> HttpResponseBase:
+        """The view's response, or a 503 with ``Retry-After`` once the process drains (SIGTERM:
+        ``api/draining.py``); ``/healthz`` still answers, with ``draining``."""
+        if draining.state.draining and request.path_info != "/healthz":
+            return error_response(draining.refusal_error())
+        return await super().get_response_async(request)
+
 
 
 def is_api_path(path_info: str) -> bool:
