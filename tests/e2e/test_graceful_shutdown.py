@@ -92,13 +92,23 @@ def test_sigterm_drains_short_streams_ends_long_ones_in_band_records_all_and_exi
         stream.start()
     for stream in short + long:
         assert stream.first_event.wait(60)
+    plain: dict[str, httpx.Response] = {}
+    waiting = threading.Thread(
+        target=lambda: plain.update(
+            response=server.post(
+                {"model": MODEL, "prompt": "Hello", "max_tokens": 4000, "logit_bias": NO_EOS}, timeout=60
+            )
+        )
+    )
+    waiting.start()
+    time.sleep(0.5)  # admitted before the signal
     if server.env.get("REDIS_URL") and redis_reachable(TEST_REDIS_URL):
         assert _in_flight_slots(server) >= 2  # the long streams hold theirs
 
     server.process.send_signal(signal.SIGTERM)
     started = time.monotonic()
     health = _wait_for_health(server, "draining")
-    assert health.status_code == 503
+    assert health.status_code == 503 and health.json()["open_requests"] >= 3  # the long ones at least
     refused = server.post({"model": MODEL, "prompt": "Hi", "max_tokens": 1})
     assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
     assert refused.json()["error"]["type"] == "server_error"
@@ -117,6 +127,11 @@ def test_sigterm_drains_short_streams_ends_long_ones_in_band_records_all_and_exi
         errors = [e for e in stream.events if isinstance(e, dict) and "error" in e]
         assert len(errors) == 1 and stream.events[-2] is errors[0]
         assert "shutting down" in errors[0]["error"]["message"]
+
+    waiting.join(10)
+    ended = plain["response"]
+    assert ended.status_code == 503 and "shutting down" in ended.json()["error"]["message"]
+    assert server.usage(ended.headers["x-request-id"], wait=0)["finish_reason"] == "error"
 
     records = {s.request_id: server.usage(s.request_id, wait=0) for s in short + long}
     assert all(records.values()), records
