@@ -18,6 +18,7 @@ from django.core.handlers.exception import convert_exception_to_response
 from django.http import HttpRequest
 from django.http.response import HttpResponseBase
 
+from api import draining
 from api.errors import APIError, error_response
 from audit.context import acting_for_request
 
@@ -53,9 +54,16 @@ class APIHandler(ASGIHandler):
             response = error_response(APIError("Invalid Host header.", status=400))
         else:
             with acting_for_request(request):
-                response = await super().get_response_async(request)
+                response = await self._admitted_response(request)
         response.headers.setdefault("X-Content-Type-Options", "nosniff")
         return response
+
+    async def _admitted_response(self, request: HttpRequest) -> HttpResponseBase:
+        """The view's response, or a 503 with ``Retry-After`` once the process drains (SIGTERM:
+        ``api/draining.py``); ``/healthz`` still answers, with ``draining``."""
+        if draining.state.draining and request.path_info != "/healthz":
+            return error_response(draining.refusal_error())
+        return await super().get_response_async(request)
 
 
 def is_api_path(path_info: str) -> bool:

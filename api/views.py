@@ -26,7 +26,7 @@ from keys.auth import touch_last_used
 from keys.models import APIKey
 from keys.usage import record_usage
 
-from . import metrics, sse
+from . import draining, metrics, sse
 from .access import note
 from .auth import admission_headers, admit, authenticate, current_headers
 from .chat import ChatRun, new_chat_completion_id, parse_chat_request
@@ -217,6 +217,7 @@ class _Usage:
         self.admission: limits.Admission | None = None
         self.limit_headers: dict[str, str] | None = None
         self.loop = asyncio.get_running_loop()
+        draining.state.opened(self)  # a draining process waits for this record before it exits
 
     async def admit(self, run: CompletionRun) -> None:
         """The limits hook: reserve the request's largest cost before the engine sees it, or 429.
@@ -269,10 +270,12 @@ class _Usage:
             user=self.user,
         )
         self.record = fields
+        draining.state.closed(self)
+        write = draining.state.writing(_write_usage(self.api_key, fields, self.admission))
         try:
-            await asyncio.shield(_write_usage(self.api_key, fields, self.admission))
+            await asyncio.shield(write)
         except asyncio.CancelledError:
-            pass  # the shielded write goes on
+            pass  # the shielded write goes on, and the process waits for it before it exits
 
     def __del__(self) -> None:
         # A streamed response dropped before its first byte (the client left while the middleware
@@ -379,7 +382,8 @@ def server_error(request: HttpRequest) -> HttpResponse:
 
 
 async def healthz(request: HttpRequest) -> HttpResponse:
-    """``GET /healthz``: 200 once the model is loaded, 503 while loading (or if loading failed)."""
+    """``GET /healthz``: 200 once the model is loaded, 503 while loading (or if loading failed) and
+    while the process drains after SIGTERM (``"status": "draining"``)."""
     engine = get_engine()
     body = {"status": "ok" if engine.ready else "loading", "model": engine.model_id, **engine.stats()}
     if engine.ready and engine.runner is not None:  # what serves: the forward pass and weight formats
@@ -388,7 +392,10 @@ async def healthz(request: HttpRequest) -> HttpResponse:
     if engine.load_error is not None:
         body["status"] = "error"
         body["error"] = f"{type(engine.load_error).__name__}: {engine.load_error}"
-    response = JsonResponse(body, status=200 if engine.ready else 503)
+    if draining.state.draining:
+        body["status"] = "draining"
+        body["open_requests"] = draining.state.open_requests
+    response = JsonResponse(body, status=200 if engine.ready and not draining.state.draining else 503)
     # A 503 while loading is expected: Django's private flag keeps it out of the error log.
     response._has_been_logged = True  # type: ignore[attr-defined]
     return response

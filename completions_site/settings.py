@@ -166,6 +166,10 @@ API_MAX_LOGPROBS = env.int("API_MAX_LOGPROBS", default=5)
 API_MAX_N = env.int("API_MAX_N", default=20)
 API_MAX_PROMPTS = env.int("API_MAX_PROMPTS", default=64)  # prompts in one request's array
 API_SSE_KEEPALIVE_SECONDS = env.float("API_SSE_KEEPALIVE_SECONDS", default=15.0)
+# After SIGTERM, running requests may finish for this long; the rest end with an error (a second
+# SIGTERM ends them at once).  Below the process manager's own stop timeout (systemd's
+# TimeoutStopSec, compose's stop_grace_period).
+SHUTDOWN_GRACE_SECONDS = env.float("SHUTDOWN_GRACE_SECONDS", default=30.0)
 
 # --- The Administration API (/v1/organization/...) ---------------------------------------------
 # Who may call it: DRF authentication and permission classes, as dotted paths (api/admin_api.py).

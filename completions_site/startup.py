@@ -1,10 +1,12 @@
-"""What a serving process does once, before it answers: run the checks, start the engine."""
+"""What a serving process does once, before it answers: run the checks, start the engine, and
+(under daphne) handle SIGTERM by draining (``completions_site/shutdown.py``)."""
 from __future__ import annotations
 
 from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 
+from completions_site import shutdown
 from inference import memory
 
 
@@ -18,6 +20,7 @@ def start_server() -> None:
     if errors:
         raise ImproperlyConfigured("Refusing to start:\n" + "\n".join(str(e) for e in errors))
     memory.mmap_large_allocations()
+    shutdown.install_when_served()  # under daphne: SIGTERM drains instead of cutting requests off
     if settings.ENGINE_AUTOSTART:
         from api.engine import get_engine
 

@@ -43,6 +43,7 @@ from .outputs import (  # noqa: F401  (re-exported: the engine's API)
     EngineError,
     EngineNotReady,
     EngineOverloaded,
+    EngineShuttingDown,
     RequestOutput,
     TokenLogprob,
 )
@@ -145,12 +146,13 @@ class Engine:
         self._thread = threading.Thread(target=self._run, args=(model, tokenizer), name="engine", daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
-        """Ask the worker to finish; running requests get an error."""
+    def stop(self, timeout: float = 30) -> None:
+        """Ask the worker to finish and wait up to ``timeout`` s; running and waiting requests get
+        :class:`EngineShuttingDown` (a 503, or an in-band error in a stream), later submits too."""
         self._stopping = True
         self._wakeup.set()
         if self._thread is not None:
-            self._thread.join(timeout=30)
+            self._thread.join(timeout=timeout)
 
     def wait_ready(self, timeout: float | None = None) -> bool:
         """Block until the model is loaded (or failed); returns ``ready``. For scripts and tests."""
@@ -241,7 +243,7 @@ class Engine:
         turns are shared between groups, so one request of many prompts cannot hold up the first
         token of the requests behind it (:class:`~inference.scheduler.Scheduler`).
 
-        Raises :class:`EngineNotReady` or :class:`EngineOverloaded` at once, so the caller can still
+        Raises :class:`EngineNotReady`, :class:`EngineOverloaded` or :class:`EngineShuttingDown` at once, so the caller can still
         answer with an HTTP error; iterating raises :class:`EngineError` if a step fails.  Must be
         called on the event loop that will iterate the stream.
         """
@@ -251,6 +253,8 @@ class Engine:
             raise ValueError("prompt_ids must not be empty")
         request = Request(request_id, list(prompt_ids), params, asyncio.get_running_loop(), self.device, group)
         with self._lock:
+            if self._stopping:  # checked under the lock that _fail_all empties the inbox under
+                raise EngineShuttingDown("The server is shutting down; retry the request.")
             if len(self.scheduler) + len(self._inbox) >= self.config.max_queue:
                 raise EngineOverloaded(
                     f"The server is overloaded: {self.config.max_queue} requests are already waiting."
@@ -291,7 +295,7 @@ class Engine:
         with torch.inference_mode():
             while not self._stopping:
                 self._loop_once()
-        self._fail_all(EngineError("The server is shutting down."))
+        self._fail_all(EngineShuttingDown("The server is shutting down."))
 
     def _install(self, model, tokenizer, loaded: bool = False) -> None:
         self.model = model

@@ -20,6 +20,12 @@ class EngineNotReady(EngineError):
     status = 503
 
 
+class EngineShuttingDown(EngineError):
+    """The engine was stopped (the process is shutting down): the client should retry elsewhere."""
+
+    status = 503
+
+
 class EngineOverloaded(EngineError):
     """The waiting queue is full (``ENGINE_MAX_QUEUE``); the client should retry later."""
 

@@ -1,0 +1,124 @@
+"""Graceful shutdown under daphne: SIGTERM drains the process instead of cutting its requests off.
+
+How daphne stops today: it runs Twisted's asyncio reactor with ``installSignalHandlers=True``, so
+Twisted installs a SIGTERM handler (``reactor.sigTerm``) when the reactor starts, which calls
+``reactor.stop()``; before shutting down, daphne's ``kill_all_applications`` trigger cancels every
+running application instance, and ``daphne`` exits 0.  A running stream was cut off mid-token.
+
+What this module adds: once the reactor runs (``reactor.callWhenRunning``, after Twisted installed
+its handlers), :func:`install_when_served` puts :class:`Drainer`'s handler in front of Twisted's.
+The first SIGTERM makes the process drain (``api/draining.py``): new API requests get a 503 with
+``Retry-After``, ``/healthz`` a 503 ``draining``; running requests may finish for up to
+``SHUTDOWN_GRACE_SECONDS``.  Then the engine stops, which ends the requests still running with
+one error (an in-band event in a stream, a 503 otherwise); their usage records are written (which
+frees their concurrency slots in Redis), and Twisted's own handler stops the reactor as before.
+A second SIGTERM skips the rest of the grace period.  A ``before shutdown`` trigger, after
+daphne's, waits for the usage writes of whatever daphne's trigger cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+# After the grace period: how long the ended requests get to send their error and write their
+# records, and how long the reactor's shutdown waits for usage writes.  Writes take milliseconds;
+# these only bound a stuck database.
+END_SECONDS = 10.0
+WRITE_SECONDS = 10.0
+
+
+def install_when_served() -> bool:
+    """Under daphne, install the SIGTERM drain once its reactor runs; returns whether it will.
+
+    Elsewhere (``manage.py``, tests in one process) nothing is installed: importing Twisted's
+    reactor here would install a reactor that daphne did not choose.
+    """
+    if "daphne.server" not in sys.modules:
+        return False
+    from twisted.internet import reactor
+
+    reactor.callWhenRunning(_install, reactor)  # type: ignore[attr-defined]  # Twisted's reactor is a module-level proxy
+    return True
+
+
+def _install(reactor: Any) -> None:
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def stop() -> None:
+        if callable(previous):
+            previous(signal.SIGTERM, None)  # Twisted's sigTerm: reactor.stop() from the loop
+        else:
+            reactor.stop()
+
+    drainer = Drainer(asyncio.get_event_loop(), stop)
+    signal.signal(signal.SIGTERM, drainer.on_sigterm)
+    reactor.addSystemEventTrigger("before", "shutdown", drainer.before_shutdown)
+
+
+class Drainer:
+    """Drains the process on the first SIGTERM, hurries on the second; ``stop`` ends the reactor."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, stop: Callable[[], None]) -> None:
+        self.loop = loop
+        self.stop = stop
+        self.signals = 0
+        self.hurry = asyncio.Event()
+        self.task: asyncio.Task | None = None
+
+    def on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        """The signal handler: hands the work to the event loop (signal handlers must not block)."""
+        self.signals += 1
+        if self.signals == 1:
+            self.loop.call_soon_threadsafe(self._start)
+        else:
+            self.loop.call_soon_threadsafe(self.hurry.set)
+
+    def _start(self) -> None:
+        self.task = self.loop.create_task(self.drain())
+
+    async def drain(self) -> None:
+        """Stop admitting, wait out the grace period, end the rest, write every record, then stop."""
+        from api import draining
+        from api.engine import get_engine
+
+        state = draining.state
+        grace = draining.grace_seconds()
+        state.begin()
+        logger.warning("SIGTERM: draining %d open requests for up to %g s", state.open_requests, grace)
+        try:
+            if not await state.wait_idle(grace, self.hurry):
+                reason = "a second SIGTERM" if self.hurry.is_set() else "the grace period's end"
+                logger.warning("Ending %d open requests after %s", state.open_requests, reason)
+                engine = get_engine()
+                if engine.ready:
+                    await asyncio.to_thread(engine.stop, END_SECONDS)  # every running request gets an error
+                await state.wait_idle(END_SECONDS)
+            if not await state.wait_written(WRITE_SECONDS):
+                logger.error("%d usage records were still being written at exit", state.pending_writes)
+        except Exception:
+            logger.exception("Draining failed; stopping anyway")
+        finally:
+            self.stop()
+
+    def before_shutdown(self) -> Any:
+        """A ``before shutdown`` trigger: a Deferred that fires once the cancelled requests' usage
+        records (daphne's trigger cancelled them just before) are written."""
+        from twisted.internet.defer import Deferred
+
+        return Deferred.fromFuture(asyncio.ensure_future(self._written(), loop=self.loop))
+
+    async def _written(self) -> None:
+        from api import draining
+
+        await asyncio.sleep(0.1)  # the cancelled instances run their finally blocks, which start the writes
+        await draining.state.wait_idle(WRITE_SECONDS / 2)
+        if not await draining.state.wait_written(WRITE_SECONDS / 2):
+            logger.error("%d usage records were still being written at exit", draining.state.pending_writes)

@@ -1,0 +1,63 @@
+"""The drain's bookkeeping (``api/draining.py``): what a process waits for after SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+
+from api.draining import DrainState, refusal_error
+
+
+class Usage:
+    """Stands in for a request's ``_Usage``."""
+
+
+def test_a_draining_process_refuses_with_503_retry_after_in_openais_shape():
+    error = refusal_error()
+
+    assert error.status == 503 and error.headers == {"Retry-After": "1"}
+    assert set(error.to_dict()["error"]) == {"message", "type", "param", "code"}
+    assert error.type == "server_error" and error.code == "server_shutting_down"
+
+
+def test_the_state_is_idle_once_every_open_request_has_written_its_record():
+    async def scenario() -> list[bool]:
+        state, usage, written = DrainState(), Usage(), asyncio.Event()
+        state.opened(usage)
+        seen = [state.idle()]
+        state.closed(usage)
+        state.writing(written.wait())
+        seen.append(state.idle())
+        written.set()
+        seen.append(await state.wait_idle(1))
+        return seen
+
+    assert asyncio.run(scenario()) == [False, False, True]
+
+
+def test_waiting_for_idle_ends_at_the_timeout_or_when_interrupted():
+    async def scenario() -> tuple[bool, bool]:
+        state, usage, hurry = DrainState(), Usage(), asyncio.Event()
+        state.opened(usage)
+        timed_out = await state.wait_idle(0.1)
+        hurry.set()
+        interrupted = await state.wait_idle(60, hurry)
+        return timed_out, interrupted
+
+    assert asyncio.run(scenario()) == (False, False)
+
+
+def test_a_request_object_that_is_gone_is_not_waited_for():
+    # Weak references: a dropped response's _Usage accounts for itself in __del__.
+    state = DrainState()
+    state.opened(Usage())
+    gc.collect()
+    assert state.idle()
+
+
+def test_begin_is_idempotent_and_keeps_the_first_time():
+    state = DrainState()
+    state.begin()
+    since = state.since
+    state.begin()
+    assert state.draining and state.since == since
