@@ -399,11 +399,11 @@ class Engine:
             self._running.extend(alive)
             prompts_done.append(request)
         self.scheduler.finish_prefills()
+        m.prefill_step_duration.observe(time.monotonic() - started)
         # Published only now: a client that has its first token finds its request counted as
-        # running, not waiting, by the queue limit and /healthz.
+        # running, not waiting, by the queue limit and /healthz, and the step in the metrics.
         for request in prompts_done:
             self._publish(request.sequences)
-        m.prefill_step_duration.observe(time.monotonic() - started)
 
     def _start_sequences(self, request: Request, logits: torch.Tensor) -> list[SequenceState]:
         """Create the request's candidates and sample their first tokens from ``logits`` ``[1, vocab]``.
@@ -425,11 +425,12 @@ class Engine:
         for seq in sequences:
             seq.length += 1
         self._sample(sequences, logits)
+        # Observed before publishing, so that a client who has its tokens finds the step counted.
+        m.decode_step_duration.observe(time.monotonic() - started)
         self._publish(sequences)
         keep = [row for row, seq in enumerate(sequences) if not seq.finished]
         if len(keep) != len(sequences):
             self._select_rows(keep)
-        m.decode_step_duration.observe(time.monotonic() - started)
 
     def _select_rows(self, keep: list[int]) -> None:
         """Keep only batch rows ``keep`` (finished and aborted sequences leave)."""
@@ -453,9 +454,9 @@ class Engine:
             while self._recent_tokens and now - self._recent_tokens[0][0] > RATE_WINDOW_SECONDS:
                 self._recent_tokens.popleft()
         for request, output in results:
-            request.push(output)
-            if output.finished:
+            if output.finished:  # counted before the client can see the end and read /metrics
                 _observe_finished(request, now)
+            request.push(output)
 
     def _fail_all(self, error: EngineError) -> None:
         """Fail every running and waiting request with ``error`` and reset the batch."""
