@@ -373,6 +373,61 @@ def test_acting_as_ends_with_its_block(user):
     assert current_actor().type == "system"
 
 
+# --- Revocation: one api_key.deleted from every surface ----------------------------------------
+
+
+def _revoke_through_the_api(key, user, staff_user, admin_key):
+    admin_api.delete(f"/projects/{user_id(user.pk)}/api_keys/{api_key_id(key.prefix)}", admin_key.plaintext)
+
+
+def _revoke_in_the_admin(key, user, staff_user, admin_key):
+    client = Client()
+    client.force_login(staff_user)
+    client.post(reverse("admin:keys_apikey_changelist"), {"action": "revoke_selected", "_selected_action": [key.pk]})
+
+
+def _revoke_on_the_account_page(key, user, staff_user, admin_key):
+    client = Client()
+    client.force_login(user)
+    client.post(f"/account/keys/{key.pk}/revoke/")
+
+
+def _revoke_on_the_account_page_for_the_user(key, user, staff_user, admin_key):
+    client = Client()
+    client.force_login(staff_user)
+    client.post(f"/admin/dashboard/accounts/{user.pk}/keys/{key.pk}/revoke/")
+
+
+def _revoke_on_the_command_line(key, user, staff_user, admin_key):
+    call_command("revoke_api_key", key.prefix, stdout=StringIO())
+
+
+REVOCATIONS = {
+    "api": (_revoke_through_the_api, "api_key"),
+    "admin": (_revoke_in_the_admin, "session"),
+    "account page": (_revoke_on_the_account_page, "session"),
+    "account page, staff for the user": (_revoke_on_the_account_page_for_the_user, "session"),
+    "command line": (_revoke_on_the_command_line, "system"),
+}
+
+
+@pytest.mark.parametrize("surface", list(REVOCATIONS))
+def test_revoking_records_exactly_one_api_key_deleted_even_when_repeated(
+    surface, valid_key, user, staff_user, admin_key
+):
+    revoke, actor_type = REVOCATIONS[surface]
+    key = valid_key.api_key
+
+    revoke(key, user, staff_user, admin_key)
+    revoke(key, user, staff_user, admin_key)  # a second try finds it revoked and records nothing
+
+    key.refresh_from_db()
+    assert key.is_revoked
+    entry = only("api_key.deleted")
+    assert (entry.resource_id, entry.actor_type) == (api_key_id(key.prefix), actor_type)
+    assert events("api_key.updated") == []  # revocation is no update of the key's fields
+
+
 # --- Sign-ins -----------------------------------------------------------------------------------
 
 
