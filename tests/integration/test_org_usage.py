@@ -9,6 +9,7 @@ import pytest
 from django.test import Client
 
 from keys.ids import api_key_id, user_id
+from keys.models import APIKey
 from tests.conftest import issue
 from tests.usage_helpers import MODEL, add_usage
 
@@ -194,3 +195,19 @@ def test_the_answer_is_a_valid_usage_response_of_openais_spec(admin_client, usag
 
     errors = list(validator.iter_errors(body))
     assert not errors, errors[0].message
+
+
+def test_ids_agree_with_the_administration_api_and_the_audit_log(admin_client, admin_key, user):
+    users = {u["username"]: u["id"] for u in admin_client.get("/v1/organization/users").json()["data"]}
+    created = admin_client.post(
+        f"/v1/organization/projects/{users['alice']}/api_keys", {"name": "ids"}, content_type="application/json"
+    ).json()
+    add_usage(APIKey.objects.get(prefix=created["id"].removeprefix("key_")), DAY0 + timedelta(hours=1))
+
+    body = get(admin_client, start_time=T0, end_time=T0 + 86400, group_by="user_id,api_key_id")
+    logged = admin_client.get("/v1/organization/audit_logs", {"resource_ids": created["id"]}).json()["data"]
+
+    assert [(r["user_id"], r["api_key_id"]) for r in results(body)] == [(users["alice"], created["id"])]
+    assert [entry["type"] for entry in logged] == ["api_key.created"]
+    assert logged[0]["api_key.created"]["data"]["user_id"] == users["alice"]
+    assert logged[0]["actor"]["api_key"]["id"] == admin_key.admin_key.public_id
