@@ -2,8 +2,8 @@
 
 - ``GET /v1/usage/completions`` (``api/usage_views.py``): the caller's key decides the scope: the
   figures are those of every key of the key's owner, never anyone else's.
-- ``GET /v1/organization/usage/completions`` (the Administration API, ``api/organization_usage.py``):
-  every key of every user, with ``group_by=user_id`` (``user_id`` is ``user-{pk}``, see
+- ``GET /v1/organization/usage/completions`` (the Administration API, ``organization.views``):
+  every key of every user, with ``group_by=user_id`` (``user_id`` is ``user_{pk}``, see
   ``keys.ids``) and the ``user_ids`` filter besides the parameters below
   (:data:`ORGANIZATION_QUERY_SCHEMA`).
 

@@ -16,9 +16,9 @@ travels beside it:
 
 An actor is the spec's ``AuditLogActor``::
 
-    {"type": "session", "session": {"user": {"id": "user-3", "email": "a@b.c"}, "ip_address": "10.0.0.1"}}
+    {"type": "session", "session": {"user": {"id": "user_3", "email": "a@b.c"}, "ip_address": "10.0.0.1"}}
     {"type": "session", "session": {"ip_address": "10.0.0.1"}}  (nobody signed in: a sign-up, a failed login)
-    {"type": "api_key", "api_key": {"id": "<admin key id>", "type": "user", "user": {"id": ..., "email": ...}}}
+    {"type": "api_key", "api_key": {"id": "key_AbCd1234", "type": "user", "user": {"id": ..., "email": ...}}}
     {"type": "system", "system": {"id": "manage.py create_api_key"}}
 """
 

@@ -54,10 +54,10 @@ class AuditLogEntry(models.Model):
     effective_at = models.DateTimeField(default=timezone.now, db_index=True)
     actor_type = models.CharField(max_length=20, help_text="session, api_key or system (ours: the command line).")
     actor_id = models.CharField(
-        max_length=100, blank=True, db_index=True, help_text="user-…, an admin key's id, or system."
+        max_length=100, blank=True, db_index=True, help_text="user_…, an admin key's key_…, or system."
     )
     actor = models.JSONField(help_text="The spec's AuditLogActor object.")
-    resource_id = models.CharField(max_length=100, blank=True, db_index=True, help_text="key_… or user-…")
+    resource_id = models.CharField(max_length=100, blank=True, db_index=True, help_text="key_… or user_…")
     details = models.JSONField(default=dict, help_text="The payload shown under the event type's key.")
 
     class Meta:

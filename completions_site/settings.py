@@ -171,17 +171,6 @@ API_SSE_KEEPALIVE_SECONDS = env.float("API_SSE_KEEPALIVE_SECONDS", default=15.0)
 # TimeoutStopSec, compose's stop_grace_period).
 SHUTDOWN_GRACE_SECONDS = env.float("SHUTDOWN_GRACE_SECONDS", default=30.0)
 
-# --- The Administration API (/v1/organization/...) ---------------------------------------------
-# Who may call it: DRF authentication and permission classes, as dotted paths (api/admin_api.py).
-# The defaults admit a staff member's admin session, which only the test client carries on /v1/
-# paths (the server's API handler runs no session middleware): set the admin-key authentication.
-ADMIN_API_AUTHENTICATION_CLASSES = env.list(
-    "ADMIN_API_AUTHENTICATION_CLASSES", default=["organization.authentication.AdminKeyAuthentication"]
-)
-ADMIN_API_PERMISSION_CLASSES = env.list(
-    "ADMIN_API_PERMISSION_CLASSES", default=["organization.authentication.HasAdminKey"]
-)
-
 # --- Per-key limits (keys/limits/) --------------------------------------------------------------
 # Defaults for keys without their own; 0 means no limit.  A dimension without a limit sends no
 # x-ratelimit-* headers, so the defaults are generous rather than absent.

@@ -3,18 +3,9 @@ from django.contrib import admin
 from django.urls import path, re_path
 
 from api import usage_views, views
-from api.audit_views import AuditLogListView
-from api.organization_usage import OrganizationUsageCompletionsView
 from completions_site import metrics
 
 urlpatterns = [
-    # The Administration API (access: ADMIN_API_* settings, api/admin_api.py).
-    path("v1/organization/audit_logs", AuditLogListView.as_view(), name="organization-audit-logs"),
-    path(
-        "v1/organization/usage/completions",
-        OrganizationUsageCompletionsView.as_view(),
-        name="organization-usage-completions",
-    ),
     path("v1/usage/completions", usage_views.usage_completions, name="usage-completions"),
     path("v1/completions", views.completions, name="completions"),
     path("v1/chat/completions", views.chat_completions, name="chat-completions"),

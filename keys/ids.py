@@ -1,34 +1,60 @@
-"""Public ids of users and API keys, as the Administration API, the usage API and the audit log show them.
+"""Public ids of users, API keys, admin keys and rate limits: one scheme for every surface.
 
-OpenAI names a user ``user-abc`` and an API key by an id of its own; ours are ``user-{pk}`` and
-``key_{prefix}`` (the key's public prefix, so an id never reveals the secret and is the same
-wherever it appears).  Every module that prints or parses these ids goes through here.
+The Administration API (``organization/``), the usage APIs (``api_key_id``, ``user_id``) and the
+audit log (actor and resource ids) all name things through here, so an id read in one is found
+in the others:
+
+- a user: ``user_{pk}``.  OpenAI's spec writes users' ids ``user_abc`` in the Administration API's
+  own examples (``/organization/users/user_abc``, ``UserListResponse``, project users, role
+  assignments); ``user-...`` appears only in an audit-log actor example and two ``first_id``s.
+- an API key or an admin key: ``key_{prefix}`` (OpenAI's ``key_abc``), the key's public prefix, so an
+  id never reveals the secret.  The two kinds share the form; their prefixes are random.
+- a key's rate limit: ``rl_{prefix}`` (one per key here, OpenAI's ``rl_...`` per model).
 """
 
 from __future__ import annotations
 
-USER_ID_PREFIX = "user-"
+USER_ID_PREFIX = "user_"
 API_KEY_ID_PREFIX = "key_"
+RATE_LIMIT_ID_PREFIX = "rl_"
+_MAX_PK_DIGITS = 18
 
 
 def user_id(pk: int) -> str:
-    """``"user-12"`` for the user whose primary key is 12."""
+    """``"user_12"`` for the user whose primary key is 12."""
     return f"{USER_ID_PREFIX}{pk}"
 
 
 def parse_user_id(public_id: str) -> int | None:
-    """The primary key that ``"user-12"`` names, or ``None`` when ``public_id`` is not such an id."""
+    """The primary key that ``"user_12"`` names, or ``None`` when ``public_id`` is not such an id."""
     digits = public_id.removeprefix(USER_ID_PREFIX)
-    if digits == public_id or not digits.isdigit() or len(digits) > 18:
+    if digits == public_id or not digits.isascii() or not digits.isdigit() or len(digits) > _MAX_PK_DIGITS:
         return None
     return int(digits)
 
 
 def api_key_id(prefix: str) -> str:
-    """``"key_AbCd1234"`` for the key whose public prefix is ``AbCd1234``."""
+    """``"key_AbCd1234"`` for the key (API or admin) whose public prefix is ``AbCd1234``."""
     return f"{API_KEY_ID_PREFIX}{prefix}"
 
 
 def parse_api_key_id(public_id: str) -> str:
-    """The prefix that ``"key_AbCd1234"`` names (a bare prefix is taken as it is)."""
+    """The prefix that ``"key_AbCd1234"`` names (a bare prefix is taken as it is: the usage API's filter)."""
     return public_id.removeprefix(API_KEY_ID_PREFIX)
+
+
+def key_prefix(public_id: str) -> str | None:
+    """The prefix that ``"key_AbCd1234"`` names, or ``None`` when ``public_id`` is not such an id."""
+    prefix = public_id.removeprefix(API_KEY_ID_PREFIX)
+    return prefix if prefix != public_id else None
+
+
+def rate_limit_id(prefix: str) -> str:
+    """``"rl_AbCd1234"``: the rate limit of the key whose public prefix is ``AbCd1234``."""
+    return f"{RATE_LIMIT_ID_PREFIX}{prefix}"
+
+
+def rate_limit_prefix(public_id: str) -> str | None:
+    """The key prefix that ``"rl_AbCd1234"`` names, or ``None`` when ``public_id`` is not such an id."""
+    prefix = public_id.removeprefix(RATE_LIMIT_ID_PREFIX)
+    return prefix if prefix != public_id else None

@@ -22,6 +22,7 @@ from django.conf import settings
 from django.db import IntegrityError, models, transaction
 from django.utils import timezone
 
+from keys.ids import api_key_id
 from keys.models import PREFIX_LENGTH, SECRET_BYTES, generate_prefix, hash_key
 
 ADMIN_KEY_NAMESPACE = "sk-cs-admin-"
@@ -104,7 +105,7 @@ class AdminAPIKey(models.Model):
     @property
     def public_id(self) -> str:
         """The id the API names it by: ``key_{prefix}`` (OpenAI's ``key_abc``)."""
-        return f"key_{self.prefix}"
+        return api_key_id(self.prefix)
 
     @property
     def redacted_value(self) -> str:

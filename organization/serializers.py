@@ -3,8 +3,8 @@
 Responses follow the spec (``openai-openapi.yaml``) field for field, in its order; drf-spectacular
 names each component after its serializer (``AdminApiKeySerializer`` → ``AdminApiKey``), and
 ``tests/integration/test_admin_api_schema.py`` compares them with the spec's.  Our extensions sit
-after OpenAI's fields.  Ids: ``user_{pk}`` for users, ``key_{prefix}`` for API keys (as the usage
-API's ``api_key_id``) and admin keys, ``rl_{prefix}`` for a key's rate limit.
+after OpenAI's fields.  Ids (``keys.ids``, shared with the usage API and the audit log): ``user_{pk}``
+for users, ``key_{prefix}`` for API keys and admin keys, ``rl_{prefix}`` for a key's rate limit.
 
 Requests are strict: a field of the wrong JSON type is an ``invalid_type`` (``"12"`` is no integer,
 ``12`` no string), an unknown field is OpenAI's "Unrecognized request argument supplied", a field
@@ -24,6 +24,8 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from api.errors import APIError, unrecognized_arguments_error
+from audit.models import EVENT_TYPES, AuditLogEntry
+from keys import ids
 from keys.limits import Limits
 from keys.models import KEY_NAMESPACE, APIKey, parse_model_list
 
@@ -83,8 +85,8 @@ class StrictChoiceField(serializers.ChoiceField):
 
 
 def user_id(user: Any) -> str:
-    """A user's public id: ``user_{pk}``."""
-    return f"user_{user.pk}"
+    """A user's public id: ``user_{pk}`` (``keys.ids``)."""
+    return ids.user_id(user.pk)
 
 
 def user_role(user: Any) -> str:
@@ -98,8 +100,8 @@ def user_name(user: Any) -> str:
 
 
 def api_key_id(api_key: APIKey) -> str:
-    """An API key's public id: ``key_{prefix}`` (the usage API's ``api_key_id``)."""
-    return f"key_{api_key.prefix}"
+    """An API key's public id: ``key_{prefix}`` (``keys.ids``; the usage API's ``api_key_id``)."""
+    return ids.api_key_id(api_key.prefix)
 
 
 # --- Requests -------------------------------------------------------------------------------------
@@ -412,7 +414,7 @@ class ProjectRateLimitSerializer(serializers.Serializer):
 
     @extend_schema_field(OpenApiTypes.STR)
     def get_id(self, api_key: APIKey) -> str:
-        return f"rl_{api_key.prefix}"
+        return ids.rate_limit_id(api_key.prefix)
 
     @extend_schema_field(OpenApiTypes.STR)
     def get_model(self, api_key: APIKey) -> str:
@@ -437,3 +439,180 @@ class ProjectRateLimitSerializer(serializers.Serializer):
     @extend_schema_field(OpenApiTypes.INT)
     def get_max_tokens_per_1_month(self, api_key: APIKey) -> int:
         return Limits.of(api_key).monthly_tokens
+
+
+# --- The audit log and the organization's usage ---------------------------------------------------
+# Their answers are built elsewhere (``audit.models.AuditLogEntry.to_dict``, ``api.usage_api``); these
+# serializers say their shape, for the generated schema (and the schema test's comparison with the spec).
+
+
+class AuditLogActorUserSerializer(serializers.Serializer):
+    """The spec's ``AuditLogActorUser``: the person behind a session or an admin key."""
+
+    id = serializers.CharField()
+    email = serializers.CharField(required=False)
+
+
+class AuditLogActorSessionSerializer(serializers.Serializer):
+    """The spec's ``AuditLogActorSession``: no ``user`` when nobody was signed in (a sign-up, a failed login)."""
+
+    user = AuditLogActorUserSerializer(required=False)
+    ip_address = serializers.CharField(required=False)
+
+
+class AuditLogActorApiKeySerializer(serializers.Serializer):
+    """The spec's ``AuditLogActorApiKey``: an admin key (``key_...``) and its owner."""
+
+    id = serializers.CharField()
+    type = serializers.ChoiceField(choices=["user"])
+    user = AuditLogActorUserSerializer(required=False)
+
+
+class AuditLogActorSystemSerializer(serializers.Serializer):
+    """Our extension: the command line (``manage.py <command>``) or other code with no request."""
+
+    id = serializers.CharField()
+
+
+class AuditLogActorSerializer(serializers.Serializer):
+    """The spec's ``AuditLogActor``, with our ``system`` type besides ``session`` and ``api_key``."""
+
+    type = serializers.ChoiceField(choices=["session", "api_key", "system"])
+    session = AuditLogActorSessionSerializer(required=False)
+    api_key = AuditLogActorApiKeySerializer(required=False)
+    system = AuditLogActorSystemSerializer(required=False)
+
+
+def _optional(**fields: serializers.Field) -> dict[str, serializers.Field]:
+    for field in fields.values():
+        field.required = False
+    return fields
+
+
+def _key_fields() -> dict[str, serializers.Field]:
+    """A key's audited fields as the audit log shows them (``audit.receivers``)."""
+    return _optional(
+        name=serializers.CharField(),
+        expires_at=serializers.IntegerField(allow_null=True),
+        rpm_limit=serializers.IntegerField(allow_null=True),
+        tpm_limit=serializers.IntegerField(allow_null=True),
+        max_concurrent=serializers.IntegerField(allow_null=True),
+        monthly_token_quota=serializers.IntegerField(allow_null=True),
+        allowed_models=serializers.ListField(child=serializers.CharField()),
+    )
+
+
+def _user_fields() -> dict[str, serializers.Field]:
+    """A user's audited fields as the audit log shows them (``audit.receivers``)."""
+    return _optional(
+        role=serializers.ChoiceField(choices=["owner", "reader"]),
+        username=serializers.CharField(),
+        email=serializers.CharField(),
+    )
+
+
+def _shape(component: str, /, **fields: serializers.Field) -> type[serializers.Serializer]:
+    """A serializer class of ``fields`` named ``{component}Serializer`` (its schema component)."""
+    return type(f"{component}Serializer", (serializers.Serializer,), fields)
+
+
+# Each event type's payload, shown under the type's name (``audit.receivers`` writes them).
+AUDIT_PAYLOADS: dict[str, type[serializers.Serializer]] = {
+    "api_key.created": _shape(
+        "AuditLogApiKeyCreated",
+        id=serializers.CharField(),
+        data=_shape(
+            "AuditLogApiKeyCreatedData",
+            scopes=serializers.ListField(child=serializers.CharField()),
+            user_id=serializers.CharField(),
+            **_key_fields(),
+        )(),
+    ),
+    "api_key.updated": _shape(
+        "AuditLogApiKeyUpdated",
+        id=serializers.CharField(),
+        changes_requested=_shape("AuditLogApiKeyChanges", **_key_fields())(),
+    ),
+    "api_key.deleted": _shape("AuditLogApiKeyDeleted", id=serializers.CharField()),
+    "user.added": _shape(
+        "AuditLogUserAdded", id=serializers.CharField(), data=_shape("AuditLogUserAddedData", **_user_fields())()
+    ),
+    "user.updated": _shape(
+        "AuditLogUserUpdated",
+        id=serializers.CharField(),
+        changes_requested=_shape(
+            "AuditLogUserChanges",
+            **_user_fields(),
+            **_optional(
+                first_name=serializers.CharField(),
+                last_name=serializers.CharField(),
+                is_active=serializers.BooleanField(),
+                is_superuser=serializers.BooleanField(),
+                password=serializers.ChoiceField(choices=["changed"]),
+            ),
+        )(),
+    ),
+    "user.deleted": _shape("AuditLogUserDeleted", id=serializers.CharField()),
+    "login.failed": _shape(
+        "AuditLogLoginFailed",
+        error_code=serializers.CharField(),
+        error_message=serializers.CharField(),
+        username=serializers.CharField(allow_null=True),
+    ),
+}
+
+
+class AuditLogSerializer(serializers.Serializer):
+    """The spec's ``AuditLog``: ``id``, ``type``, ``effective_at``, ``actor`` and, under the type's name,
+    its payload (:data:`AUDIT_PAYLOADS`, e.g. ``api_key.created``)."""
+
+    id = serializers.CharField()
+    type = serializers.ChoiceField(choices=list(EVENT_TYPES))
+    effective_at = serializers.IntegerField()
+    actor = AuditLogActorSerializer()
+
+    def get_fields(self) -> dict[str, serializers.Field]:
+        # Dotted names cannot be class attributes; the payloads join here, each optional.
+        payloads = {name: shape(required=False) for name, shape in AUDIT_PAYLOADS.items()}
+        payloads["login.succeeded"] = serializers.DictField(required=False, help_text="Always empty.")
+        return {**super().get_fields(), **payloads}
+
+    def to_representation(self, instance: AuditLogEntry) -> dict[str, Any]:
+        return instance.to_dict()
+
+
+class UsageCompletionsResultSerializer(serializers.Serializer):
+    """The spec's ``UsageCompletionsResult`` (``api.usage_api``): the grouping fields not asked for are
+    ``null``; our ``endpoint`` only with ``group_by=endpoint``."""
+
+    object = ConstField("organization.usage.completions.result")
+    input_tokens = serializers.IntegerField()
+    output_tokens = serializers.IntegerField()
+    input_cached_tokens = serializers.IntegerField()
+    input_audio_tokens = serializers.IntegerField()
+    output_audio_tokens = serializers.IntegerField()
+    num_model_requests = serializers.IntegerField()
+    project_id = serializers.CharField(allow_null=True)
+    user_id = serializers.CharField(allow_null=True)
+    api_key_id = serializers.CharField(allow_null=True)
+    model = serializers.CharField(allow_null=True)
+    batch = serializers.BooleanField(allow_null=True)
+    endpoint = serializers.CharField(required=False)
+
+
+class UsageTimeBucketSerializer(serializers.Serializer):
+    """The spec's ``UsageTimeBucket`` of completions results."""
+
+    object = ConstField("bucket")
+    start_time = serializers.IntegerField()
+    end_time = serializers.IntegerField()
+    results = UsageCompletionsResultSerializer(many=True)
+
+
+class UsageResponseSerializer(serializers.Serializer):
+    """The spec's ``UsageResponse``: a page of buckets, ``next_page`` the cursor of the next."""
+
+    object = ConstField("page")
+    data = UsageTimeBucketSerializer(many=True)
+    has_more = serializers.BooleanField()
+    next_page = serializers.CharField(allow_null=True)

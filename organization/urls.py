@@ -1,7 +1,6 @@
 """The Administration API's routes under ``/v1/organization/`` (OpenAI's paths; POST modifies, as OpenAI's do).
 
-The audit log (``audit_logs``) and the organization's usage (``usage/completions``) join
-``organization_urlpatterns`` below, where marked.
+Every route here is in the generated schema (``openapi.json``, the last route).
 """
 
 from __future__ import annotations
@@ -37,8 +36,12 @@ organization_urlpatterns = [
         PREFIX + "projects/<str:project_id>/rate_limits/<str:rate_limit_id>",
         views.ProjectRateLimitViewSet.as_view({"post": "update"}),
     ),
-    # The audit log and the organization's usage go here (another branch):
-    #   path(PREFIX + "audit_logs", ...), path(PREFIX + "usage/completions", ...),
+    path(PREFIX + "audit_logs", views.AuditLogViewSet.as_view({"get": "list"}), name="organization-audit-logs"),
+    path(
+        PREFIX + "usage/completions",
+        views.UsageCompletionsViewSet.as_view({"get": "retrieve"}),
+        name="organization-usage-completions",
+    ),
 ]
 
 # The schema of the routes above, generated from the code, readable without a key.

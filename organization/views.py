@@ -4,7 +4,10 @@ Users stand where OpenAI's projects stand: a user's API keys and their rate limi
 ``/v1/organization/projects/{user_id}/...`` (OpenAI's own paths, so its SDK's calls work), and
 ``/v1/organization/users/...`` are the organization's members (role ``owner`` = staff).  Every
 route needs an admin key (``authentication``), answers JSON only, errors in OpenAI's shape
-(``exceptions``), lists with OpenAI's cursor pagination (``pagination``).
+(``exceptions``), lists with OpenAI's cursor pagination (``pagination``).  The audit log
+(``audit_logs``) and everyone's usage (``usage/completions``) are routes of this API too; their
+protocols are ``audit_query`` and ``api.usage_api`` (shared with the key-scoped usage API).  Ids are
+``keys.ids``': ``user_{pk}``, ``key_{prefix}``, ``rl_{prefix}``.
 
 ``DELETE`` revokes a key (the row stays: usage and the audit log keep naming it) and deactivates
 a user (their records stay; their keys stop working at once); neither is listed afterwards.
@@ -12,6 +15,8 @@ a user (their records stay; their keys stop working at once); neither is listed 
 
 from __future__ import annotations
 
+import math
+import time
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
 from typing import Any
@@ -29,8 +34,12 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from api.errors import APIError
+from api.usage_api import ORGANIZATION_GROUPS, build_usage_page, parse_usage_query
+from audit.models import AuditLogEntry
+from keys import ids
 from keys.models import APIKey
 
+from . import audit_query
 from . import serializers as shapes
 from .authentication import AdminKeyAuthentication, HasAdminKey
 from .exceptions import validation_error
@@ -43,14 +52,6 @@ User = get_user_model()
 def not_found(kind: str, public_id: str) -> APIError:
     """The 404 for an id that names nothing (or nothing listed: a revoked key, a deactivated user)."""
     return APIError(f"No such {kind}: '{public_id}'.", status=404, param=None, code=None)
-
-
-def _pk_of(public_id: str, prefix: str) -> int | None:
-    """``user_12`` → 12 for ``prefix="user_"``; ``None`` when it is not shaped so."""
-    digits = public_id.removeprefix(prefix)
-    if public_id == digits or not digits.isascii() or not digits.isdigit() or len(digits) > 18:
-        return None
-    return int(digits)
 
 
 class JSONOnly(BaseContentNegotiation):
@@ -95,7 +96,7 @@ class OrganizationViewSet(viewsets.GenericViewSet):
 
     def active_user(self, public_id: str) -> Any:
         """The active user named ``user_{pk}``, or a 404."""
-        pk = _pk_of(public_id, "user_")
+        pk = ids.parse_user_id(public_id)
         user = User.objects.filter(pk=pk, is_active=True).first() if pk is not None else None
         if user is None:
             raise not_found("user", public_id)
@@ -119,14 +120,14 @@ class AdminApiKeyViewSet(OrganizationViewSet):
     """``/v1/organization/admin_api_keys[/{key_id}]``: list, create, retrieve, delete (revoke)."""
 
     def cursor_pk(self, public_id: str) -> int | None:
-        return AdminAPIKey.objects.filter(prefix=public_id.removeprefix("key_")).values_list("pk", flat=True).first()
+        prefix = ids.key_prefix(public_id)
+        return AdminAPIKey.objects.filter(prefix=prefix).values_list("pk", flat=True).first() if prefix else None
 
     def admin_key(self, key_id: str) -> AdminAPIKey:
         """The unrevoked admin key named ``key_{prefix}``, or a 404."""
+        prefix = ids.key_prefix(key_id)
         admin_key = (
-            AdminAPIKey.objects.unrevoked().select_related("owner").filter(prefix=key_id.removeprefix("key_")).first()
-            if key_id.startswith("key_")
-            else None
+            AdminAPIKey.objects.unrevoked().select_related("owner").filter(prefix=prefix).first() if prefix else None
         )
         if admin_key is None:
             raise not_found("admin API key", key_id)
@@ -173,7 +174,7 @@ class UserViewSet(OrganizationViewSet):
     """``/v1/organization/users[/{user_id}]``: list, create (our extension), retrieve, modify, delete."""
 
     def cursor_pk(self, public_id: str) -> int | None:
-        pk = _pk_of(public_id, "user_")
+        pk = ids.parse_user_id(public_id)
         return pk if pk is not None and User.objects.filter(pk=pk).exists() else None
 
     @extend_schema(
@@ -244,13 +245,13 @@ class UserKeysViewSet(OrganizationViewSet):
         """The user's keys that are not revoked (a revoked key is deleted, for this API)."""
         return APIKey.objects.filter(owner=user, revoked_at__isnull=True).select_related("owner")
 
-    def key(self, project_id: str, public_id: str, id_prefix: str) -> APIKey:
-        """The user's unrevoked key named ``{id_prefix}{prefix}`` (``key_`` or ``rl_``), or a 404."""
+    def key(self, project_id: str, public_id: str, rate_limit: bool = False) -> APIKey:
+        """The user's unrevoked key named ``key_{prefix}`` (``rl_{prefix}`` for its ``rate_limit``), or a 404."""
         user = self.active_user(project_id)
-        prefix = public_id.removeprefix(id_prefix)
-        api_key = self.keys_of(user).filter(prefix=prefix).first() if public_id.startswith(id_prefix) else None
+        prefix = ids.rate_limit_prefix(public_id) if rate_limit else ids.key_prefix(public_id)
+        api_key = self.keys_of(user).filter(prefix=prefix).first() if prefix else None
         if api_key is None:
-            raise not_found("API key" if id_prefix == "key_" else "rate limit", public_id)
+            raise not_found("rate limit" if rate_limit else "API key", public_id)
         return api_key
 
     def change(self, api_key: APIKey, columns: dict[str, Any], public_id: str) -> None:
@@ -268,8 +269,8 @@ class UserKeysViewSet(OrganizationViewSet):
             raise not_found("API key", public_id) from None
 
     def cursor_pk(self, public_id: str) -> int | None:
-        prefix = public_id.removeprefix("rl_" if public_id.startswith("rl_") else "key_")
-        user_pk = _pk_of(self.kwargs["project_id"], "user_")
+        prefix = ids.rate_limit_prefix(public_id) or ids.key_prefix(public_id)
+        user_pk = ids.parse_user_id(self.kwargs["project_id"])
         return APIKey.objects.filter(prefix=prefix, owner_id=user_pk).values_list("pk", flat=True).first()
 
 
@@ -317,7 +318,7 @@ class ProjectApiKeyViewSet(UserKeysViewSet):
     @extend_schema(operation_id="retrieve-project-api-key", responses=shapes.ProjectApiKeySerializer)
     def retrieve(self, request: Request, project_id: str, api_key_id: str) -> Response:
         """One of the user's keys (never its value)."""
-        return Response(shapes.ProjectApiKeySerializer(self.key(project_id, api_key_id, "key_")).data)
+        return Response(shapes.ProjectApiKeySerializer(self.key(project_id, api_key_id)).data)
 
     @extend_schema(
         operation_id="modify-project-api-key",
@@ -326,14 +327,14 @@ class ProjectApiKeyViewSet(UserKeysViewSet):
     )
     def update(self, request: Request, project_id: str, api_key_id: str) -> Response:
         """Change any of the key's fields; the next request with the key sees the change."""
-        api_key = self.key(project_id, api_key_id, "key_")
+        api_key = self.key(project_id, api_key_id)
         self.change(api_key, _key_columns(self.validated(shapes.ProjectApiKeyUpdateRequestSerializer)), api_key_id)
         return Response(shapes.ProjectApiKeySerializer(api_key).data)
 
     @extend_schema(operation_id="delete-project-api-key", responses={200: shapes.ProjectApiKeyDeleteResponseSerializer})
     def destroy(self, request: Request, project_id: str, api_key_id: str) -> Response:
         """Revoke the key: its next request is a 401."""
-        api_key = self.key(project_id, api_key_id, "key_")
+        api_key = self.key(project_id, api_key_id)
         api_key.revoke()
         return Response(
             {"object": "organization.project.api_key.deleted", "id": shapes.api_key_id(api_key), "deleted": True}
@@ -359,8 +360,76 @@ class ProjectRateLimitViewSet(UserKeysViewSet):
     )
     def update(self, request: Request, project_id: str, rate_limit_id: str) -> Response:
         """Set the key's own limits (``null``: the site's default; ``0``: none), from its next request."""
-        api_key = self.key(project_id, rate_limit_id, "rl_")
+        api_key = self.key(project_id, rate_limit_id, rate_limit=True)
         self.change(
             api_key, _key_columns(self.validated(shapes.ProjectRateLimitUpdateRequestSerializer)), rate_limit_id
         )
         return Response(shapes.ProjectRateLimitSerializer(api_key).data)
+
+
+# --- The audit log and everyone's usage -----------------------------------------------------------
+
+
+class AuditLogViewSet(OrganizationViewSet):
+    """``GET /v1/organization/audit_logs``: OpenAI's ``list-audit-logs``, newest first.
+
+    ``after=<last_id>`` gives the next (older) page, ``before=<first_id>`` the previous (newer) one;
+    the filters are ``organization.audit_query``'s.  Entries come from every surface (this API, the
+    admin, the account pages, the command line; ``audit.receivers``).
+    """
+
+    list_newest_first = True
+    list_pages_back = True
+
+    def cursor_pk(self, public_id: str) -> int | None:
+        return AuditLogEntry.objects.filter(public_id=public_id).values_list("pk", flat=True).first()
+
+    @extend_schema(
+        operation_id="list-audit-logs",
+        responses=shapes.AuditLogSerializer(many=True),
+        parameters=[
+            OpenApiParameter("event_types[]", str, many=True, description="Only these event types."),
+            OpenApiParameter("actor_ids[]", str, many=True, description="Only these actors (user_…, key_…, system)."),
+            OpenApiParameter("resource_ids[]", str, many=True, description="Only about these (key_…, user_…)."),
+            *(
+                OpenApiParameter(f"effective_at[{bound}]", int, description=f"Unix seconds: effective_at {bound}.")
+                for bound in ("gt", "gte", "lt", "lte")
+            ),
+        ],
+    )
+    def list(self, request: Request) -> Response:
+        """The audit log's entries, newest first, filtered by type, actor, resource and time."""
+        return self.listed(
+            audit_query.filtered(AuditLogEntry.objects.all(), request.query_params), shapes.AuditLogSerializer
+        )
+
+
+class UsageCompletionsViewSet(OrganizationViewSet):
+    """``GET /v1/organization/usage/completions``: everyone's usage in OpenAI's ``UsageResponse``.
+
+    The same buckets, pages and parameter errors as the key-scoped ``GET /v1/usage/completions``
+    (one implementation, ``api.usage_api``), over every key of every user, with ``group_by``
+    ``user_id`` and the ``user_ids`` filter besides ``model``, ``api_key_id``, ``models`` and
+    ``api_key_ids``.
+    """
+
+    @extend_schema(
+        operation_id="usage-completions",
+        responses=shapes.UsageResponseSerializer,
+        parameters=[
+            OpenApiParameter("start_time", int, required=True, description="Unix seconds, inclusive."),
+            OpenApiParameter("end_time", int, description="Unix seconds, exclusive (default: now)."),
+            OpenApiParameter("bucket_width", str, enum=["1m", "1h", "1d"], description="Default 1d."),
+            OpenApiParameter("group_by[]", str, many=True, enum=list(ORGANIZATION_GROUPS)),
+            OpenApiParameter("user_ids[]", str, many=True),
+            OpenApiParameter("api_key_ids[]", str, many=True),
+            OpenApiParameter("models[]", str, many=True),
+            OpenApiParameter("limit", int, description="Buckets per page."),
+            OpenApiParameter("page", str, description="The previous answer's next_page."),
+        ],
+    )
+    def retrieve(self, request: Request) -> Response:
+        """Token and request counts per time bucket, grouped and filtered by user, key and model."""
+        # Rounded up: without an end_time, a request made this very second is included.
+        query = parse_usage_query(request.query_params, now=math.ceil(time.time()), organization=True)
+        return Response(build_usage_page(query))

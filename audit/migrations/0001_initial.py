@@ -44,13 +44,13 @@ class Migration(migrations.Migration):
                 (
                     "actor_id",
                     models.CharField(
-                        blank=True, db_index=True, help_text="user-…, an admin key's id, or system.", max_length=100
+                        blank=True, db_index=True, help_text="user_…, an admin key's key_…, or system.", max_length=100
                     ),
                 ),
                 ("actor", models.JSONField(help_text="The spec's AuditLogActor object.")),
                 (
                     "resource_id",
-                    models.CharField(blank=True, db_index=True, help_text="key_… or user-…", max_length=100),
+                    models.CharField(blank=True, db_index=True, help_text="key_… or user_…", max_length=100),
                 ),
                 ("details", models.JSONField(default=dict, help_text="The payload shown under the event type's key.")),
             ],

@@ -27,6 +27,8 @@ ROUTES = [
     ("DELETE", "/projects/user_1/api_keys/key_abcdefgh"),
     ("GET", "/projects/user_1/rate_limits"),
     ("POST", "/projects/user_1/rate_limits/rl_abcdefgh"),
+    ("GET", "/usage/completions"),
+    ("GET", "/audit_logs"),
 ]
 INCORRECT = {"message": "Incorrect API key provided.", "type": "invalid_request_error", "param": None,
              "code": "invalid_api_key"}  # fmt: skip

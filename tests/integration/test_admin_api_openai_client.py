@@ -6,6 +6,8 @@ is exactly what it would over the network: OpenAI's paths, query parameters, bod
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
 import httpx2
 import pytest
 from django.core.wsgi import get_wsgi_application
@@ -13,6 +15,7 @@ from openai import OpenAI
 
 from keys.models import APIKey
 from tests.conftest import issue
+from tests.usage_helpers import add_usage
 
 pytestmark = pytest.mark.django_db
 
@@ -94,3 +97,32 @@ def test_the_client_lists_and_updates_rate_limits(admin_client, user, limited_ke
 
     assert len(listed) == 2 and listed[0].max_requests_per_1_minute == 3
     assert updated.max_requests_per_1_minute == 7 and updated.max_tokens_per_1_minute == 100
+
+
+def test_the_client_pages_through_the_audit_log_newest_first(admin_client, admin_key, user):
+    for name in ("one", "two", "three"):
+        issue(user, name)
+
+    entries = list(admin_client.admin.organization.audit_logs.list(event_types=["api_key.created"], limit=2))
+    newest = APIKey.objects.order_by("-pk").first()
+    only_it = admin_client.admin.organization.audit_logs.list(resource_ids=[f"key_{newest.prefix}"])
+
+    assert [e.type for e in entries] == ["api_key.created"] * 3  # two pages of 2, followed by the client
+    assert [e.id for e in only_it.data] == [entries[0].id]
+    assert getattr(entries[0], "api_key.created")["id"] == f"key_{newest.prefix}"
+
+
+def test_the_client_reads_everyones_usage_grouped_by_user(admin_client, valid_key, other_user, user):
+    add_usage(valid_key.api_key, datetime(2026, 3, 1, 1, tzinfo=timezone.utc), prompt_tokens=7)
+    start = int(datetime(2026, 3, 1, tzinfo=timezone.utc).timestamp())
+
+    page = admin_client.admin.organization.usage.completions(
+        start_time=start, end_time=start + 86400, group_by=["user_id", "api_key_id"], user_ids=[f"user_{user.pk}"]
+    )
+
+    (result,) = page.data[0].results
+    assert (result.user_id, result.api_key_id, result.input_tokens) == (
+        f"user_{user.pk}",
+        f"key_{valid_key.api_key.prefix}",
+        7,
+    )

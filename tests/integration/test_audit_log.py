@@ -1,8 +1,9 @@
 """The audit log: key, user and sign-in events from every surface, and ``GET /v1/organization/audit_logs``.
 
 Surfaces: the Django admin (Sam, staff), the account pages (Alice), ``manage.py`` commands, and
-the Administration API, simulated by an admin key acting through ``audit.context.acting_as`` or
-``request.auth`` (what DRF sets for an authentication class).
+the Administration API with Sam's admin key (through Django's test client, and through the API's
+own ASGI handler, which runs no middleware).  ``audit.context``'s rules are tested on their own with
+a duck-typed admin key.  The list is read with the admin key, as every Administration API route.
 """
 
 from __future__ import annotations
@@ -15,22 +16,18 @@ from pathlib import Path
 import pytest
 from asgiref.sync import async_to_sync
 from django.contrib.admin.models import LogEntry
-from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.forms import MultiWidget
-from django.test import AsyncClient, RequestFactory
-from django.urls import path, reverse
-from rest_framework.authentication import BaseAuthentication
-from rest_framework.permissions import AllowAny
-from rest_framework.response import Response
+from django.test import AsyncClient, Client, RequestFactory
+from django.urls import reverse
 
-from api.admin_api import AdminAPIView
 from api.handlers import APIHandler
 from audit.context import acting_as, current_actor, request_actor, set_request_actor
 from audit.models import AuditLogEntry
 from dashboard.models import AccountSettings
 from keys.ids import api_key_id, user_id
 from keys.models import APIKey
+from tests import admin_api
 
 pytestmark = pytest.mark.django_db
 
@@ -69,6 +66,12 @@ ANONYMOUS = {"type": "session", "session": {"ip_address": "127.0.0.1"}}
 def staff_client(client, staff_user):
     client.force_login(staff_user)
     return client
+
+
+@pytest.fixture
+def admin_client(admin_key):
+    """Django's test client sending Sam's admin key on every request."""
+    return Client(headers={"Authorization": f"Bearer {admin_key.plaintext}"})
 
 
 @pytest.fixture
@@ -280,27 +283,71 @@ def test_a_command_run_from_manage_py_is_named(monkeypatch):
 # --- The Administration API (an admin key as the actor) -----------------------------------------
 
 
+def admin_key_actor(admin_key, staff_user) -> dict:
+    """The ``AuditLogActor`` of Sam's admin key."""
+    person = {"id": user_id(staff_user.pk), "email": staff_user.email}
+    return {"type": "api_key", "api_key": {"id": admin_key.admin_key.public_id, "type": "user", "user": person}}
+
+
+def test_keys_created_changed_and_deleted_through_the_api_name_the_admin_key(admin_key, staff_user, user):
+    keys = f"/projects/{user_id(user.pk)}/api_keys"
+    created = admin_api.post(keys, admin_key.plaintext, {"name": "via api"})
+    key_id = created.body["id"]
+    admin_api.post(f"{keys}/{key_id}", admin_key.plaintext, {"max_tokens_per_1_minute": 1000})
+    admin_api.post(f"/projects/{user_id(user.pk)}/rate_limits/rl_{key_id[4:]}", admin_key.plaintext,
+                   {"max_requests_per_1_minute": 7})  # fmt: skip
+    admin_api.delete(f"{keys}/{key_id}", admin_key.plaintext)
+
+    assert created.status == 200
+    updates = events("api_key.updated")
+    for entry in [only("api_key.created", key_id), *updates, only("api_key.deleted", key_id)]:
+        assert entry.actor_type == "api_key"
+        assert entry.actor_id == admin_key.admin_key.public_id
+        assert entry.actor == admin_key_actor(admin_key, staff_user)
+        assert entry.resource_id == key_id
+    assert [entry.details["changes_requested"] for entry in updates] == [{"tpm_limit": 1000}, {"rpm_limit": 7}]
+
+
+def test_users_added_changed_and_deleted_through_the_api_name_the_admin_key(admin_key, staff_user):
+    added = admin_api.post("/users", admin_key.plaintext, {"username": "dave", "role": "reader"})
+    dave = added.body["id"]
+    admin_api.post(f"/users/{dave}", admin_key.plaintext, {"role": "owner"})
+    admin_api.delete(f"/users/{dave}", admin_key.plaintext)
+
+    actor = admin_key_actor(admin_key, staff_user)
+    assert only("user.added", dave).actor == actor
+    updated = [entry for entry in events("user.updated") if entry.resource_id == dave]
+    assert [entry.details["changes_requested"] for entry in updated] == [{"role": "owner"}, {"is_active": False}]
+    assert all(entry.actor == actor for entry in updated)
+
+
+def test_a_change_through_the_apis_own_handler_names_the_admin_key(admin_key, staff_user, user):
+    # The ASGI handler of /v1/ paths runs no middleware (api/handlers.py): the actor must still come through.
+    request = RequestFactory().post(
+        f"/v1/organization/projects/{user_id(user.pk)}/api_keys",
+        '{"name": "through the handler"}',
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {admin_key.plaintext}",
+        REMOTE_ADDR="10.9.8.7",
+    )
+
+    response = async_to_sync(APIHandler().get_response_async)(request)
+
+    assert response.status_code == 200
+    entry = only("api_key.created")
+    assert entry.actor_id == admin_key.admin_key.public_id
+    assert entry.actor["api_key"]["user"]["id"] == user_id(staff_user.pk)
+
+
 def test_changes_made_acting_as_an_admin_key_name_the_key_and_its_owner(staff_user, user):
     admin_key = FakeAdminKey("key_adminAAA", owner=staff_user)
 
     with acting_as(admin_key):
-        api_key, _ = APIKey.objects.create_key(name="via api", owner=user)
+        api_key, _ = APIKey.objects.create_key(name="via code", owner=user)
         api_key.tpm_limit = 1000
         api_key.save()
-        api_key.revoke()
 
-    expected = {
-        "type": "api_key",
-        "api_key": {
-            "id": "key_adminAAA",
-            "type": "user",
-            "user": {"id": user_id(staff_user.pk), "email": staff_user.email},
-        },
-    }
-    for event_type in ("api_key.created", "api_key.updated", "api_key.deleted"):
-        assert only(event_type).actor == expected
-        assert only(event_type).actor_id == "key_adminAAA"
-    assert only("api_key.updated").details["changes_requested"] == {"tpm_limit": 1000}
+    assert only("api_key.created").actor_id == only("api_key.updated").actor_id == "key_adminAAA"
 
 
 def test_a_request_whose_authentication_set_request_auth_acts_as_that_key(staff_user):
@@ -324,6 +371,61 @@ def test_acting_as_ends_with_its_block(user):
     with acting_as(user):
         assert current_actor().type == "session"
     assert current_actor().type == "system"
+
+
+# --- Revocation: one api_key.deleted from every surface ----------------------------------------
+
+
+def _revoke_through_the_api(key, user, staff_user, admin_key):
+    admin_api.delete(f"/projects/{user_id(user.pk)}/api_keys/{api_key_id(key.prefix)}", admin_key.plaintext)
+
+
+def _revoke_in_the_admin(key, user, staff_user, admin_key):
+    client = Client()
+    client.force_login(staff_user)
+    client.post(reverse("admin:keys_apikey_changelist"), {"action": "revoke_selected", "_selected_action": [key.pk]})
+
+
+def _revoke_on_the_account_page(key, user, staff_user, admin_key):
+    client = Client()
+    client.force_login(user)
+    client.post(f"/account/keys/{key.pk}/revoke/")
+
+
+def _revoke_on_the_account_page_for_the_user(key, user, staff_user, admin_key):
+    client = Client()
+    client.force_login(staff_user)
+    client.post(f"/admin/dashboard/accounts/{user.pk}/keys/{key.pk}/revoke/")
+
+
+def _revoke_on_the_command_line(key, user, staff_user, admin_key):
+    call_command("revoke_api_key", key.prefix, stdout=StringIO())
+
+
+REVOCATIONS = {
+    "api": (_revoke_through_the_api, "api_key"),
+    "admin": (_revoke_in_the_admin, "session"),
+    "account page": (_revoke_on_the_account_page, "session"),
+    "account page, staff for the user": (_revoke_on_the_account_page_for_the_user, "session"),
+    "command line": (_revoke_on_the_command_line, "system"),
+}
+
+
+@pytest.mark.parametrize("surface", list(REVOCATIONS))
+def test_revoking_records_exactly_one_api_key_deleted_even_when_repeated(
+    surface, valid_key, user, staff_user, admin_key
+):
+    revoke, actor_type = REVOCATIONS[surface]
+    key = valid_key.api_key
+
+    revoke(key, user, staff_user, admin_key)
+    revoke(key, user, staff_user, admin_key)  # a second try finds it revoked and records nothing
+
+    key.refresh_from_db()
+    assert key.is_revoked
+    entry = only("api_key.deleted")
+    assert (entry.resource_id, entry.actor_type) == (api_key_id(key.prefix), actor_type)
+    assert events("api_key.updated") == []  # revocation is no update of the key's fields
 
 
 # --- Sign-ins -----------------------------------------------------------------------------------
@@ -422,8 +524,8 @@ def ids(body: dict) -> list[str]:
     return [entry["id"] for entry in body["data"]]
 
 
-def test_the_list_is_newest_first_in_openais_shape(staff_client, history):
-    body = listed(staff_client)
+def test_the_list_is_newest_first_in_openais_shape(admin_client, history):
+    body = listed(admin_client)
 
     assert body["object"] == "list" and body["has_more"] is False
     assert ids(body) == [entry.public_id for entry in reversed(history)]
@@ -434,34 +536,34 @@ def test_the_list_is_newest_first_in_openais_shape(staff_client, history):
     assert newest["effective_at"] == int(history[-1].effective_at.timestamp())
 
 
-def test_filters_by_event_type_actor_and_resource(staff_client, history, user):
-    by_type = listed(staff_client, **{"event_types[]": ["api_key.created", "user.added"]})
-    by_actor = listed(staff_client, **{"actor_ids[]": "system"})
-    by_resource = listed(staff_client, resource_ids="key_AAAAAAAA,key_BBBBBBBB", event_types="api_key.created")
+def test_filters_by_event_type_actor_and_resource(admin_client, history, user):
+    by_type = listed(admin_client, **{"event_types[]": ["api_key.created", "user.added"]})
+    by_actor = listed(admin_client, **{"actor_ids[]": "system"})
+    by_resource = listed(admin_client, resource_ids="key_AAAAAAAA,key_BBBBBBBB", event_types="api_key.created")
 
     assert ids(by_type) == [history[3].public_id, history[1].public_id, history[0].public_id]
     assert ids(by_actor) == [history[3].public_id, history[0].public_id]
     assert ids(by_resource) == [history[3].public_id, history[1].public_id]
 
 
-def test_effective_at_bounds_are_whole_seconds(staff_client, history):
+def test_effective_at_bounds_are_whole_seconds(admin_client, history):
     second = int(history[2].effective_at.timestamp())
 
-    assert ids(listed(staff_client, **{"effective_at[gte]": second, "effective_at[lte]": second})) == [
+    assert ids(listed(admin_client, **{"effective_at[gte]": second, "effective_at[lte]": second})) == [
         history[2].public_id
     ]
-    assert ids(listed(staff_client, **{"effective_at[gt]": second})) == [history[4].public_id, history[3].public_id]
-    assert ids(listed(staff_client, **{"effective_at[lt]": second})) == [history[1].public_id, history[0].public_id]
+    assert ids(listed(admin_client, **{"effective_at[gt]": second})) == [history[4].public_id, history[3].public_id]
+    assert ids(listed(admin_client, **{"effective_at[lt]": second})) == [history[1].public_id, history[0].public_id]
 
 
-def test_pages_walk_with_after_and_back_with_before(staff_client, history):
+def test_pages_walk_with_after_and_back_with_before(admin_client, history):
     newest_first = [entry.public_id for entry in reversed(history)]
 
-    first = listed(staff_client, limit=2)
-    second = listed(staff_client, limit=2, after=first["last_id"])
-    last = listed(staff_client, limit=2, after=second["last_id"])
-    back = listed(staff_client, limit=2, before=last["first_id"])
-    top = listed(staff_client, limit=2, before=back["first_id"])
+    first = listed(admin_client, limit=2)
+    second = listed(admin_client, limit=2, after=first["last_id"])
+    last = listed(admin_client, limit=2, after=second["last_id"])
+    back = listed(admin_client, limit=2, before=last["first_id"])
+    top = listed(admin_client, limit=2, before=back["first_id"])
 
     assert (ids(first), first["has_more"]) == (newest_first[:2], True)
     assert (ids(second), second["has_more"]) == (newest_first[2:4], True)
@@ -470,9 +572,9 @@ def test_pages_walk_with_after_and_back_with_before(staff_client, history):
     assert (ids(top), top["has_more"]) == (newest_first[:2], False)
 
 
-def test_an_exactly_full_page_has_no_more_and_an_empty_one_no_ids(staff_client, history):
-    full = listed(staff_client, limit=5)
-    empty = listed(staff_client, **{"event_types[]": "login.failed"})
+def test_an_exactly_full_page_has_no_more_and_an_empty_one_no_ids(admin_client, history):
+    full = listed(admin_client, limit=5)
+    empty = listed(admin_client, **{"event_types[]": "login.failed"})
 
     assert len(full["data"]) == 5 and full["has_more"] is False
     assert empty == {"object": "list", "data": [], "first_id": None, "last_id": None, "has_more": False}
@@ -491,8 +593,8 @@ def test_an_exactly_full_page_has_no_more_and_an_empty_one_no_ids(staff_client, 
         ({"before": "audit_log-nothing"}, "before", "invalid_value"),
     ],
 )
-def test_a_bad_parameter_is_a_400_naming_it(staff_client, history, params, param, code):
-    response = staff_client.get(URL, params)
+def test_a_bad_parameter_is_a_400_naming_it(admin_client, history, params, param, code):
+    response = admin_client.get(URL, params)
 
     assert response.status_code == 400
     assert response.json()["error"]["param"] == param
@@ -500,79 +602,47 @@ def test_a_bad_parameter_is_a_400_naming_it(staff_client, history, params, param
     assert response.json()["error"]["type"] == "invalid_request_error"
 
 
-def test_after_and_before_together_are_a_400(staff_client, history):
-    response = staff_client.get(URL, {"after": history[0].public_id, "before": history[1].public_id})
+def test_after_and_before_together_are_a_400(admin_client, history):
+    response = admin_client.get(URL, {"after": history[0].public_id, "before": history[1].public_id})
 
     assert response.status_code == 400 and response.json()["error"]["param"] == "before"
 
 
-def test_only_staff_may_read_the_log_by_default(client, user):
+def test_only_an_admin_key_may_read_the_log(client, staff_user, valid_key, revoked_admin_key):
     anonymous = client.get(URL)
-    client.force_login(user)
-    plain_user = client.get(URL)
+    revoked = client.get(URL, headers={"Authorization": f"Bearer {revoked_admin_key.plaintext}"})
+    with_an_api_key = client.get(URL, headers={"Authorization": f"Bearer {valid_key.plaintext}"})
+    client.force_login(staff_user)
+    staff_session = client.get(URL)
 
-    for response in (anonymous, plain_user):
-        assert response.status_code == 403
+    assert [r.status_code for r in (anonymous, revoked, with_an_api_key, staff_session)] == [401, 401, 403, 401]
+    for response in (anonymous, revoked, with_an_api_key, staff_session):
         assert set(response.json()["error"]) == {"message", "type", "param", "code"}
 
 
-def test_access_follows_the_settings(client, settings):
-    settings.ADMIN_API_PERMISSION_CLASSES = ["rest_framework.permissions.AllowAny"]
-
-    assert client.get(URL).status_code == 200
+def test_order_is_not_a_parameter_of_the_log_and_before_is(admin_client, history):
+    # Always newest first (OpenAI's audit log has no order); other lists refuse before.
+    assert ids(listed(admin_client, order="asc")) == [entry.public_id for entry in reversed(history)]
+    assert admin_client.get(f"{admin_api.BASE}/users", {"before": "user_1"}).json()["error"]["param"] == "before"
 
 
 @pytest.mark.skipif(not SPEC.exists(), reason="OpenAI's spec is not beside the checkout (../shared)")
-def test_the_answer_is_a_valid_list_audit_logs_response_of_openais_spec(staff_client, user, staff_user):
+def test_the_answer_is_a_valid_list_audit_logs_response_of_openais_spec(admin_client, admin_key, user, client):
     import yaml
     from jsonschema import Draft202012Validator
 
     from tools.vendor_openai_schema import vendor
 
-    with acting_as(FakeAdminKey("key_adminDDD", owner=staff_user)):
-        APIKey.objects.create_key(name="x", owner=user)[0].revoke()
+    created = admin_api.post(f"/projects/{user_id(user.pk)}/api_keys", admin_key.plaintext, {"name": "x"})
+    admin_api.delete(f"/projects/{user_id(user.pk)}/api_keys/{created.body['id']}", admin_key.plaintext)
+    client.post("/account/login/", {"username": "alice", "password": "alice-password-1"})
     with SPEC.open(encoding="utf-8") as handle:
         spec = yaml.load(handle, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     document = vendor(spec, roots=("ListAuditLogsResponse",))
     validator = Draft202012Validator({**document, "$ref": "#/$defs/ListAuditLogsResponse"})
     # Our "system" actor is an extension the spec's enum does not know; the others must fit it.
-    body = listed(staff_client, **{"event_types[]": ["api_key.created", "api_key.deleted", "login.succeeded"]})
+    body = listed(admin_client, **{"event_types[]": ["api_key.created", "api_key.deleted", "login.succeeded"]})
 
     assert len(body["data"]) >= 3
     errors = list(validator.iter_errors(body))
     assert not errors, errors[0].message
-
-
-# --- The API's own handler (no middleware on /v1/) ----------------------------------------------
-
-
-class _AdminKeyAuthentication(BaseAuthentication):
-    """Stands in for the Administration API's admin-key authentication: ``(user, admin key)``."""
-
-    def authenticate(self, request):
-        owner = get_user_model()._default_manager.get(username="sam")
-        return owner, FakeAdminKey("key_adminEEE", owner=owner)
-
-
-class _CreateKeyView(AdminAPIView):
-    authentication_classes = [_AdminKeyAuthentication]
-    permission_classes = [AllowAny]
-
-    def post(self, request):
-        APIKey.objects.create_key(name="through the api", owner=get_user_model()._default_manager.get(username="alice"))
-        return Response({}, status=201)
-
-
-urlpatterns = [path("v1/organization/test-create-key", _CreateKeyView.as_view())]
-
-
-@pytest.mark.urls(__name__)
-def test_a_change_through_the_apis_handler_names_the_admin_key(staff_user, user):
-    request = RequestFactory().post("/v1/organization/test-create-key", REMOTE_ADDR="10.9.8.7")
-
-    response = async_to_sync(APIHandler().get_response_async)(request)
-
-    assert response.status_code == 201
-    entry = only("api_key.created")
-    assert entry.actor_id == "key_adminEEE"
-    assert entry.actor["api_key"]["user"]["id"] == user_id(staff_user.pk)

@@ -24,7 +24,7 @@ ALLOWED = {
     "api": {"audit", "inference", "keys"},
     "dashboard": {"inference", "keys"},
     "accounts": {"dashboard", "keys"},
-    "organization": {"api", "keys"},
+    "organization": {"api", "audit", "keys"},
     "completions_site": {"accounts", "api", "audit", "dashboard", "inference", "keys", "organization"},
 }
 
