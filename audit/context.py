@@ -30,12 +30,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-from django.contrib.auth.base_user import AbstractBaseUser
-from django.http import HttpRequest
+from typing import TYPE_CHECKING, Any
 
 from keys.ids import api_key_id, user_id
+
+if TYPE_CHECKING:  # the models load with the apps; this module is imported before (api/handlers.py, asgi.py)
+    from django.contrib.auth.base_user import AbstractBaseUser
+    from django.http import HttpRequest
 
 SESSION = "session"
 API_KEY = "api_key"
@@ -88,6 +89,8 @@ def actor_for(thing: Any, ip_address: str | None = None) -> Actor:
     """
     if isinstance(thing, Actor):
         return thing
+    from django.contrib.auth.base_user import AbstractBaseUser
+
     if isinstance(thing, AbstractBaseUser):
         return user_actor(thing, ip_address)
     if callable(getattr(thing, "audit_actor", None)):
