@@ -77,6 +77,9 @@ INT4_GROUP = 32
 # innerKTiles of torch's int4 CPU packing: the only value its CPU kernel takes besides 2 and 4;
 # the layout is an implementation detail of the kernel, 8 matching the CUDA one.
 INT4_INNER_K_TILES = 8
+# The weight-only kernels, looked up once: ``torch.ops`` resolves a name per attribute access.
+_INT8_MM = torch._weight_int8pack_mm
+_INT4_MM = torch.ops.aten._weight_int4pack_mm_for_cpu.default
 
 # The embedded model's shapes as a runner with fused projections computes them, per decoder layer:
 # q/k/v fused (576 + 192 + 192 rows), the attention output, gate/up fused, the MLP down projection.
@@ -192,9 +195,10 @@ class Bfloat16Linear(WeightLinear):
         )
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        # forward, not the module's __call__: its hook checks cost a few microseconds per layer.
         if x.dtype == torch.bfloat16:
-            return self.packed(x)
-        return self.packed(x.to(torch.bfloat16)).to(x.dtype)
+            return self.packed.forward(x)
+        return self.packed.forward(x.to(torch.bfloat16)).to(x.dtype)
 
     @property
     def nbytes(self) -> int:
@@ -228,11 +232,15 @@ class Int8Linear(WeightLinear):
         self.bias = None if bias is None else bias.detach().to(compute_dtype)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, self.in_features).to(self.compute_dtype)
-        out = torch._weight_int8pack_mm(flat, self.qweight, self.scales)
+        # A 2-d x (every call of the Llama runner) skips the two reshapes: at batch 1 each aten call
+        # costs about as much as a small layer's product (issue 12).
+        flat = x if x.dim() == 2 else x.reshape(-1, self.in_features)
+        out = _INT8_MM(flat.to(self.compute_dtype), self.qweight, self.scales)
         if self.bias is not None:
             out = out + self.bias
-        return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+        if x.dim() != 2:
+            out = out.reshape(*x.shape[:-1], self.out_features)
+        return out.to(x.dtype)
 
     @classmethod
     def from_quantized(
@@ -342,11 +350,13 @@ class Int4Linear(WeightLinear):
         return cls(quantize_q4_1(weight), bias, **kwargs)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, self.in_features).to(self.compute_dtype)
-        out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, INT4_GROUP, self.scales_and_zeros)
+        flat = x if x.dim() == 2 else x.reshape(-1, self.in_features)  # see Int8Linear.__call__
+        out = _INT4_MM(flat.to(self.compute_dtype), self.packed, INT4_GROUP, self.scales_and_zeros)
         if self.bias is not None:
             out = out + self.bias
-        return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+        if x.dim() != 2:
+            out = out.reshape(*x.shape[:-1], self.out_features)
+        return out.to(x.dtype)
 
     def dequantized(self) -> torch.Tensor:
         """The float64 weight ``[out, in]`` the kernel computes with: ``(q - 8) * scale + zero`` (stored values)."""
