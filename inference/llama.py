@@ -125,6 +125,8 @@ class _Layer:
 
     input_norm: torch.Tensor
     qkv: Linear  # [tokens, hidden] -> [tokens, (heads + 2 kv_heads) * head_dim]
+    # o and down are only ever added into the residual stream in place; with float32 activations
+    # they are the formats' `compute` (see _residual_linear), whose output may be bfloat16.
     o: Linear  # [tokens, heads * head_dim] -> [tokens, hidden]
     post_norm: torch.Tensor
     gate_up: Linear  # [tokens, hidden] -> [tokens, 2 * intermediate]
@@ -219,11 +221,27 @@ class LlamaModelRunner:
             qkv=linear_factory(
                 qkv.detach(), self.dtype, names("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
             ),
-            o=linear_factory(attention.o_proj.weight.detach(), self.dtype, names("self_attn.o_proj")),
+            o=self._residual_linear(
+                linear_factory(attention.o_proj.weight.detach(), self.dtype, names("self_attn.o_proj"))
+            ),
             post_norm=layer.post_attention_layernorm.weight.detach().to(self.dtype),
             gate_up=linear_factory(gate_up.detach(), self.dtype, names("mlp.gate_proj", "mlp.up_proj")),
-            down=linear_factory(mlp.down_proj.weight.detach(), self.dtype, names("mlp.down_proj")),
+            down=self._residual_linear(
+                linear_factory(mlp.down_proj.weight.detach(), self.dtype, names("mlp.down_proj"))
+            ),
         )
+
+    def _residual_linear(self, linear: Linear) -> Linear:
+        """What computes a linear whose output is only added into the float32 residual stream in place.
+
+        A format computing in bfloat16 (int4, int8, bfloat16; :meth:`inference.weights.WeightLinear.compute`)
+        then returns its bfloat16 result as it is: ``x += y`` converts ``y`` exactly as ``y.float()``
+        would, without that call's allocation and copy (60 per decode step of the embedded model).
+        Other activation dtypes, and linears without ``compute``, keep the linear itself.
+        """
+        if self.dtype != torch.float32:
+            return linear
+        return getattr(linear, "compute", linear)
 
     @staticmethod
     def _rope_frequencies(model) -> tuple[torch.Tensor, float]:

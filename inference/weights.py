@@ -153,6 +153,12 @@ class WeightLinear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def compute(self, x: torch.Tensor) -> torch.Tensor:
+        """``x W^T + b`` in the dtype the format computes in (bfloat16 for bfloat16, int8 and int4
+        activations), not converted back to ``x``'s: for a caller that adds it into a float32 tensor
+        in place, which converts it exactly, one aten call fewer (the Llama runner's residual adds)."""
+        return self(x)
+
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self._tensors() if t is not None)
@@ -200,6 +206,9 @@ class Bfloat16Linear(WeightLinear):
             return self.packed.forward(x)
         return self.packed.forward(x.to(torch.bfloat16)).to(x.dtype)
 
+    def compute(self, x: torch.Tensor) -> torch.Tensor:
+        return self.packed.forward(x.to(torch.bfloat16))
+
     @property
     def nbytes(self) -> int:
         # The packed weight is an opaque oneDNN tensor; its size is that of the bf16 weight.
@@ -234,13 +243,14 @@ class Int8Linear(WeightLinear):
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         # A 2-d x (every call of the Llama runner) skips the two reshapes: at batch 1 each aten call
         # costs about as much as a small layer's product (issue 12).
+        return self.compute(x).to(x.dtype)
+
+    def compute(self, x: torch.Tensor) -> torch.Tensor:
         flat = x if x.dim() == 2 else x.reshape(-1, self.in_features)
         out = _INT8_MM(flat.to(self.compute_dtype), self.qweight, self.scales)
         if self.bias is not None:
             out = out + self.bias
-        if x.dim() != 2:
-            out = out.reshape(*x.shape[:-1], self.out_features)
-        return out.to(x.dtype)
+        return out if x.dim() == 2 else out.reshape(*x.shape[:-1], self.out_features)
 
     @classmethod
     def from_quantized(
@@ -350,13 +360,14 @@ class Int4Linear(WeightLinear):
         return cls(quantize_q4_1(weight), bias, **kwargs)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.compute(x).to(x.dtype)
+
+    def compute(self, x: torch.Tensor) -> torch.Tensor:
         flat = x if x.dim() == 2 else x.reshape(-1, self.in_features)  # see Int8Linear.__call__
         out = _INT4_MM(flat.to(self.compute_dtype), self.packed, INT4_GROUP, self.scales_and_zeros)
         if self.bias is not None:
             out = out + self.bias
-        if x.dim() != 2:
-            out = out.reshape(*x.shape[:-1], self.out_features)
-        return out.to(x.dtype)
+        return out if x.dim() == 2 else out.reshape(*x.shape[:-1], self.out_features)
 
     def dequantized(self) -> torch.Tensor:
         """The float64 weight ``[out, in]`` the kernel computes with: ``(q - 8) * scale + zero`` (stored values)."""
@@ -449,9 +460,14 @@ class PlannedLinear(WeightLinear):
         self._beyond = layers[plan.steps[-1][1]]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self._layer_for(x)(x)
+
+    def compute(self, x: torch.Tensor) -> torch.Tensor:
+        return self._layer_for(x).compute(x)
+
+    def _layer_for(self, x: torch.Tensor) -> WeightLinear:
         rows = x.numel() // self.in_features
-        layer = self._by_rows[rows] if rows < len(self._by_rows) else self._beyond
-        return layer(x)
+        return self._by_rows[rows] if rows < len(self._by_rows) else self._beyond
 
     @property
     def nbytes(self) -> int:
