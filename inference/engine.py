@@ -44,7 +44,7 @@ from .outputs import (  # noqa: F401  (re-exported: the engine's API)
 )
 from .sampling import SamplingParams
 from .scheduler import Scheduler
-from .sequence import Request, SequenceState
+from .sequence import Request, SequenceState, push_all
 
 logger = logging.getLogger(__name__)
 
@@ -417,8 +417,7 @@ class Engine:
             self._recent_tokens.append((now, len(sequences)))  # one token sampled per sequence
             while self._recent_tokens and now - self._recent_tokens[0][0] > RATE_WINDOW_SECONDS:
                 self._recent_tokens.popleft()
-        for request, output in results:
-            request.push(output)
+        push_all(results)
 
     def _fail_all(self, error: EngineError) -> None:
         """Fail every running and waiting request with ``error`` and reset the batch."""
