@@ -1,11 +1,12 @@
 """Milliseconds per decode step of two checkouts' Llama runners, interleaved in one process.
 
     OMP_WAIT_POLICY=PASSIVE nice .venv/bin/python bench/runner_ab.py /work/main . [--batches 1 8] [--rounds 21]
-        [--steps 4] [--context 150] [--weights auto] [--threads 1]
+        [--steps 4] [--context 150] [--weights auto] [--dtype auto] [--threads 1]
 
 Each checkout's ``inference`` package is imported in turn (then renamed in ``sys.modules``, so the
 two coexist) and builds its runner as the engine does (``build_runner``, ``MODEL_WEIGHTS`` from
-``--weights``, the autotune's cached choice, the GGUF's Q4_1 blocks), warmed up.  Per batch size,
+``--weights``, ``MODEL_DTYPE`` from ``--dtype``: bfloat16 activations on a CPU with AVX-512 bf16,
+float32 elsewhere; the autotune's cached choice, the GGUF's Q4_1 blocks), warmed up.  Per batch size,
 rounds alternate A and B (the order flipping every round), each timing ``--steps`` decode steps;
 printed: the median ms per step of each, B/A, the minimum of each, and the largest difference of
 their logits on one step from the same cache.  On a machine shared with other processes the
@@ -28,7 +29,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 
-def _build(root: str, tag: str, weights: str, max_batch: int):
+def _build(root: str, tag: str, weights: str, max_batch: int, dtype: str):
     """Root's runner and its PrefillChunk; its modules are left in sys.modules as ``{tag}_inference...``."""
     sys.path.insert(0, root)
     try:
@@ -37,7 +38,8 @@ def _build(root: str, tag: str, weights: str, max_batch: int):
         importlib.import_module("inference.llama")
         folder = loader.converted_gguf_dir(loader.embedded_gguf_path(), Path(".cache/models"))
         with torch.inference_mode():
-            model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+            activations = loader.resolve_dtype(dtype, torch.device("cpu"))
+            model = AutoModelForCausalLM.from_pretrained(folder, dtype=activations).eval()
             runner = model_runner.build_runner(
                 model,
                 "llama",
@@ -63,6 +65,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--context", type=int, default=150)
     parser.add_argument("--weights", default="auto")
+    parser.add_argument("--dtype", default="auto", help="activations (MODEL_DTYPE): auto is the server's choice")
     parser.add_argument(
         "--threads",
         type=int,
@@ -74,7 +77,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     roots = [str(Path(root).resolve()) for root in args.roots]
     os.chdir(roots[1])  # .cache (models, autotune) is read from B's checkout
-    built = {tag: _build(root, tag, args.weights, max(args.batches)) for tag, root in zip("AB", roots)}
+    built = {tag: _build(root, tag, args.weights, max(args.batches), args.dtype) for tag, root in zip("AB", roots)}
     runners = {tag: runner for tag, (runner, _) in built.items()}
     chunk = built["A"][1]
     torch.manual_seed(0)
