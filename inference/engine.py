@@ -49,7 +49,7 @@ from .outputs import (  # noqa: F401  (re-exported: the engine's API)
 )
 from .sampling import SamplingParams
 from .scheduler import Scheduler
-from .sequence import Request, SequenceState
+from .sequence import Request, SequenceState, push_all
 
 logger = logging.getLogger(__name__)
 
@@ -456,7 +456,7 @@ class Engine:
         for request, output in results:
             if output.finished:  # counted before the client can see the end and read /metrics
                 _observe_finished(request, now)
-            request.push(output)
+        push_all(results)
 
     def _fail_all(self, error: EngineError) -> None:
         """Fail every running and waiting request with ``error`` and reset the batch."""

@@ -62,7 +62,7 @@ def make_linear(weight: torch.Tensor, dtype: torch.dtype, names: tuple[str, ...]
     """
     if dtype == torch.bfloat16 and weight.device.type == "cpu" and onednn_linear_available():
         packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(dtype).contiguous(), PACKED_BATCH_HINT)
-        pointwise = torch.ops.mkldnn._linear_pointwise
+        pointwise = torch.ops.mkldnn._linear_pointwise.default
 
         def packed_linear(x: torch.Tensor) -> torch.Tensor:
             return pointwise(x, packed, None, "none", [], "")
@@ -125,6 +125,8 @@ class _Layer:
 
     input_norm: torch.Tensor
     qkv: Linear  # [tokens, hidden] -> [tokens, (heads + 2 kv_heads) * head_dim]
+    # o and down are only ever added into the residual stream in place; with float32 activations
+    # they are the formats' `compute` (see _residual_linear), whose output may be bfloat16.
     o: Linear  # [tokens, heads * head_dim] -> [tokens, hidden]
     post_norm: torch.Tensor
     gate_up: Linear  # [tokens, hidden] -> [tokens, 2 * intermediate]
@@ -219,11 +221,27 @@ class LlamaModelRunner:
             qkv=linear_factory(
                 qkv.detach(), self.dtype, names("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
             ),
-            o=linear_factory(attention.o_proj.weight.detach(), self.dtype, names("self_attn.o_proj")),
+            o=self._residual_linear(
+                linear_factory(attention.o_proj.weight.detach(), self.dtype, names("self_attn.o_proj"))
+            ),
             post_norm=layer.post_attention_layernorm.weight.detach().to(self.dtype),
             gate_up=linear_factory(gate_up.detach(), self.dtype, names("mlp.gate_proj", "mlp.up_proj")),
-            down=linear_factory(mlp.down_proj.weight.detach(), self.dtype, names("mlp.down_proj")),
+            down=self._residual_linear(
+                linear_factory(mlp.down_proj.weight.detach(), self.dtype, names("mlp.down_proj"))
+            ),
         )
+
+    def _residual_linear(self, linear: Linear) -> Linear:
+        """What computes a linear whose output is only added into the float32 residual stream in place.
+
+        A format computing in bfloat16 (int4, int8, bfloat16; :meth:`inference.weights.WeightLinear.compute`)
+        then returns its bfloat16 result as it is: ``x += y`` converts ``y`` exactly as ``y.float()``
+        would, without that call's allocation and copy (60 per decode step of the embedded model).
+        Other activation dtypes, and linears without ``compute``, keep the linear itself.
+        """
+        if self.dtype != torch.float32:
+            return linear
+        return getattr(linear, "compute", linear)
 
     @staticmethod
     def _rope_frequencies(model) -> tuple[torch.Tensor, float]:
@@ -388,9 +406,7 @@ class LlamaModelRunner:
         longest = max(self._lengths) + 1
         self._rope_table(longest)
         self._reserve(rows, longest)
-        heads, kv_heads, dim = self.num_heads, self.num_kv_heads, self.head_dim
-        group, capacity = heads // kv_heads, self._column_capacity
-        qk_width = (heads + kv_heads) * dim
+        kv_heads, capacity = self.num_kv_heads, self._column_capacity
         positions = torch.tensor(self._lengths, device=self.device)
         # Where each row's new key goes in a layer's cache seen as [rows * kv_heads * capacity, dim].
         slots = (
@@ -400,7 +416,28 @@ class LlamaModelRunner:
         if min(self._lengths) + 1 != longest:  # rows of one length attend to every column: no mask
             mask = (torch.arange(longest, device=self.device)[None, :] <= positions[:, None]).view(rows, 1, 1, longest)
         cos, sin = self._cos[positions][:, None], self._sin[positions][:, None]
-        x = F.embedding(torch.tensor(input_ids, device=self.device), self._embedding)  # [rows, hidden]
+        ids = torch.tensor(input_ids, device=self.device)
+        logits = self._logits(self._decode_layers(ids, cos, sin, slots, mask, longest))
+        self._lengths = [length + 1 for length in self._lengths]
+        return logits
+
+    def _decode_layers(
+        self,
+        ids: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        slots: torch.Tensor,
+        mask: torch.Tensor | None,
+        longest: int,
+    ) -> torch.Tensor:
+        """The decode step's tensor work: ``ids`` ``[rows]``, ``cos``/``sin`` ``[rows, 1, head_dim]``,
+        ``slots`` ``[rows * kv_heads]`` (where each new key goes, see :meth:`decode`), ``mask``
+        ``[rows, 1, 1, longest]`` or None; writes the caches, returns the last layer's hidden states ``[rows, hidden]``."""
+        rows = ids.shape[0]
+        heads, kv_heads, dim = self.num_heads, self.num_kv_heads, self.head_dim
+        group = heads // kv_heads
+        qk_width = (heads + kv_heads) * dim
+        x = F.embedding(ids, self._embedding)  # [rows, hidden]
         for index, layer in enumerate(self._layers):
             qkv = layer.qkv(F.rms_norm(x, (self.hidden_size,), layer.input_norm, self.eps))
             qk = self._rotate(qkv[:, :qk_width].view(rows, heads + kv_heads, dim), cos, sin)
@@ -419,8 +456,7 @@ class LlamaModelRunner:
             )  # [rows, kv_heads, group, dim]
             x += layer.o(attended.reshape(rows, heads * dim))
             x += self._mlp(layer, x)
-        self._lengths = [length + 1 for length in self._lengths]
-        return self._logits(x)
+        return x
 
     # --- the running batch's cache ----------------------------------------------------------------
 

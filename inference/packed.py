@@ -19,6 +19,12 @@ import torch
 # The batch size oneDNN lays the packed weights out for; any batch runs, and this one measured
 # fastest for batches of 1 to 32 on the 2-core CPU.
 PACKED_BATCH_HINT = 8
+# oneDNN's linear on a packed weight, looked up once (``torch.ops`` resolves names per access);
+# None in a torch built without oneDNN, where onednn_linear_available() is False.
+try:
+    _LINEAR_POINTWISE = torch.ops.mkldnn._linear_pointwise.default
+except (AttributeError, RuntimeError):
+    _LINEAR_POINTWISE = None
 
 # Sibling projections packed as one weight when a module has all of them (HF's names).
 FUSED_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
@@ -42,8 +48,10 @@ class PackedLinear(torch.nn.Module):
         return cls(linear.weight, linear.bias)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        if hidden_states.dim() == 2:  # no reshapes: each aten call counts at batch 1 (issue 12)
+            return _LINEAR_POINTWISE(hidden_states, self.packed_weight, self.bias, "none", [], "")
         flat = hidden_states.reshape(-1, self.in_features)
-        output = torch.ops.mkldnn._linear_pointwise(flat, self.packed_weight, self.bias, "none", [], "")
+        output = _LINEAR_POINTWISE(flat, self.packed_weight, self.bias, "none", [], "")
         return output.reshape(*hidden_states.shape[:-1], self.out_features)
 
 

@@ -136,15 +136,16 @@ def sample(sequences: Sequence[SequenceState], logits: torch.Tensor) -> list[tup
             apply_penalties(logits[row], seq.counts, params.presence_penalty, params.frequency_penalty)
         if seq.grammar is not None:  # structured output: after bias and penalties, before sampling and logprobs
             seq.grammar.mask_logits(logits[row])
-    temperature = torch.tensor(
-        [0.0 if seq.request.params.greedy else seq.request.params.temperature for seq in sequences],
-        device=logits.device,
-    )
-    apply_temperature(logits, temperature)
+    sampled = [row for row, seq in enumerate(sequences) if not seq.request.params.greedy]
+    if sampled:  # greedy rows would be divided by 1: an all-greedy batch skips the [batch, vocab] division
+        temperature = torch.tensor(
+            [0.0 if seq.request.params.greedy else seq.request.params.temperature for seq in sequences],
+            device=logits.device,
+        )
+        apply_temperature(logits, temperature)
     wants = [row for row, seq in enumerate(sequences) if seq.request.wants_logprobs]
     logprobs = torch.log_softmax(logits[wants], dim=-1) if wants else None
     chosen = logits.argmax(dim=-1).tolist()
-    sampled = [row for row, seq in enumerate(sequences) if not seq.request.params.greedy]
     if sampled:
         probs = torch.softmax(logits[sampled], dim=-1)
         top_p = torch.tensor([sequences[row].request.params.top_p for row in sampled], device=logits.device)
