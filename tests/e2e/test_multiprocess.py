@@ -1,10 +1,12 @@
 """Two daphne processes behind one API, sharing PostgreSQL and Redis, as a hosted deployment runs.
 
 Limits hold across the processes (not once per process), a revocation through one process is
-refused by the other on the next request, and concurrent streamed and interrupted requests leave
-exactly one usage record each.  The servers get a PostgreSQL database of their own (created from
-the ``test`` database and dropped afterwards) and a Redis key prefix of their own; without
-PostgreSQL or Redis the module is skipped.
+refused by the other on the next request, a key created, changed or deleted through one process's
+Administration API is served or refused accordingly by the other on its very next request (and
+the audit log names the admin key), and concurrent streamed and interrupted requests leave exactly
+one usage record each.  The servers get a PostgreSQL database of their own (created from the
+``test`` database and dropped afterwards) and a Redis key prefix of their own; without PostgreSQL
+or Redis the module is skipped.
 """
 from __future__ import annotations
 
@@ -63,6 +65,13 @@ class Cluster:
     def post(self, index: int, key: str, body: dict, **kwargs) -> httpx.Response:
         return self.servers[index % 2].post({"model": MODEL, **body}, key=key, **kwargs)
 
+    def organization(self, index: int, method: str, path: str, key: str, body: dict | None = None,
+                     **params: str) -> httpx.Response:
+        """``method /v1/organization{path}`` on server ``index`` with an admin key."""
+        url = self.servers[index % 2].api_url + "/organization" + path
+        return httpx.request(method, url, json=body, params=params, headers={"Authorization": f"Bearer {key}"},
+                             timeout=30)
+
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory) -> Cluster:
@@ -98,6 +107,25 @@ def cluster(tmp_path_factory) -> Cluster:
             stop_server(server)  # which deletes the shared prefix's counters too
         with psycopg.connect(POSTGRES_URL, autocommit=True) as admin:
             admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@dataclass
+class Operator:
+    """An admin key made on the command line, and a customer it created through the Administration API."""
+
+    admin_key: str
+    admin_key_id: str
+    customer_id: str
+
+
+@pytest.fixture(scope="module")
+def operator(cluster) -> Operator:
+    output = cluster.servers[0].manage("create_admin_key", "--name", "provisioning", "--user", "ops")
+    admin_key = output.strip().splitlines()[-1]
+    prefix = re.fullmatch(r"sk-cs-admin-([A-Za-z0-9]{8})\..+", admin_key)[1]
+    created = cluster.organization(0, "POST", "/users", admin_key, {"username": "carol", "role": "reader"})
+    assert created.status_code == 200, created.text
+    return Operator(admin_key, f"key_{prefix}", created.json()["id"])
 
 
 def test_a_key_with_rpm_10_gets_exactly_10_successes_out_of_30_requests_over_both_processes(cluster):
@@ -154,6 +182,128 @@ def test_a_key_revoked_through_one_process_is_refused_by_the_other_on_its_next_r
 
     refused = cluster.post(1, key, {"prompt": "Hi", "max_tokens": 1})
     assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
+
+
+def test_limits_changed_through_one_process_administration_api_apply_to_the_next_request_on_the_other(
+        cluster, operator):
+    admin, keys = operator.admin_key, f"/projects/{operator.customer_id}"
+    body = {"prompt": "Hi", "max_tokens": 1, "logit_bias": NO_EOS}  # uses exactly what it reserves
+    created = cluster.organization(0, "POST", keys + "/api_keys", admin, {
+        "name": "limited", "max_requests_per_1_minute": 3, "max_tokens_per_1_minute": 1000})
+    assert created.status_code == 200, created.text
+    key, key_id = created.json()["value"], created.json()["id"]
+    rate_limit = "/rate_limits/" + key_id.replace("key_", "rl_", 1)
+
+    def change(path: str, fields: dict) -> None:
+        answer = cluster.organization(0, "POST", keys + path, admin, fields)
+        assert answer.status_code == 200, answer.text
+
+    served = cluster.post(1, key, body)  # at once, on the other process
+    assert served.status_code == 200, served.text
+    assert served.headers["x-ratelimit-limit-requests"] == "3"
+    cost = served.json()["usage"]["total_tokens"]  # what the same request reserves
+
+    change(rate_limit, {"max_requests_per_1_minute": 1})
+    refused = cluster.post(1, key, body)
+    assert refused.status_code == 429 and refused.json()["error"]["type"] == "requests"
+    assert "Limit 1, Used 1, Requested 1" in refused.json()["error"]["message"]
+
+    change(rate_limit, {"max_requests_per_1_minute": 0, "max_tokens_per_1_minute": 2 * cost - 1})
+    refused = cluster.post(1, key, body)  # it fits alone, not beside the first request's tokens
+    assert refused.status_code == 429 and refused.json()["error"]["type"] == "tokens"
+    assert f"Limit {2 * cost - 1}, Used {cost}, Requested {cost}" in refused.json()["error"]["message"]
+
+    change("/api_keys/" + key_id, {"models": ["another-model"], "max_tokens_per_1_minute": None})
+    refused = cluster.post(1, key, body)
+    assert refused.status_code == 404
+    assert (refused.json()["error"]["code"], refused.json()["error"]["param"]) == ("model_not_found", "model")
+
+    change("/api_keys/" + key_id, {"models": [MODEL], "max_tokens_per_1_month": cost})
+    refused = cluster.post(1, key, body)
+    assert refused.status_code == 429 and refused.json()["error"]["code"] == "insufficient_quota"
+    assert f"may use {cost} tokens per calendar month, {cost} are used" in refused.json()["error"]["message"]
+
+    change("/api_keys/" + key_id, {"max_tokens_per_1_month": None, "expires_at": int(time.time()) - 1})
+    refused = cluster.post(1, key, body)
+    assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
+
+    change("/api_keys/" + key_id, {"expires_at": None})
+    assert cluster.post(1, key, body).status_code == 200
+    assert _audit_log(cluster, 1, operator, key_id) == ["api_key.updated"] * 6 + ["api_key.created"]
+
+
+def test_a_concurrency_limit_set_through_one_process_administration_api_counts_the_other_process_requests(
+        cluster, operator):
+    admin, keys = operator.admin_key, f"/projects/{operator.customer_id}"
+    created = cluster.organization(0, "POST", keys + "/api_keys", admin, {"name": "one at a time"})
+    key, key_id = created.json()["value"], created.json()["id"]
+    changed = cluster.organization(0, "POST", keys + "/rate_limits/" + key_id.replace("key_", "rl_", 1), admin,
+                                   {"max_concurrent_requests": 1})
+    assert changed.json()["max_concurrent_requests"] == 1
+
+    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 1000, "logit_bias": NO_EOS, "stream": True}
+    with httpx.stream("POST", cluster.servers[1].api_url + "/completions", json=body, timeout=60,
+                      headers={"Authorization": f"Bearer {key}"}) as streaming:
+        assert streaming.status_code == 200
+        lines = streaming.iter_lines()  # held: a dropped line iterator would close the connection
+        next(line for line in lines if line.startswith("data: {"))  # under way on B
+        refused = cluster.post(0, key, {"prompt": "Hi", "max_tokens": 1})
+        assert not streaming.is_closed
+    assert refused.status_code == 429 and refused.json()["error"]["type"] == "requests"
+    assert "Limit 1, Used 1, Requested 1" in refused.json()["error"]["message"]
+    assert "concurrent requests" in refused.json()["error"]["message"]
+
+    deadline = time.monotonic() + 10  # the disconnect frees the slot once B has seen it
+    while (served := cluster.post(0, key, {"prompt": "Hi", "max_tokens": 1})).status_code == 429:
+        assert time.monotonic() < deadline, served.text
+        time.sleep(0.1)
+    assert served.status_code == 200, served.text
+
+
+def test_a_key_created_through_one_process_administration_api_works_at_once_and_deleted_through_the_other_is_refused(
+        cluster, operator):
+    admin, keys = operator.admin_key, f"/projects/{operator.customer_id}/api_keys"
+    created = cluster.organization(0, "POST", keys, admin, {"name": "short-lived"})
+    assert created.status_code == 200, created.text
+    key, key_id = created.json()["value"], created.json()["id"]
+    assert cluster.post(1, key, {"prompt": "Hi", "max_tokens": 1}).status_code == 200
+    assert cluster.post(0, key, {"prompt": "Hi", "max_tokens": 1}).status_code == 200
+
+    deleted = cluster.organization(1, "DELETE", f"{keys}/{key_id}", admin)
+    assert deleted.json() == {"object": "organization.project.api_key.deleted", "id": key_id, "deleted": True}
+
+    refused = cluster.post(0, key, {"prompt": "Hi", "max_tokens": 1})
+    assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
+    assert cluster.organization(0, "GET", f"{keys}/{key_id}", admin).status_code == 404
+    assert _audit_log(cluster, 0, operator, key_id) == ["api_key.deleted", "api_key.created"]
+
+
+def test_a_user_deleted_through_one_process_administration_api_has_their_keys_refused_by_the_other_at_once(
+        cluster, operator):
+    admin = operator.admin_key
+    user = cluster.organization(1, "POST", "/users", admin, {"username": "dave", "role": "reader"}).json()["id"]
+    created = cluster.organization(1, "POST", f"/projects/{user}/api_keys", admin, {"name": "dave's"})
+    key = created.json()["value"]
+    assert cluster.post(0, key, {"prompt": "Hi", "max_tokens": 1}).status_code == 200
+
+    deleted = cluster.organization(0, "DELETE", f"/users/{user}", admin)
+    assert deleted.json() == {"object": "organization.user.deleted", "id": user, "deleted": True}
+
+    refused = cluster.post(1, key, {"prompt": "Hi", "max_tokens": 1})
+    assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
+    assert _audit_log(cluster, 1, operator, user) == ["user.updated", "user.added"]
+
+
+def _audit_log(cluster: Cluster, index: int, operator: Operator, resource_id: str) -> list[str]:
+    """The types of the audit log's entries about ``resource_id``, newest first, each by the operator's admin key."""
+    answer = cluster.organization(index, "GET", "/audit_logs", operator.admin_key, **{"resource_ids[]": resource_id})
+    assert answer.status_code == 200, answer.text
+    entries = answer.json()["data"]
+    for entry in entries:
+        assert entry["actor"]["type"] == "api_key"
+        assert entry["actor"]["api_key"]["id"] == operator.admin_key_id
+        assert entry[entry["type"]]["id"] == resource_id
+    return [entry["type"] for entry in entries]
 
 
 def test_200_concurrent_requests_leave_200_records_whose_tokens_are_what_the_responses_reported(cluster):
