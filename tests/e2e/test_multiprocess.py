@@ -294,6 +294,20 @@ def test_a_user_deleted_through_one_process_administration_api_has_their_keys_re
     assert _audit_log(cluster, 1, operator, user) == ["user.updated", "user.added"]
 
 
+def test_an_admin_key_created_through_one_process_works_on_the_other_and_deleted_through_it_is_refused_by_the_first(
+        cluster, operator):
+    created = cluster.organization(0, "POST", "/admin_api_keys", operator.admin_key, {"name": "rotated"})
+    assert created.status_code == 200, created.text
+    admin_key, admin_key_id = created.json()["value"], created.json()["id"]
+    assert cluster.organization(1, "GET", "/users", admin_key).status_code == 200
+
+    deleted = cluster.organization(1, "DELETE", f"/admin_api_keys/{admin_key_id}", operator.admin_key)
+    assert deleted.json() == {"id": admin_key_id, "object": "organization.admin_api_key.deleted", "deleted": True}
+
+    refused = cluster.organization(0, "GET", "/users", admin_key)
+    assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
+
+
 def _audit_log(cluster: Cluster, index: int, operator: Operator, resource_id: str) -> list[str]:
     """The types of the audit log's entries about ``resource_id``, newest first, each by the operator's admin key."""
     answer = cluster.organization(index, "GET", "/audit_logs", operator.admin_key, **{"resource_ids[]": resource_id})
