@@ -3,7 +3,7 @@
 ``settings.LOGGING`` puts :class:`RedactSecrets` on the console handler, so every record that
 reaches it (ours, Django's, daphne's, twisted's) has our keys' secrets and secret-named query
 values (``api_key``, ``key``, ``token``) replaced by ``***`` (:func:`keys.redaction.redact`), in
-its message, its arguments, its traceback and its extra fields.  ``LOG_FORMAT=json`` picks
+its message, its arguments, its traceback, its stack and its extra fields.  ``LOG_FORMAT=json`` picks
 :class:`JsonFormatter` (python-json-logger): one JSON object per line with ``time``, ``level``,
 ``logger``, ``message`` and, for the access log (:mod:`api.access`), each of its fields as a key;
 the default :class:`PlainFormatter` writes the access fields as ``key=value`` after the message.
@@ -38,6 +38,10 @@ class RedactSecrets(logging.Filter):
             record.exc_text = logging.Formatter().formatException(record.exc_info)
         if record.exc_text:
             record.exc_text = redact(record.exc_text)
+            # python-json-logger formats exc_info again (not exc_text): only the redacted text stays.
+            record.exc_info = None
+        if record.stack_info:
+            record.stack_info = redact(record.stack_info)
         fields = getattr(record, ACCESS, None)
         if isinstance(fields, dict):
             setattr(record, ACCESS, {k: redact(v) if isinstance(v, str) else v for k, v in fields.items()})

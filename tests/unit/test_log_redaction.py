@@ -46,14 +46,30 @@ def test_the_filter_redacts_the_message_its_arguments_and_access_fields():
     assert made.access == {"path": "/?token=***"}
 
 
-def test_the_filter_redacts_a_traceback():
+FORMATTERS = {
+    "plain": lambda: PlainFormatter("%(message)s"),
+    "json": lambda: JsonFormatter("%(message)s"),
+}
+
+
+@pytest.mark.parametrize("formatter", FORMATTERS.values(), ids=FORMATTERS.keys())
+def test_the_filter_redacts_a_traceback_in_either_format(formatter):
     try:
         raise ValueError(f"bad key {KEY}")
     except ValueError:
         made = logging.LogRecord("x", logging.ERROR, __file__, 1, "failed", None, sys.exc_info())
 
-    RedactSecrets().filter(made)
-    text = PlainFormatter("%(message)s").format(made)
+    assert RedactSecrets().filter(made)
+    text = formatter().format(made)
+    assert "Zm9vYmFy" not in text and "sk-cs-AbCd1234.***" in text and "ValueError" in text
+
+
+@pytest.mark.parametrize("formatter", FORMATTERS.values(), ids=FORMATTERS.keys())
+def test_the_filter_redacts_a_stack_in_either_format(formatter):
+    made = logging.LogRecord("x", logging.ERROR, __file__, 1, "failed", None, None, sinfo=f"Stack:\n  key = {KEY}")
+
+    assert RedactSecrets().filter(made)
+    text = formatter().format(made)
     assert "Zm9vYmFy" not in text and "sk-cs-AbCd1234.***" in text
 
 
