@@ -19,18 +19,31 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from pythonjsonlogger.json import JsonFormatter as _JsonFormatter
 
 from keys.redaction import redact
 
 ACCESS = "access"  # the record attribute holding an access line's fields (api/access.py)
+FORMATS = ("plain", "json")  # LOG_FORMAT's values: the formatters' names in settings.LOGGING
+
+
+def log_format(value: str) -> str:
+    """``LOG_FORMAT``, checked: one of :data:`FORMATS`, or ``ImproperlyConfigured`` naming them."""
+    if value not in FORMATS:
+        raise ImproperlyConfigured(f"LOG_FORMAT={value!r}: use one of {', '.join(FORMATS)}.")
+    return value
 
 
 class RedactSecrets(logging.Filter):
     """Redacts every record in place: message (with its arguments), traceback, string extras."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
+        try:
+            message = record.getMessage()
+        except (TypeError, ValueError):  # arguments that do not fit the format: logging would
+            message = str(record.msg)  # print them raw in its own error report; keep the format
+            record.args = None
         clean = redact(message)
         if clean != message or record.args:
             record.msg, record.args = clean, None

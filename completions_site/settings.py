@@ -11,6 +11,8 @@ from pathlib import Path
 
 import environ
 
+from completions_site.logs import log_format
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 env = environ.Env()
@@ -111,7 +113,7 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # (completions_site/logs.py); LOG_FORMAT=json writes JSON lines.  Django's own "django" logger
 # keeps no handler of its own (its default console handler printed every 4xx a second time) and
 # propagates to the root's.
-LOG_FORMAT = env.str("LOG_FORMAT", default="plain")  # plain | json
+LOG_FORMAT = log_format(env.str("LOG_FORMAT", default="plain"))  # plain | json
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -145,3 +145,21 @@ def test_daphnes_access_log_goes_through_logging_where_the_filter_redacts_it(cap
     assert http.levelno == logging.DEBUG and ws.levelno == logging.INFO  # our access log has the HTTP line
     assert '"POST /v1/completions?api_key=***" 401 10' in http.getMessage()
     assert "Zm9vYmFy" not in caplog.text
+
+
+def test_a_message_whose_arguments_do_not_fit_is_still_redacted():
+    made = record("%d keys: %s", "not a number", KEY)  # TypeError in getMessage
+    made.msg = f"leaked {KEY} %d"
+
+    assert RedactSecrets().filter(made)
+    assert "Zm9vYmFy" not in made.getMessage() and "sk-cs-AbCd1234.***" in made.getMessage()
+
+
+def test_an_unknown_log_format_is_refused_with_the_allowed_values():
+    from django.core.exceptions import ImproperlyConfigured
+
+    from completions_site.logs import log_format
+
+    assert log_format("json") == "json"
+    with pytest.raises(ImproperlyConfigured, match="plain, json"):
+        log_format("xml")
