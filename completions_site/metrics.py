@@ -3,7 +3,9 @@
 Not for the public: it answers a client whose address is in ``METRICS_ALLOWED_IPS`` (addresses or
 networks, default the loopback ones) or that sends ``Authorization: Bearer <METRICS_TOKEN>`` (when
 that is set); anyone else gets the site's 404, as if the path did not exist.  Behind a proxy the
-address is the proxy's unless daphne runs with ``--proxy-headers``; use the token there.
+address is the proxy's unless daphne runs with ``--proxy-headers`` (the first ``X-Forwarded-For``
+entry): then the proxy must replace that header, not append to it, or a client names its own
+address; ``deploy/nginx.conf`` replaces it and refuses ``/metrics`` itself.
 
 With ``PROMETHEUS_MULTIPROC_DIR`` set (before the processes start; an empty folder shared by every
 daphne process of the machine, emptied at each deployment) the answer adds up every process's

@@ -78,6 +78,7 @@ def deployment(tmp_path_factory):
         "API_MAX_BODY_BYTES": str(MAX_BODY_BYTES),
         "ENGINE_NUM_THREADS": "1",
         "LOG_LEVEL": "WARNING",
+        "proxy_headers": True,  # as the shipped units and image run them behind nginx
     }
     servers: list[LiveServer] = []
     nginx = None
@@ -143,6 +144,16 @@ def test_an_oversized_body_gets_nginx_413_and_never_reaches_daphne(deployment):
     assert "x-request-id" not in response.headers  # every answer of ours has one
     assert deployment.nginx.upstreams()[-1][0] == 413 and deployment.nginx.upstreams()[-1][3] == "-"
     assert [server.log.read_text().count(" 413 ") for server in deployment.servers] == before
+
+
+@pytest.mark.parametrize("forwarded_for", [None, "127.0.0.1", "::1, 127.0.0.1"])
+def test_metrics_are_not_served_through_nginx_whatever_x_forwarded_for_says(deployment, forwarded_for):
+    headers = {"X-Forwarded-For": forwarded_for} if forwarded_for else {}
+
+    response = httpx.get(deployment.nginx.base_url + "/metrics", headers=headers, timeout=30)
+
+    assert response.status_code == 404
+    assert b"completions_" not in response.content
 
 
 def test_the_dashboards_websocket_connects_through_nginx(deployment):
