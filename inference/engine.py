@@ -334,6 +334,7 @@ class Engine:
             if not self._trimmed:  # the batch just emptied: its freed memory goes back to the system
                 memory.trim()
                 self._trimmed = True
+            self._set_gauges()  # an abort may have emptied it: the gauges must not keep its last values
             self._wakeup.wait(timeout=1.0)
             self._wakeup.clear()
             return

@@ -89,3 +89,9 @@ def test_an_aborted_request_counts_once_as_abort(engine):
     while value("completions_request_success_total", finish_reason="abort") == before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert value("completions_request_success_total", finish_reason="abort") == before + 1
+    # The aborted request was the last running one: the gauges go back to zero without another step.
+    while value("completions_num_requests_running") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert value("completions_num_requests_running") == 0
+    assert value("completions_num_requests_waiting") == 0
+    assert value("completions_kv_cache_columns_in_use") == 0
