@@ -18,6 +18,7 @@ ignored, so nothing a client sends reaches the log or a header unchecked.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import time
@@ -84,11 +85,17 @@ class AccessLog:
                 message = _with_request_id(message, sent)
             await send(message)
 
+        unanswered = 499  # the status counted if no answer started: the client left...
         try:
             await self.app(scope, receive, send_with_id)
+        except asyncio.CancelledError:
+            raise
+        except BaseException:
+            unanswered = 500  # ...unless the application failed before answering
+            raise
         finally:
             seconds = time.monotonic() - started
-            status = sent["status"] or 499  # the client left before any answer
+            status = sent["status"] or unanswered
             metrics.count_request(scope["path"], status, seconds)
             _log(scope, sent["request_id"], status, seconds)
 
