@@ -173,8 +173,9 @@ API_MAX_N = env.int("API_MAX_N", default=20)
 API_MAX_PROMPTS = env.int("API_MAX_PROMPTS", default=64)  # prompts in one request's array
 API_SSE_KEEPALIVE_SECONDS = env.float("API_SSE_KEEPALIVE_SECONDS", default=15.0)
 # After SIGTERM, running requests may finish for this long; the rest end with an error (a second
-# SIGTERM ends them at once).  Below the process manager's own stop timeout (systemd's
-# TimeoutStopSec, compose's stop_grace_period).
+# SIGTERM ends them at once); the rest of the shutdown takes at most 10 s more
+# (completions_site/shutdown.py).  The process manager's stop timeout (systemd's TimeoutStopSec,
+# compose's stop_grace_period) must be this + 10 s + a margin.
 SHUTDOWN_GRACE_SECONDS = env.float("SHUTDOWN_GRACE_SECONDS", default=30.0)
 
 # --- Per-key limits (keys/limits/) --------------------------------------------------------------
