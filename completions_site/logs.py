@@ -115,4 +115,4 @@ def route_daphne_access_log() -> None:
                 length or "-",
             )
 
-    AccessLogGenerator.write_entry = write_entry  # type: ignore[method-assign]
+    AccessLogGenerator.write_entry = write_entry
