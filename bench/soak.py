@@ -36,8 +36,8 @@ import httpx
 
 from testing.live_server import MODEL, LiveServer, _manage, start_server, stop_server
 from testing.nginx import Nginx, nginx_binary, start_nginx
+from testing.postgres import POSTGRES_URL, scratch_database
 
-POSTGRES_URL = "postgresql://root@127.0.0.1:5432/test"
 REDIS_URL = "redis://127.0.0.1:6379/0"
 KINDS = {"stream": 35, "short": 30, "disconnect": 10, "bad": 10, "limited": 15}  # weights
 
@@ -153,13 +153,11 @@ def wait_for_records(database_url: str, expected: int, timeout: float = 60) -> i
 
 
 def run(args: argparse.Namespace, workdir: Path) -> dict:
-    import psycopg
-    from psycopg import sql
+    with scratch_database("completions_soak", args.postgres) as database_url:
+        return _run(args, workdir, database_url)
 
-    name = f"completions_soak_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(args.postgres, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    database_url = args.postgres.rsplit("/", 1)[0] + "/" + name
+
+def _run(args: argparse.Namespace, workdir: Path, database_url: str) -> dict:
     settings = {
         "REDIS_URL": args.redis,
         "API_LIMITS_REDIS_PREFIX": f"completions-site-soak:{uuid.uuid4().hex[:12]}:",
@@ -219,8 +217,6 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
             nginx.stop()
         for server in servers:
             stop_server(server)
-        with psycopg.connect(args.postgres, autocommit=True) as admin:
-            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 def report(result: dict) -> bool:

@@ -17,6 +17,7 @@ import socket
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -24,8 +25,8 @@ import pytest
 
 from testing.live_server import MODEL, LiveServer, _manage, start_server, stop_server
 from testing.nginx import Nginx, nginx_binary, start_nginx
+from testing.postgres import POSTGRES_URL, postgres_reachable, scratch_database
 from tests.conftest import TEST_REDIS_URL, redis_reachable
-from tests.e2e.test_multiprocess import POSTGRES_URL, postgres_reachable
 
 NO_EOS = {"0": -100, "2": -100}  # neither end-of-text token: a request makes exactly max_tokens
 MAX_BODY_BYTES = 65536
@@ -65,13 +66,11 @@ def deployment(tmp_path_factory):
         pytest.skip(f"PostgreSQL is not reachable at {POSTGRES_URL} (set E2E_POSTGRES_URL)")
     if not redis_reachable(TEST_REDIS_URL):
         pytest.skip(f"Redis is not reachable at {TEST_REDIS_URL} (set REDIS_URL)")
-    import psycopg
-    from psycopg import sql
+    with scratch_database("completions_deploy") as database_url:
+        yield from _deployment(tmp_path_factory, database_url)
 
-    name = f"completions_deploy_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(POSTGRES_URL, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    database_url = POSTGRES_URL.rsplit("/", 1)[0] + "/" + name
+
+def _deployment(tmp_path_factory, database_url: str) -> Iterator[Deployment]:
     settings = {
         "REDIS_URL": TEST_REDIS_URL,
         "API_LIMITS_REDIS_PREFIX": f"completions-site-e2e:{uuid.uuid4().hex[:12]}:",
@@ -103,8 +102,6 @@ def deployment(tmp_path_factory):
             nginx.stop()
         for server in servers:
             stop_server(server)
-        with psycopg.connect(POSTGRES_URL, autocommit=True) as admin:
-            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 def test_a_stream_flows_through_nginx_token_by_token(deployment):
