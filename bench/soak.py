@@ -130,6 +130,25 @@ def metrics_totals(server: LiveServer) -> dict[str, float] | None:
     return dict(totals)
 
 
+def completions_counted(server: LiveServer) -> float | None:
+    """``completions_http_requests_total{endpoint="/v1/completions"}`` summed over status classes:
+    the requests ``server`` answered there (each process answers for itself here); ``None`` without /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        response = httpx.get(server.base_url + "/metrics", timeout=10)
+    except httpx.HTTPError:
+        return None
+    if response.status_code != 200:
+        return None
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(response.text)
+        for sample in family.samples
+        if sample.name == "completions_http_requests_total" and sample.labels.get("endpoint") == "/v1/completions"
+    )
+
+
 def usage_records(database_url: str) -> int:
     import psycopg
 
@@ -191,6 +210,7 @@ def _run(args: argparse.Namespace, workdir: Path, database_url: str) -> dict:
         records = wait_for_records(database_url, sent)
         rss_end = [rss_mb(server) for server in servers]
         metrics = [metrics_totals(server) for server in servers]
+        counted = [completions_counted(server) for server in servers]
         errors = "\n".join(
             line
             for s in servers
@@ -210,6 +230,7 @@ def _run(args: argparse.Namespace, workdir: Path, database_url: str) -> dict:
             "rss_mb_start": [round(mb) for mb in rss_start],
             "rss_mb_end": [round(mb) for mb in rss_end],
             "metrics": metrics if any(m is not None for m in metrics) else None,
+            "metrics_completions": None if None in counted else sum(counted),
             "server_log_errors": errors[-2000:],
         }
     finally:
@@ -241,6 +262,11 @@ def report(result: dict) -> bool:
         "no 5xx": result["five_xx"] == 0,
         "no transport errors": not result["transport_errors"],
     }
+    if result.get("metrics_completions") is not None:
+        print(f"/metrics /v1/completions  {result['metrics_completions']:.0f} answered (both processes)")
+        checks["/metrics' /v1/completions requests == requests sent"] = (
+            result["metrics_completions"] == result["requests_sent"]
+        )
     for name, ok in checks.items():
         print(f"{'PASS' if ok else 'FAIL'}  {name}")
     return all(checks.values())
