@@ -18,13 +18,15 @@ ignored, so nothing a client sends reaches the log or a header unchecked.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import re
 import time
 import uuid
 from typing import Any
 
-from . import metrics
+from . import draining, metrics
 
 logger = logging.getLogger("completions.access")
 
@@ -84,13 +86,28 @@ class AccessLog:
                 message = _with_request_id(message, sent)
             await send(message)
 
+        unanswered = 499  # the status counted if no answer started: the client left...
+        # An API request (not /healthz, /metrics or the site) keeps a draining process alive until
+        # its response's last byte, a non-streamed JSON answer included.
+        served = draining.state.serving() if _drained(scope["path"]) else contextlib.nullcontext()
         try:
-            await self.app(scope, receive, send_with_id)
+            with served:
+                await self.app(scope, receive, send_with_id)
+        except asyncio.CancelledError:
+            raise
+        except BaseException:
+            unanswered = 500  # ...unless the application failed before answering
+            raise
         finally:
             seconds = time.monotonic() - started
-            status = sent["status"] or 499  # the client left before any answer
+            status = sent["status"] or unanswered
             metrics.count_request(scope["path"], status, seconds)
             _log(scope, sent["request_id"], status, seconds)
+
+
+def _drained(path: str) -> bool:
+    """Whether a draining process waits for a request to this path (the API's, but ``/healthz``)."""
+    return path.startswith("/v1/")
 
 
 def _header(scope: dict, name: bytes) -> str | None:

@@ -3,9 +3,11 @@
 On SIGTERM (``completions_site/shutdown.py`` installs the handler) the process *drains*: new API
 requests get a 503 with ``Retry-After`` (:func:`refusal`), ``/healthz`` says ``draining``, and the
 requests already running may finish.  :data:`state` counts what the process still owes before it
-may exit: every generation request whose usage record is not yet written (each registers its
-``_Usage`` in ``api/views.py``), and every usage write still in flight (which also releases the
-request's concurrency slot and settles its tokens in the limits' store).
+may exit: every API request from its arrival until its response's last byte is sent
+(:meth:`DrainState.serving`, entered by ``api/access.py``), every generation request whose usage
+record is not yet written (each registers its ``_Usage`` in ``api/views.py``), and every usage
+write still in flight (which also releases the request's concurrency slot and settles its tokens
+in the limits' store).
 
 Everything here runs on the server's one event loop; nothing is locked.
 """
@@ -13,9 +15,10 @@ Everything here runs on the server's one event loop; nothing is locked.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import weakref
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterator
 from typing import Any
 
 from django.conf import settings
@@ -50,6 +53,16 @@ class DrainState:
         """Its usage record is being written (:meth:`writing` tracks the write itself)."""
         self._open.discard(usage)
 
+    @contextlib.contextmanager
+    def serving(self) -> Iterator[None]:
+        """An API request from its arrival until its response's last byte is sent (``api/access.py``)."""
+        request = _Serving()
+        self._open.add(request)
+        try:
+            yield
+        finally:
+            self._open.discard(request)
+
     def writing(self, write: Awaitable[None]) -> asyncio.Future:
         """Run ``write`` as a task the process waits for before it exits; returns the task."""
         task = asyncio.ensure_future(write)
@@ -83,6 +96,10 @@ class DrainState:
         if self._writes:
             await asyncio.wait(set(self._writes), timeout=timeout)
         return not self._writes
+
+
+class _Serving:
+    """One request being served (a weakly referable token)."""
 
 
 state = DrainState()

@@ -18,7 +18,7 @@ from django.core.handlers.exception import convert_exception_to_response
 from django.http import HttpRequest
 from django.http.response import HttpResponseBase
 
-from api import draining
+from api import draining, metrics
 from api.errors import APIError, error_response
 from audit.context import acting_for_request
 
@@ -62,6 +62,7 @@ class APIHandler(ASGIHandler):
         """The view's response, or a 503 with ``Retry-After`` once the process drains (SIGTERM:
         ``api/draining.py``); ``/healthz`` still answers, with ``draining``."""
         if draining.state.draining and request.path_info != "/healthz":
+            metrics.draining_refused.inc()
             return error_response(draining.refusal_error())
         return await super().get_response_async(request)
 

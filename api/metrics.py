@@ -36,6 +36,11 @@ unauthorized = Counter(
     "completions_http_unauthorized",
     "Requests answered 401 (a missing, unknown, revoked or expired key).",
 )
+draining_refused = Counter(
+    "completions_http_draining_refused",
+    "API requests refused with 503 server_shutting_down because the process was draining (SIGTERM): "
+    "a deploy or restart, not a fault; they are in completions_http_requests_total's 5xx too.",
+)
 usage_record_failures = Counter(
     "completions_usage_record_write_failures",
     "Usage records that could not be written (the request's tokens are then missing from the database).",

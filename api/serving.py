@@ -15,9 +15,17 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from inference.outputs import CompletionOutput, EngineError, RequestOutput, TokenLogprob
+from inference.outputs import (
+    CompletionOutput,
+    EngineError,
+    EngineOverloaded,
+    EngineShuttingDown,
+    RequestOutput,
+    TokenLogprob,
+)
 from inference.text import prompt_text_offsets, token_text
 
+from . import metrics
 from .errors import APIError
 from .protocol import (
     CompletionRequest,
@@ -160,11 +168,13 @@ class CompletionRun:
                 self.streams.append(self.engine.submit(f"{self.id}-{index}", prompt.ids, self.params, group=self.id))
         except EngineError as error:
             self.abort()
+            if isinstance(error, EngineShuttingDown):
+                metrics.draining_refused.inc()  # a deploy's refusal, not a fault
             raise APIError(
                 str(error),
                 status=error.status,
                 type="server_error",
-                code="server_overloaded" if error.status == 503 else None,
+                code=_submit_error_code(error),
                 headers={"Retry-After": "1"},
             ) from error
 
@@ -321,3 +331,12 @@ class CompletionRun:
                 usage=usage_dict(self.prompt_tokens, self.completion_tokens),
                 include_usage=True,
             )
+
+
+def _submit_error_code(error: EngineError) -> str | None:
+    """The ``code`` of a submission the engine refused: a full queue, or a process shutting down."""
+    if isinstance(error, EngineShuttingDown):
+        return "server_shutting_down"  # the same code as the draining process's own 503
+    if isinstance(error, EngineOverloaded):
+        return "server_overloaded"
+    return None

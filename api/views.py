@@ -136,10 +136,12 @@ async def _start_completion(request: HttpRequest, usage: _Usage, endpoint: _Endp
     if len(body) > settings.API_MAX_BODY_BYTES:
         raise body_too_large_error(settings.API_MAX_BODY_BYTES)
     parsed = await asyncio.to_thread(endpoint.parse, body)
-    usage.model, usage.stream, usage.user = parsed.model, parsed.stream, parsed.user or ""
+    usage.stream, usage.user = parsed.stream, parsed.user or ""
     engine = get_engine()
     if not key_may_use(usage.api_key, parsed.model, engine.model_id):
-        raise model_not_found_error(parsed.model)  # the same 404 for a model the key may not use
+        # The same 404 for a model the key may not use; the record keeps "" as its model, never
+        # the client's text (a key pasted into "model" would be stored).
+        raise model_not_found_error(parsed.model)
     usage.model = engine.model_id  # an alias is counted under the model that serves it
     if not engine.ready:
         raise APIError("The model is loading; try again shortly.", status=503, type="server_error",

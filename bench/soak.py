@@ -36,8 +36,8 @@ import httpx
 
 from testing.live_server import MODEL, LiveServer, _manage, start_server, stop_server
 from testing.nginx import Nginx, nginx_binary, start_nginx
+from testing.postgres import POSTGRES_URL, scratch_database
 
-POSTGRES_URL = "postgresql://root@127.0.0.1:5432/test"
 REDIS_URL = "redis://127.0.0.1:6379/0"
 KINDS = {"stream": 35, "short": 30, "disconnect": 10, "bad": 10, "limited": 15}  # weights
 
@@ -130,6 +130,25 @@ def metrics_totals(server: LiveServer) -> dict[str, float] | None:
     return dict(totals)
 
 
+def completions_counted(server: LiveServer) -> float | None:
+    """``completions_http_requests_total{endpoint="/v1/completions"}`` summed over status classes:
+    the requests ``server`` answered there (each process answers for itself here); ``None`` without /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        response = httpx.get(server.base_url + "/metrics", timeout=10)
+    except httpx.HTTPError:
+        return None
+    if response.status_code != 200:
+        return None
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(response.text)
+        for sample in family.samples
+        if sample.name == "completions_http_requests_total" and sample.labels.get("endpoint") == "/v1/completions"
+    )
+
+
 def usage_records(database_url: str) -> int:
     import psycopg
 
@@ -153,13 +172,11 @@ def wait_for_records(database_url: str, expected: int, timeout: float = 60) -> i
 
 
 def run(args: argparse.Namespace, workdir: Path) -> dict:
-    import psycopg
-    from psycopg import sql
+    with scratch_database("completions_soak", args.postgres) as database_url:
+        return _run(args, workdir, database_url)
 
-    name = f"completions_soak_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(args.postgres, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    database_url = args.postgres.rsplit("/", 1)[0] + "/" + name
+
+def _run(args: argparse.Namespace, workdir: Path, database_url: str) -> dict:
     settings = {
         "REDIS_URL": args.redis,
         "API_LIMITS_REDIS_PREFIX": f"completions-site-soak:{uuid.uuid4().hex[:12]}:",
@@ -193,6 +210,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
         records = wait_for_records(database_url, sent)
         rss_end = [rss_mb(server) for server in servers]
         metrics = [metrics_totals(server) for server in servers]
+        counted = [completions_counted(server) for server in servers]
         errors = "\n".join(
             line
             for s in servers
@@ -212,6 +230,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
             "rss_mb_start": [round(mb) for mb in rss_start],
             "rss_mb_end": [round(mb) for mb in rss_end],
             "metrics": metrics if any(m is not None for m in metrics) else None,
+            "metrics_completions": None if None in counted else sum(counted),
             "server_log_errors": errors[-2000:],
         }
     finally:
@@ -219,8 +238,6 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
             nginx.stop()
         for server in servers:
             stop_server(server)
-        with psycopg.connect(args.postgres, autocommit=True) as admin:
-            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 def report(result: dict) -> bool:
@@ -245,6 +262,11 @@ def report(result: dict) -> bool:
         "no 5xx": result["five_xx"] == 0,
         "no transport errors": not result["transport_errors"],
     }
+    if result.get("metrics_completions") is not None:
+        print(f"/metrics /v1/completions  {result['metrics_completions']:.0f} answered (both processes)")
+        checks["/metrics' /v1/completions requests == requests sent"] = (
+            result["metrics_completions"] == result["requests_sent"]
+        )
     for name, ok in checks.items():
         print(f"{'PASS' if ok else 'FAIL'}  {name}")
     return all(checks.values())

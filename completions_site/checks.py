@@ -58,13 +58,13 @@ def check_engine_settings(app_configs, **kwargs) -> list[Error]:
 
 @register(Tags.compatibility)
 def check_metrics_settings(app_configs, **kwargs) -> list[Error]:
-    """``METRICS_ALLOWED_IPS``: addresses or networks that ``ipaddress`` reads."""
-    import ipaddress
+    """``METRICS_ALLOWED_IPS``: addresses or networks that ``ipaddress`` reads (as ``/metrics`` reads them)."""
+    from completions_site.metrics import allowed_networks
 
     errors = []
     for entry in settings.METRICS_ALLOWED_IPS:
         try:
-            ipaddress.ip_network(entry.strip(), strict=False)
+            allowed_networks((entry,))
         except ValueError:
             errors.append(Error(
                 f"METRICS_ALLOWED_IPS has {entry!r}, which is neither an address nor a network.",

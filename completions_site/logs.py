@@ -3,7 +3,7 @@
 ``settings.LOGGING`` puts :class:`RedactSecrets` on the console handler, so every record that
 reaches it (ours, Django's, daphne's, twisted's) has our keys' secrets and secret-named query
 values (``api_key``, ``key``, ``token``) replaced by ``***`` (:func:`keys.redaction.redact`), in
-its message, its arguments, its traceback and its extra fields.  ``LOG_FORMAT=json`` picks
+its message, its arguments, its traceback, its stack and its extra fields.  ``LOG_FORMAT=json`` picks
 :class:`JsonFormatter` (python-json-logger): one JSON object per line with ``time``, ``level``,
 ``logger``, ``message`` and, for the access log (:mod:`api.access`), each of its fields as a key;
 the default :class:`PlainFormatter` writes the access fields as ``key=value`` after the message.
@@ -19,18 +19,31 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from pythonjsonlogger.json import JsonFormatter as _JsonFormatter
 
 from keys.redaction import redact
 
 ACCESS = "access"  # the record attribute holding an access line's fields (api/access.py)
+FORMATS = ("plain", "json")  # LOG_FORMAT's values: the formatters' names in settings.LOGGING
+
+
+def log_format(value: str) -> str:
+    """``LOG_FORMAT``, checked: one of :data:`FORMATS`, or ``ImproperlyConfigured`` naming them."""
+    if value not in FORMATS:
+        raise ImproperlyConfigured(f"LOG_FORMAT={value!r}: use one of {', '.join(FORMATS)}.")
+    return value
 
 
 class RedactSecrets(logging.Filter):
     """Redacts every record in place: message (with its arguments), traceback, string extras."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
+        try:
+            message = record.getMessage()
+        except (TypeError, ValueError):  # arguments that do not fit the format: logging would
+            message = str(record.msg)  # print them raw in its own error report; keep the format
+            record.args = None
         clean = redact(message)
         if clean != message or record.args:
             record.msg, record.args = clean, None
@@ -38,6 +51,10 @@ class RedactSecrets(logging.Filter):
             record.exc_text = logging.Formatter().formatException(record.exc_info)
         if record.exc_text:
             record.exc_text = redact(record.exc_text)
+            # python-json-logger formats exc_info again (not exc_text): only the redacted text stays.
+            record.exc_info = None
+        if record.stack_info:
+            record.stack_info = redact(record.stack_info)
         fields = getattr(record, ACCESS, None)
         if isinstance(fields, dict):
             setattr(record, ACCESS, {k: redact(v) if isinstance(v, str) else v for k, v in fields.items()})
@@ -98,4 +115,4 @@ def route_daphne_access_log() -> None:
                 length or "-",
             )
 
-    AccessLogGenerator.write_entry = write_entry  # type: ignore[method-assign]
+    AccessLogGenerator.write_entry = write_entry

@@ -3,7 +3,9 @@
 Not for the public: it answers a client whose address is in ``METRICS_ALLOWED_IPS`` (addresses or
 networks, default the loopback ones) or that sends ``Authorization: Bearer <METRICS_TOKEN>`` (when
 that is set); anyone else gets the site's 404, as if the path did not exist.  Behind a proxy the
-address is the proxy's unless daphne runs with ``--proxy-headers``; use the token there.
+address is the proxy's unless daphne runs with ``--proxy-headers`` (the first ``X-Forwarded-For``
+entry): then the proxy must replace that header, not append to it, or a client names its own
+address; ``deploy/nginx.conf`` replaces it and refuses ``/metrics`` itself.
 
 With ``PROMETHEUS_MULTIPROC_DIR`` set (before the processes start; an empty folder shared by every
 daphne process of the machine, emptied at each deployment) the answer adds up every process's
@@ -20,6 +22,7 @@ import hmac
 import ipaddress
 import os
 from functools import cache
+from pathlib import Path
 
 from django.conf import settings
 from django.http import Http404, HttpRequest, HttpResponse
@@ -57,15 +60,40 @@ def allowed_networks(entries: tuple[str, ...]) -> tuple[ipaddress.IPv4Network | 
 
 
 def forget_live_gauges_at_exit() -> None:
-    """In multiprocess mode, drop this process's live gauges when it exits normally.
+    """In multiprocess mode, drop this process's live gauges when it exits normally, and those of
+    processes that did not (crashed or killed) when it starts.
 
     ``livesum`` gauges (requests running and waiting, KV cache columns) add up the files of
     processes not yet marked dead; without this, a stopped process's last values would stay in
     the sums until the folder is emptied.  Counters and histograms keep its values, as they must.
-    A process killed with SIGKILL cannot run it: empty the folder before each deployment starts.
+    A process killed with SIGKILL cannot clean up after itself: its successor (systemd's
+    ``Restart=on-failure``, or the next deployment) does, at its start.
     """
     if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
+        forget_dead_processes(os.environ["PROMETHEUS_MULTIPROC_DIR"])
         atexit.register(multiprocess.mark_process_dead, os.getpid())
+
+
+def forget_dead_processes(directory: str) -> list[int]:
+    """Mark dead every process with live-gauge files in ``directory`` that no longer runs; returns their pids."""
+    dead = []
+    for path in Path(directory).glob("gauge_live*_*.db"):
+        pid = int(path.stem.rsplit("_", 1)[1]) if path.stem.rsplit("_", 1)[1].isdigit() else None
+        if pid is None or pid in dead or _running(pid):
+            continue
+        multiprocess.mark_process_dead(pid, directory)
+        dead.append(pid)
+    return dead
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: running
+        return True
+    return True
 
 
 def _registry() -> CollectorRegistry:

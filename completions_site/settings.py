@@ -11,6 +11,8 @@ from pathlib import Path
 
 import environ
 
+from completions_site.logs import log_format
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 env = environ.Env()
@@ -111,7 +113,7 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # (completions_site/logs.py); LOG_FORMAT=json writes JSON lines.  Django's own "django" logger
 # keeps no handler of its own (its default console handler printed every 4xx a second time) and
 # propagates to the root's.
-LOG_FORMAT = env.str("LOG_FORMAT", default="plain")  # plain | json
+LOG_FORMAT = log_format(env.str("LOG_FORMAT", default="plain"))  # plain | json
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
@@ -127,7 +129,11 @@ LOGGING = {
     "handlers": {
         "console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT, "filters": ["redact"]},
     },
-    "loggers": {"django": {"handlers": [], "level": "INFO", "propagate": True}},
+    "loggers": {
+        "django": {"handlers": [], "level": "INFO", "propagate": True},
+        # A 4xx is the access line's (api/access.py); django.request keeps 5xx and their tracebacks.
+        "django.request": {"level": "ERROR"},
+    },
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
 }
 
@@ -167,8 +173,9 @@ API_MAX_N = env.int("API_MAX_N", default=20)
 API_MAX_PROMPTS = env.int("API_MAX_PROMPTS", default=64)  # prompts in one request's array
 API_SSE_KEEPALIVE_SECONDS = env.float("API_SSE_KEEPALIVE_SECONDS", default=15.0)
 # After SIGTERM, running requests may finish for this long; the rest end with an error (a second
-# SIGTERM ends them at once).  Below the process manager's own stop timeout (systemd's
-# TimeoutStopSec, compose's stop_grace_period).
+# SIGTERM ends them at once); the rest of the shutdown takes at most 10 s more
+# (completions_site/shutdown.py).  The process manager's stop timeout (systemd's TimeoutStopSec,
+# compose's stop_grace_period) must be this + 10 s + a margin.
 SHUTDOWN_GRACE_SECONDS = env.float("SHUTDOWN_GRACE_SECONDS", default=30.0)
 
 # --- Per-key limits (keys/limits/) --------------------------------------------------------------

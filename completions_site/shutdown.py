@@ -13,7 +13,8 @@ The first SIGTERM makes the process drain (``api/draining.py``): new API request
 one error (an in-band event in a stream, a 503 otherwise); their usage records are written (which
 frees their concurrency slots in Redis), and Twisted's own handler stops the reactor as before.
 A second SIGTERM skips the rest of the grace period.  A ``before shutdown`` trigger, after
-daphne's, waits for the usage writes of whatever daphne's trigger cancelled.
+daphne's, waits for the usage writes of whatever daphne's trigger cancelled.  Everything after the
+grace period shares one budget, :data:`FINISH_SECONDS`.
 """
 
 from __future__ import annotations
@@ -22,17 +23,19 @@ import asyncio
 import logging
 import signal
 import sys
+import time
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
 logger = logging.getLogger(__name__)
 
-# After the grace period: how long the ended requests get to send their error and write their
-# records, and how long the reactor's shutdown waits for usage writes.  Writes take milliseconds;
-# these only bound a stuck database.
-END_SECONDS = 10.0
-WRITE_SECONDS = 10.0
+# After the grace period, one budget for everything left: stopping the engine, the ended requests
+# sending their error and writing their records, and the reactor's shutdown waiting for usage
+# writes.  Each step gets what the earlier ones left.  Writes take milliseconds; this only bounds a
+# stuck database.  A process manager's stop timeout must be SHUTDOWN_GRACE_SECONDS + FINISH_SECONDS
+# and a margin (deploy/: 30 + 10 + 5 = 45 s).
+FINISH_SECONDS = 10.0
 
 
 def install_when_served() -> bool:
@@ -72,6 +75,13 @@ class Drainer:
         self.signals = 0
         self.hurry = asyncio.Event()
         self.task: asyncio.Task | None = None
+        self.deadline: float | None = None  # the end of FINISH_SECONDS, once the grace period is over
+
+    def left(self) -> float:
+        """Seconds left of the finishing budget (all of it if the grace period is not over yet)."""
+        if self.deadline is None:
+            self.deadline = time.monotonic() + FINISH_SECONDS
+        return max(0.0, self.deadline - time.monotonic())
 
     def on_sigterm(self, signum: int, frame: FrameType | None) -> None:
         """The signal handler: hands the work to the event loop (signal handlers must not block)."""
@@ -94,14 +104,16 @@ class Drainer:
         state.begin()
         logger.warning("SIGTERM: draining %d open requests for up to %g s", state.open_requests, grace)
         try:
-            if not await state.wait_idle(grace, self.hurry):
+            idle = await state.wait_idle(grace, self.hurry)
+            self.left()  # the finishing budget starts now
+            if not idle:
                 reason = "a second SIGTERM" if self.hurry.is_set() else "the grace period's end"
                 logger.warning("Ending %d open requests after %s", state.open_requests, reason)
                 engine = get_engine()
                 if engine.ready:
-                    await asyncio.to_thread(engine.stop, END_SECONDS)  # every running request gets an error
-                await state.wait_idle(END_SECONDS)
-            if not await state.wait_written(WRITE_SECONDS):
+                    await asyncio.to_thread(engine.stop, self.left())  # every running request gets an error
+                await state.wait_idle(self.left())
+            if not await state.wait_written(self.left()):
                 logger.error("%d usage records were still being written at exit", state.pending_writes)
         except Exception:
             logger.exception("Draining failed; stopping anyway")
@@ -119,6 +131,6 @@ class Drainer:
         from api import draining
 
         await asyncio.sleep(0.1)  # the cancelled instances run their finally blocks, which start the writes
-        await draining.state.wait_idle(WRITE_SECONDS / 2)
-        if not await draining.state.wait_written(WRITE_SECONDS / 2):
+        await draining.state.wait_idle(self.left())
+        if not await draining.state.wait_written(self.left()):
             logger.error("%d usage records were still being written at exit", draining.state.pending_writes)

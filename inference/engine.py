@@ -334,6 +334,7 @@ class Engine:
             if not self._trimmed:  # the batch just emptied: its freed memory goes back to the system
                 memory.trim()
                 self._trimmed = True
+            self._set_gauges()  # an abort may have emptied it: the gauges must not keep its last values
             self._wakeup.wait(timeout=1.0)
             self._wakeup.clear()
             return
@@ -465,6 +466,7 @@ class Engine:
         with self._lock:
             requests.update({id(r): r for r in self._inbox})
             self._inbox.clear()
+        m.finished("error", len(requests))  # counted before the clients can see the failure
         for request in requests.values():
             request.push(error)
         self._running = []
@@ -473,10 +475,10 @@ class Engine:
 
 
 def _observe_finished(request: Request, now: float) -> None:
-    """A finished request's metrics: end-to-end latency, time per output token, finish reasons."""
+    """A finished request's metrics: end-to-end latency, time per output token, its finish reason."""
     m.e2e_request_latency.observe(now - request.arrival)
     tokens = max((len(seq.token_ids) for seq in request.sequences), default=0)
     if request.first_token_at is not None and tokens > 1:
         m.time_per_output_token.observe((now - request.first_token_at) / (tokens - 1))
-    for seq in request.sequences:
-        m.finished(seq.finish_reason)
+    # Once per request, as vLLM counts: the first candidate's reason stands for the request's.
+    m.finished(request.sequences[0].finish_reason if request.sequences else None)

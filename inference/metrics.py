@@ -136,8 +136,9 @@ request_queue_time = Histogram(
 )
 request_success = Counter(
     PREFIX + "request_success",
-    "Sequences (candidates) finished, by finish_reason: stop, length, or abort (a request aborted by "
-    "its client counts once).",
+    "Engine requests finished, once each (vLLM: request_success_total), by finish_reason: the first "
+    "candidate's stop or length, abort (its client left), or error (failed by an engine error or the "
+    "shutdown).",
     ["finish_reason"],
 )
 prefill_step_duration = Histogram(
@@ -152,11 +153,11 @@ decode_step_duration = Histogram(
 )
 
 # Children bound once: ``labels()`` per event would cost a dict lookup and a lock.
-_finished = {reason: request_success.labels(finish_reason=reason) for reason in ("stop", "length", "abort")}
+_finished = {reason: request_success.labels(finish_reason=reason) for reason in ("stop", "length", "abort", "error")}
 
 
 def finished(reason: str | None, count: int = 1) -> None:
-    """Count ``count`` sequences finished with ``reason`` (``None`` counts as ``abort``)."""
+    """Count ``count`` requests finished with ``reason`` (``None`` counts as ``abort``)."""
     child = _finished.get(reason or "abort")
     if child is None:
         child = _finished[reason or "abort"] = request_success.labels(finish_reason=reason)

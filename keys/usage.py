@@ -45,8 +45,8 @@ async def record_usage(**fields: Any) -> UsageRecord:
     - ``time_to_first_token_ms`` (float | None).
     - ``user`` (str): the request's OpenAI ``user`` field.
 
-    Text longer than its column is cut to fit, so that a long client-supplied ``user`` can never
-    make accounting fail.  Raises ``TypeError`` for an unknown field and ``IntegrityError`` for a
+    Text is redacted (:func:`keys.redaction.redact`: no key secret is stored) and text longer than
+    its column is cut to fit, so that a long client-supplied ``user`` can never make accounting fail.  Raises ``TypeError`` for an unknown field and ``IntegrityError`` for a
     reused ``request_id`` (and then neither the record nor the rollup changes).
     """
     return await db_call(_record, _complete(fields))
@@ -67,9 +67,9 @@ def _complete(fields: dict[str, Any]) -> dict[str, Any]:
         # owner_id, not owner: reading api_key.owner could be a lazy query in async code.
         fields["owner_id"] = api_key.owner_id
     fields.setdefault("total_tokens", fields.get("prompt_tokens", 0) + fields.get("completion_tokens", 0))
-    if isinstance(fields.get("user"), str):  # client-supplied text: a key pasted there is not kept
-        fields["user"] = redact(fields["user"])
-    return {name: _clipped(name, value) for name, value in fields.items()}
+    # Every text field, not only the client's ``user``: a key pasted into any field a client can
+    # reach (``model``, an error's text) is not kept.
+    return {name: _clipped(name, redact(value) if isinstance(value, str) else value) for name, value in fields.items()}
 
 
 def _clipped(name: str, value: Any) -> Any:

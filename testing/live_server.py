@@ -89,7 +89,14 @@ def _manage(env: dict, *args: str) -> str:
     return result.stdout
 
 
-def start_server(directory: Path, *, database_url: str | None = None, key: str | None = None, **settings: str) -> LiveServer:
+def start_server(
+    directory: Path,
+    *,
+    database_url: str | None = None,
+    key: str | None = None,
+    proxy_headers: bool = False,
+    **settings: str,
+) -> LiveServer:
     """Start daphne on ``directory``'s SQLite file (or ``database_url``) and wait for ``/healthz``.
 
     Without ``key`` the database is new: it is migrated and gets a user and a key.  With one, the
@@ -98,6 +105,7 @@ def start_server(directory: Path, *, database_url: str | None = None, key: str |
     ``MODEL_WEIGHTS`` is ``float32`` unless the environment or ``settings`` name another: ``auto``
     may plan int4 for one or two rows and another format above, so the same request's logprobs
     would turn on when its prompts join the batch (the formats are tested in tests/unit).
+    ``proxy_headers`` runs daphne with ``--proxy-headers``, as the shipped units do behind nginx.
     """
     database = directory / "server.sqlite3"
     port = free_port()
@@ -116,7 +124,17 @@ def start_server(directory: Path, *, database_url: str | None = None, key: str |
         key = _manage(env, "create_api_key", "--name", "e2e", "--user", "e2e").strip().splitlines()[-1]
     log = directory / "daphne.log"
     process = subprocess.Popen(
-        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "completions_site.asgi:application"],
+        [
+            sys.executable,
+            "-m",
+            "daphne",
+            *(["--proxy-headers"] if proxy_headers else []),
+            "-b",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "completions_site.asgi:application",
+        ],
         env=env,
         cwd=ROOT,
         stdout=log.open("wb"),

@@ -8,6 +8,7 @@ the deployment (``tests/e2e/test_deployment.py``) and ``bench/soak.py`` use it.
 
 from __future__ import annotations
 
+import os
 import shutil
 import string
 import subprocess
@@ -23,7 +24,7 @@ SITE_TEMPLATE = ROOT / "deploy" / "nginx.conf"
 NGINX_CANDIDATES = ("/usr/sbin/nginx", "/usr/bin/nginx")
 
 MAIN_CONFIG = """\
-daemon off;
+{user}daemon off;
 worker_processes 1;
 pid {run}/nginx.pid;
 error_log {run}/error.log warn;
@@ -99,7 +100,10 @@ def start_nginx(run_dir: Path, upstreams: list[str], max_body_bytes: int) -> Ngi
     port = free_port()
     (run_dir / "site.conf").write_text(render_site(upstreams, f"127.0.0.1:{port}", max_body_bytes))
     config = run_dir / "nginx.conf"
-    config.write_text(MAIN_CONFIG.format(run=run_dir))
+    # Run as root, nginx's workers would switch to "nobody", who cannot write request bodies into
+    # the temporary paths in run_dir (a 0700 directory of root's): they stay root's here.
+    user = "user root;\n" if os.geteuid() == 0 else ""
+    config.write_text(MAIN_CONFIG.format(run=run_dir, user=user))
     command = [binary, "-p", str(run_dir), "-c", str(config), "-e", str(run_dir / "error.log")]
     check = subprocess.run([*command, "-t"], capture_output=True, text=True, timeout=30)
     if check.returncode != 0:

@@ -143,6 +143,8 @@ async def _admit(api_key: APIKey, request_id: str, tokens: int) -> Admission:
             used = await db_call(month_tokens_in_database, api_key.pk, month)
             await proc.seed_month(api_key.pk, month, used)
             continue
+        if proc.serving_locally(store):
+            metrics.limiter_fail_open_requests.inc()  # once per request, whatever it took to admit it
         if decision.refusal is not None:
             metrics.refused(decision.refusal)
             raise LimitRefused(decision, limits, tokens, month)
@@ -186,16 +188,21 @@ class Limiter:
             raise LimiterUnavailable(
                 closed=True, retry_after_seconds=math.ceil(settings.API_LIMITS_REDIS_RETRY_SECONDS)
             )
-        if self.redis is not None:
-            metrics.limiter_fail_open_requests.inc()
         return self.local
+
+    def serving_locally(self, store: CounterStore) -> bool:
+        """Whether ``store`` is this process's own in place of a Redis that is down (fail open)."""
+        return self.redis is not None and store is self.local
 
     def _redis_failed(self, error: StoreUnavailable) -> None:
         assert self.redis is not None
         metrics.limiter_store_errors.inc()
+        now = time.monotonic()
+        if now < self._redis_down_until:
+            return  # a request that was already waiting on Redis when the outage began: same period
         if self.fail_open:
             metrics.limiter_fail_open_periods.inc()
-        self._redis_down_until = time.monotonic() + settings.API_LIMITS_REDIS_RETRY_SECONDS
+        self._redis_down_until = now + settings.API_LIMITS_REDIS_RETRY_SECONDS
         logger.error(
             "Redis at %s is unavailable (%s): %s for the next %s s",
             _redacted(self.redis.url),

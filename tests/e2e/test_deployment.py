@@ -17,6 +17,7 @@ import socket
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -24,8 +25,8 @@ import pytest
 
 from testing.live_server import MODEL, LiveServer, _manage, start_server, stop_server
 from testing.nginx import Nginx, nginx_binary, start_nginx
+from testing.postgres import POSTGRES_URL, postgres_reachable, scratch_database
 from tests.conftest import TEST_REDIS_URL, redis_reachable
-from tests.e2e.test_multiprocess import POSTGRES_URL, postgres_reachable
 
 NO_EOS = {"0": -100, "2": -100}  # neither end-of-text token: a request makes exactly max_tokens
 MAX_BODY_BYTES = 65536
@@ -65,19 +66,18 @@ def deployment(tmp_path_factory):
         pytest.skip(f"PostgreSQL is not reachable at {POSTGRES_URL} (set E2E_POSTGRES_URL)")
     if not redis_reachable(TEST_REDIS_URL):
         pytest.skip(f"Redis is not reachable at {TEST_REDIS_URL} (set REDIS_URL)")
-    import psycopg
-    from psycopg import sql
+    with scratch_database("completions_deploy") as database_url:
+        yield from _deployment(tmp_path_factory, database_url)
 
-    name = f"completions_deploy_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(POSTGRES_URL, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    database_url = POSTGRES_URL.rsplit("/", 1)[0] + "/" + name
+
+def _deployment(tmp_path_factory, database_url: str) -> Iterator[Deployment]:
     settings = {
         "REDIS_URL": TEST_REDIS_URL,
         "API_LIMITS_REDIS_PREFIX": f"completions-site-e2e:{uuid.uuid4().hex[:12]}:",
         "API_MAX_BODY_BYTES": str(MAX_BODY_BYTES),
         "ENGINE_NUM_THREADS": "1",
         "LOG_LEVEL": "WARNING",
+        "proxy_headers": True,  # as the shipped units and image run them behind nginx
     }
     servers: list[LiveServer] = []
     nginx = None
@@ -102,8 +102,6 @@ def deployment(tmp_path_factory):
             nginx.stop()
         for server in servers:
             stop_server(server)
-        with psycopg.connect(POSTGRES_URL, autocommit=True) as admin:
-            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 def test_a_stream_flows_through_nginx_token_by_token(deployment):
@@ -127,13 +125,30 @@ def test_a_stream_flows_through_nginx_token_by_token(deployment):
     assert len({round(t, 2) for t in arrivals}) > 10  # in many separate arrivals
 
 
-def test_an_oversized_body_gets_nginx_413_and_never_reaches_daphne(deployment):
-    before = [server.log.read_text().count(" 413 ") for server in deployment.servers]
+def completions_served(server: LiveServer) -> float:
+    """How many /v1/completions requests ``server`` has answered, from its own /metrics (read
+    directly, from the loopback): what reached daphne, whatever the log level."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(server.base_url + "/metrics", timeout=30).text
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "completions_http_requests_total" and sample.labels.get("endpoint") == "/v1/completions"
+    )
+
+
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+def test_an_oversized_body_gets_nginx_413_and_never_reaches_daphne(deployment, framing):
+    before = [completions_served(server) for server in deployment.servers]
     body = json.dumps({"model": MODEL, "prompt": "x" * MAX_BODY_BYTES}).encode()
+    # Chunked: no Content-Length, so nginx learns the size only as the body arrives.
+    content = body if framing == "content-length" else iter([body[i : i + 8192] for i in range(0, len(body), 8192)])
 
     response = httpx.post(
         deployment.nginx.base_url + "/v1/completions",
-        content=body,
+        content=content,
         timeout=30,
         headers={"Authorization": f"Bearer {deployment.key}", "Content-Type": "application/json"},
     )
@@ -142,7 +157,17 @@ def test_an_oversized_body_gets_nginx_413_and_never_reaches_daphne(deployment):
     assert response.json()["error"]["code"] == "request_too_large"
     assert "x-request-id" not in response.headers  # every answer of ours has one
     assert deployment.nginx.upstreams()[-1][0] == 413 and deployment.nginx.upstreams()[-1][3] == "-"
-    assert [server.log.read_text().count(" 413 ") for server in deployment.servers] == before
+    assert [completions_served(server) for server in deployment.servers] == before
+
+
+@pytest.mark.parametrize("forwarded_for", [None, "127.0.0.1", "::1, 127.0.0.1"])
+def test_metrics_are_not_served_through_nginx_whatever_x_forwarded_for_says(deployment, forwarded_for):
+    headers = {"X-Forwarded-For": forwarded_for} if forwarded_for else {}
+
+    response = httpx.get(deployment.nginx.base_url + "/metrics", headers=headers, timeout=30)
+
+    assert response.status_code == 404
+    assert b"completions_" not in response.content
 
 
 def test_the_dashboards_websocket_connects_through_nginx(deployment):

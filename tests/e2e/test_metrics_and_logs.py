@@ -16,7 +16,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from testing.live_server import MODEL
+from testing.live_server import MODEL, start_server, stop_server
 from testing.sse_client import stream
 from tests.completion_helpers import NO_EOS
 
@@ -52,6 +52,15 @@ def log_lines(server, needle: str, wait: float = 5.0) -> list[str]:
 
 
 @pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """A server of this module's own at LOG_LEVEL=DEBUG: daphne's access line (which writes the
+    query string) is at DEBUG, and the secret tests must see it written, redacted."""
+    live = start_server(tmp_path_factory.mktemp("logs"), LOG_LEVEL="DEBUG")
+    yield live
+    stop_server(live)
+
+
+@pytest.fixture(scope="module")
 def traffic(server):
     """Send the module's requests once, between two scrapes; returns what the tests check."""
     rpm_key = server.manage("create_api_key", "--name", "rpm1", "--user", "e2e", "--rpm", "1").strip().splitlines()[-1]
@@ -79,6 +88,7 @@ def traffic(server):
         },
     )
     in_query = httpx.post(server.api_url + f"/completions?api_key={FAKE_KEY}&n=1", json={"model": MODEL, "prompt": "x"})
+    model_is_a_key = server.post({"model": FAKE_KEY, "prompt": "x", "max_tokens": 1})
     models_401 = httpx.get(server.api_url + "/models", headers={"X-Request-ID": "bad id with spaces"})
     first = server.post(
         {"model": MODEL, "prompt": "Hi", "max_tokens": 1, "temperature": 0, "logit_bias": NO_EOS}, key=rpm_key
@@ -91,6 +101,7 @@ def traffic(server):
         "answered": answered,
         "stream_usage": events[-2]["usage"],
         "in_query": in_query,
+        "model_is_a_key": model_is_a_key,
         "models_401": models_401,
         "first": first,
         "limited": limited,
@@ -119,7 +130,8 @@ def test_the_gateway_counters_moved_by_the_requests_and_refusals(traffic):
 
     assert traffic["limited"].status_code == 429 and traffic["in_query"].status_code == 401
     assert delta(before, after, "completions_http_requests_total", **completions, status_class="2xx") == 3
-    assert delta(before, after, "completions_http_requests_total", **completions, status_class="4xx") == 2
+    four_xx = delta(before, after, "completions_http_requests_total", **completions, status_class="4xx")
+    assert four_xx == 3  # the 401, the 429 and the 404 of a key sent as the model
     assert delta(before, after, "completions_http_requests_total", endpoint="/v1/models", status_class="4xx") == 1
     assert delta(before, after, "completions_http_unauthorized_total") == 2
     assert delta(before, after, "completions_rate_limited_total", limit="requests") == 1
@@ -165,6 +177,17 @@ def test_a_key_in_the_query_string_or_the_user_field_never_reaches_the_log_or_th
     assert log_lines(server, f"POST /v1/completions 401 request_id={request_id}")  # logged, without its query
     record = server.usage(traffic["answered"].json()["id"])
     assert record["user"] == "pasted sk-cs-AbCd1234.***"
+    # daphne's own access line, query string and all, is written (at DEBUG), redacted
+    assert log_lines(server, "daphne.access", wait=0)
+    assert log_lines(server, '"POST /v1/completions?api_key=***&n=1', wait=0)
+
+
+def test_a_key_sent_as_the_model_never_reaches_the_usage_record_or_the_log(server, traffic):
+    answer = traffic["model_is_a_key"]
+
+    assert answer.status_code == 404
+    assert server.usage(answer.headers["x-request-id"])["model"] == ""
+    assert SECRET not in server.log.read_text(errors="replace")
 
 
 def test_head_is_get_without_a_body(server):

@@ -11,11 +11,11 @@ or Redis the module is skipped.
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
@@ -25,20 +25,10 @@ import httpx
 import pytest
 
 from testing.live_server import MODEL, LiveServer, _manage, start_server, stop_server
+from testing.postgres import POSTGRES_URL, postgres_reachable, scratch_database
 from tests.conftest import TEST_REDIS_URL, redis_reachable
 
-POSTGRES_URL = os.environ.get("E2E_POSTGRES_URL", "postgresql://root@127.0.0.1:5432/test")
 NO_EOS = {"0": -100, "2": -100}  # neither end-of-text token: every request makes exactly max_tokens
-
-
-def postgres_reachable(url: str) -> bool:
-    import psycopg
-
-    try:
-        with psycopg.connect(url, connect_timeout=2):
-            return True
-    except psycopg.Error:
-        return False
 
 
 @dataclass
@@ -79,13 +69,11 @@ def cluster(tmp_path_factory) -> Cluster:
         pytest.skip(f"PostgreSQL is not reachable at {POSTGRES_URL} (set E2E_POSTGRES_URL)")
     if not redis_reachable(TEST_REDIS_URL):
         pytest.skip(f"Redis is not reachable at {TEST_REDIS_URL} (set REDIS_URL)")
-    import psycopg
-    from psycopg import sql
+    with scratch_database("completions_e2e") as database_url:
+        yield from _cluster(tmp_path_factory, database_url)
 
-    name = f"completions_e2e_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(POSTGRES_URL, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    database_url = POSTGRES_URL.rsplit("/", 1)[0] + "/" + name
+
+def _cluster(tmp_path_factory, database_url: str) -> Iterator[Cluster]:
     prefix = f"completions-site-e2e:{uuid.uuid4().hex[:12]}:"
     settings = {
         "REDIS_URL": TEST_REDIS_URL,
@@ -105,8 +93,6 @@ def cluster(tmp_path_factory) -> Cluster:
     finally:
         for server in servers:
             stop_server(server)  # which deletes the shared prefix's counters too
-        with psycopg.connect(POSTGRES_URL, autocommit=True) as admin:
-            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 @dataclass

@@ -69,3 +69,11 @@ def test_the_default_allows_only_the_loopback(settings):
     settings.METRICS_ALLOWED_IPS = defaults.METRICS_ALLOWED_IPS  # the environment's, "127.0.0.1,::1" unless set
     assert Client(REMOTE_ADDR="127.0.0.1").get("/metrics").status_code == 200
     assert Client(REMOTE_ADDR="10.0.0.1").get("/metrics").status_code == 404
+
+
+def test_a_bad_metrics_allowed_ips_entry_is_a_system_check_error(settings):
+    from completions_site.checks import check_metrics_settings
+
+    settings.METRICS_ALLOWED_IPS = ["127.0.0.1", "10.0.0.0/8", "not-an-address"]
+
+    assert [error.id for error in check_metrics_settings(None)] == ["completions_site.E006"]

@@ -50,11 +50,11 @@ def sample(text: str, name: str) -> float:
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
 
 
-def test_the_scrape_sums_the_counters_of_every_process_and_the_gauges_of_those_not_stopped(tmp_path):
-    run(WORKER.format(tokens=5, running=2, exits_cleanly=False), tmp_path)  # as if killed
-    run(WORKER.format(tokens=7, running=3, exits_cleanly=True), tmp_path)  # a stop that ran atexit
+def test_a_starting_process_forgets_the_live_gauges_of_processes_that_died_without_cleaning_up(tmp_path):
+    run(WORKER.format(tokens=5, running=2, exits_cleanly=False), tmp_path)  # killed: its files stay
+    run(WORKER.format(tokens=7, running=3, exits_cleanly=True), tmp_path)  # its successor: starts, stops (atexit)
 
     text = run(SCRAPER, tmp_path)
 
     assert sample(text, "completions_generation_tokens_total") == 12  # counters keep a stopped process's
-    assert sample(text, "completions_num_requests_running") == 2  # its live gauges leave the sum
+    assert sample(text, "completions_num_requests_running") == 0  # neither's live gauges stay in the sum

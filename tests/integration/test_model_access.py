@@ -57,7 +57,17 @@ def test_a_refused_model_leaves_a_record_without_tokens(tiny_api, restricted_key
     reply = post(restricted_key.plaintext, body())
 
     record = UsageRecord.objects.get(request_id=reply.request_id)
-    assert (record.status_code, record.total_tokens, record.model) == (404, 0, MODEL)
+    assert (record.status_code, record.total_tokens, record.model) == (404, 0, "")
+
+
+def test_a_key_sent_as_the_model_never_reaches_the_usage_record(tiny_api, valid_key):
+    from keys.models import UsageRecord
+
+    pasted = "sk-cs-AbCd1234.Zm9vYmFyYmF6cXV4LXNlY3JldC10b2tlbi0wMTIzNDU2Nzg5"
+    reply = post(valid_key.plaintext, body(model=pasted))
+
+    record = UsageRecord.objects.get(request_id=reply.request_id)
+    assert reply.status == 404 and record.model == ""
 
 
 @pytest.mark.parametrize(

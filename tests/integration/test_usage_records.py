@@ -56,6 +56,13 @@ def test_an_overlong_user_field_is_cut_to_fit_instead_of_losing_the_record():
     assert UsageRecord.objects.get(pk=stored.pk).user == "u" * 256
 
 
+def test_no_text_field_keeps_a_key_secret():
+    pasted = "sk-cs-AbCd1234.Zm9vYmFyYmF6cXV4LXNlY3JldC10b2tlbi0wMTIzNDU2Nzg5"
+    stored = UsageRecord.objects.get(pk=record(model=pasted, user=pasted, error_type=pasted).pk)
+
+    assert stored.model == stored.user == stored.error_type == "sk-cs-AbCd1234.***"
+
+
 def test_a_request_id_is_recorded_once():
     record()
 

@@ -61,3 +61,33 @@ def test_begin_is_idempotent_and_keeps_the_first_time():
     since = state.since
     state.begin()
     assert state.draining and state.since == since
+
+
+def test_an_api_request_is_waited_for_until_its_last_byte_is_sent():
+    from api import access, draining
+
+    async def scenario() -> list[int]:
+        seen: list[int] = []
+        body_may_go = asyncio.Event()
+
+        async def app(scope, receive, send):  # a JSON answer after its usage record was written
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            seen.append(draining.state.open_requests)
+            await body_may_go.wait()
+            await send({"type": "http.response.body", "body": b"{}"})
+
+        async def receive() -> dict:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message: dict) -> None:
+            pass
+
+        before = draining.state.open_requests
+        scope = {"type": "http", "path": "/v1/completions", "method": "POST", "headers": []}
+        served = asyncio.ensure_future(access.AccessLog(app)(scope, receive, send))
+        await asyncio.sleep(0.01)
+        body_may_go.set()
+        await served
+        return [seen[0] - before, draining.state.open_requests - before]
+
+    assert asyncio.run(scenario()) == [1, 0]

@@ -53,13 +53,39 @@ def test_one_request_moves_each_counter_by_its_tokens_and_each_histogram_once(en
     assert delta["prefill"] >= 1
 
 
-def test_candidates_count_each_their_finish_reason_and_tokens(engine):
+def test_a_request_with_candidates_counts_their_tokens_and_finishes_once(engine):
     before = snapshot()
     run_one(engine, "abc", max_tokens=4, n=3, best_of=3, temperature=1.0, ignore_eos=True)
     delta = moved(before)
     assert delta["generation"] == 12
-    assert delta["length"] == 3
+    assert delta["length"] == 1  # once per request, as vLLM counts
     assert delta["e2e"] == 1
+
+
+def test_requests_failed_by_an_engine_error_count_as_error(engine):
+    import asyncio
+
+    from inference.engine import EngineError
+    from inference.sampling import SamplingParams
+
+    before = value("completions_request_success_total", finish_reason="error")
+
+    async def fail_after_first_output():
+        stream = engine.submit("failed", engine.encode("Hello"), SamplingParams(max_tokens=500, ignore_eos=True))
+        await stream.__anext__()
+        original = engine._decode_step
+
+        def broken() -> None:
+            engine._decode_step = original
+            raise RuntimeError("boom")
+
+        engine._decode_step = broken
+        with pytest.raises(EngineError):
+            async for _ in stream:
+                pass
+
+    asyncio.run(fail_after_first_output())
+    assert value("completions_request_success_total", finish_reason="error") == before + 1
 
 
 def test_the_gauges_go_back_to_zero_when_the_batch_empties(engine):
@@ -89,3 +115,9 @@ def test_an_aborted_request_counts_once_as_abort(engine):
     while value("completions_request_success_total", finish_reason="abort") == before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert value("completions_request_success_total", finish_reason="abort") == before + 1
+    # The aborted request was the last running one: the gauges go back to zero without another step.
+    while value("completions_num_requests_running") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert value("completions_num_requests_running") == 0
+    assert value("completions_num_requests_waiting") == 0
+    assert value("completions_kv_cache_columns_in_use") == 0
