@@ -65,7 +65,11 @@ class JSONOnly(BaseContentNegotiation):
 
 
 class OrganizationViewSet(viewsets.GenericViewSet):
-    """What every Administration API view shares: admin-key auth, JSON in and out, OpenAI's lists."""
+    """What every Administration API view shares: admin-key auth, JSON in and out, OpenAI's lists.
+
+    No ``OPTIONS`` metadata (``metadata_class = None``: a 405 like any other method a route does
+    not take); DRF's would describe the serializer of each view, which these views do not declare.
+    """
 
     authentication_classes = [AdminKeyAuthentication]
     permission_classes = [HasAdminKey]
@@ -73,6 +77,7 @@ class OrganizationViewSet(viewsets.GenericViewSet):
     parser_classes = [JSONParser]
     content_negotiation_class = JSONOnly
     pagination_class = OpenAIListPagination
+    metadata_class = None
 
     def validated(self, serializer_class: type[shapes.RequestSerializer]) -> dict[str, Any]:
         """The request body validated by ``serializer_class``; a 400 naming the first bad field."""
