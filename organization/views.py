@@ -27,6 +27,7 @@ from django.http import QueryDict
 from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import viewsets
+from rest_framework.exceptions import ParseError
 from rest_framework.negotiation import BaseContentNegotiation
 from rest_framework.parsers import JSONParser
 from rest_framework.renderers import JSONRenderer
@@ -64,6 +65,17 @@ class JSONOnly(BaseContentNegotiation):
         return renderers[0], renderers[0].media_type
 
 
+class StrictJSONParser(JSONParser):
+    """DRF's JSON parser, with a body nested past Python's recursion limit a parse error (a 400), as
+    ``/v1/completions`` answers it, instead of an uncaught ``RecursionError`` (a 500)."""
+
+    def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
+        try:
+            return super().parse(stream, media_type, parser_context)
+        except RecursionError:
+            raise ParseError("JSON parse error - nested too deeply") from None
+
+
 class OrganizationViewSet(viewsets.GenericViewSet):
     """What every Administration API view shares: admin-key auth, JSON in and out, OpenAI's lists.
 
@@ -74,7 +86,7 @@ class OrganizationViewSet(viewsets.GenericViewSet):
     authentication_classes = [AdminKeyAuthentication]
     permission_classes = [HasAdminKey]
     renderer_classes = [JSONRenderer]
-    parser_classes = [JSONParser]
+    parser_classes = [StrictJSONParser]
     content_negotiation_class = JSONOnly
     pagination_class = OpenAIListPagination
     metadata_class = None
