@@ -34,7 +34,7 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from api.errors import APIError
+from api.errors import APIError, invalid_value_error
 from api.usage_api import ORGANIZATION_GROUPS, build_usage_page, parse_usage_query
 from audit.models import AuditLogEntry
 from keys import ids
@@ -90,6 +90,16 @@ class OrganizationViewSet(viewsets.GenericViewSet):
     content_negotiation_class = JSONOnly
     pagination_class = OpenAIListPagination
     metadata_class = None
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        """DRF's checks (the admin key first), then no NUL character in a query parameter: a 400
+        naming it.  PostgreSQL refuses NUL in a query's strings (a ``ValueError``: a 500), and no id,
+        e-mail address or filter value of ours holds one."""
+        super().initial(request, *args, **kwargs)
+        for name, values in request.query_params.lists():
+            bad = next((value for value in values if "\x00" in value), None)
+            if bad is not None:
+                raise invalid_value_error(name.removesuffix("[]"), bad, why="Null characters are not allowed.")
 
     def validated(self, serializer_class: type[shapes.RequestSerializer]) -> dict[str, Any]:
         """The request body validated by ``serializer_class``; a 400 naming the first bad field."""
