@@ -110,3 +110,23 @@ def test_an_unexpected_error_on_the_administration_api_is_logged_with_its_traceb
     logged = [record for record in caplog.records if record.name == "django.request" and record.exc_info]
     assert logged, "the 500's exception was not logged"
     assert "adversarial boom" in str(logged[0].exc_info[1])
+
+
+# --- Two requests creating the same username at once ---------------------------------------------
+
+
+def test_a_username_taken_between_validation_and_insert_is_the_same_400_not_a_500(admin_key, monkeypatch):
+    """What two concurrent POST /users with one username do: both pass the serializer's check, the
+    second INSERT fails on the unique constraint (seen live: 500s among 16 concurrent requests)."""
+    from django.contrib.auth import get_user_model
+
+    from organization import serializers as shapes
+
+    get_user_model().objects.create_user(username="racer")
+    monkeypatch.setattr(shapes.UserCreateRequestSerializer, "validate_username", lambda self, value: value)
+
+    answer = call("POST", "/users", admin_key.plaintext, {"username": "racer"})
+
+    assert answer.status == 400
+    assert (answer.error["param"], answer.error["code"]) == ("username", "invalid_value")
+    assert "already exists" in answer.error["message"]
