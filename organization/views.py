@@ -22,6 +22,7 @@ from datetime import timezone as dt_timezone
 from typing import Any
 
 from django.contrib.auth import get_user_model
+from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 from django.http import QueryDict
 from django.utils import timezone
@@ -224,14 +225,23 @@ class UserViewSet(OrganizationViewSet):
         """A new user (our extension: OpenAI invites by e-mail); without a password they cannot log in."""
         fields = self.validated(shapes.UserCreateRequestSerializer)
         first, _, last = fields.get("name", "").strip().partition(" ")
-        user = User.objects.create_user(
-            username=fields["username"],
-            email=fields.get("email", ""),
-            password=fields.get("password"),  # None: an unusable password
-            first_name=first,
-            last_name=last,
-            is_staff=fields["role"] == "owner",
-        )
+        try:
+            with transaction.atomic():
+                user = User.objects.create_user(
+                    username=fields["username"],
+                    email=fields.get("email", ""),
+                    password=fields.get("password"),  # None: an unusable password
+                    first_name=first,
+                    last_name=last,
+                    is_staff=fields["role"] == "owner",
+                )
+        except IntegrityError:
+            # Another request took the username after the serializer checked it: the same 400.
+            if not User.objects.filter(username=fields["username"]).exists():
+                raise
+            raise invalid_value_error(
+                "username", fields["username"], why="A user with that username already exists."
+            ) from None
         return Response(shapes.UserSerializer(user).data)
 
     @extend_schema(operation_id="retrieve-user", responses=shapes.UserSerializer)
