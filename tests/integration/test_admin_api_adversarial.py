@@ -150,3 +150,32 @@ def test_the_openapi_schema_is_generated_once_per_process_not_per_request(monkey
     assert [answer.status for answer in answers] == [200, 200, 200, 200]
     assert len(calls) <= 1
     assert answers[2].body == answers[0].body  # ?version= is no way around the cache
+
+
+# --- A chunked body (no Content-Length): DRF reads none, and the change silently did not happen ----
+
+
+def test_a_chunked_body_without_content_length_is_read_not_ignored(admin_key, user):
+    """Seen live: ``curl -H 'Transfer-Encoding: chunked'`` to a rate limit answered 200 with the limit
+    unchanged (DRF takes a request without Content-Length for one without a body), while
+    ``/v1/completions`` reads the same body.  Through the ASGI request, as daphne delivers it."""
+    import json
+
+    from django.test import AsyncRequestFactory
+
+    from keys.models import APIKey
+
+    api_key, _ = APIKey.objects.create_key(name="chunked", owner=user)
+    body = json.dumps({"max_requests_per_1_minute": 7})
+    request = AsyncRequestFactory().generic(
+        "POST", f"{BASE}/projects/user_{user.pk}/rate_limits/rl_{api_key.prefix}", body,
+        content_type="application/json", headers=bearer(admin_key.plaintext),
+    )  # fmt: skip
+    del request.META["CONTENT_LENGTH"]  # what a chunked request's META holds
+    view = organization_views.ProjectRateLimitViewSet.as_view({"post": "update"})
+
+    response = view(request, project_id=f"user_{user.pk}", rate_limit_id=f"rl_{api_key.prefix}")
+
+    assert response.status_code == 200, response.data
+    api_key.refresh_from_db()
+    assert api_key.rpm_limit == 7
