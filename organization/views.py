@@ -21,7 +21,9 @@ from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.core.exceptions import RequestDataTooBig
 from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 from django.http import QueryDict
@@ -97,10 +99,29 @@ class OrganizationViewSet(viewsets.GenericViewSet):
         naming it.  PostgreSQL refuses NUL in a query's strings (a ``ValueError``: a 500), and no id,
         e-mail address or filter value of ours holds one."""
         super().initial(request, *args, **kwargs)
+        self.read_chunked_body(request)
         for name, values in request.query_params.lists():
             bad = next((value for value in values if "\x00" in value), None)
             if bad is not None:
                 raise invalid_value_error(name.removesuffix("[]"), bad, why="Null characters are not allowed.")
+
+    @staticmethod
+    def read_chunked_body(request: Request) -> None:
+        """Give a body sent without ``Content-Length`` (``Transfer-Encoding: chunked``) its length.
+
+        DRF takes a request without one for a request without a body (``request.data`` is ``{}``),
+        so a chunked change answered 200 having changed nothing; the ASGI handler has read the whole
+        body, as ``/v1/completions`` reads it.  Over ``DATA_UPLOAD_MAX_MEMORY_SIZE`` it is Django's 400.
+        """
+        meta = request._request.META
+        if meta.get("CONTENT_LENGTH") or request.method not in ("POST", "PUT", "PATCH", "DELETE"):
+            return
+        body = request._request.body  # Django checks no size without a length: we do
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        if limit is not None and len(body) > limit:
+            raise RequestDataTooBig("Request body exceeded settings.DATA_UPLOAD_MAX_MEMORY_SIZE.")
+        if body:
+            meta["CONTENT_LENGTH"] = str(len(body))
 
     def validated(self, serializer_class: type[shapes.RequestSerializer]) -> dict[str, Any]:
         """The request body validated by ``serializer_class``; a 400 naming the first bad field."""
