@@ -33,7 +33,6 @@ class ConstFieldSchema(OpenApiSerializerFieldExtension):
         return {"type": "string", "enum": [self.target.value]}
 
 
-
 class CachedSchemaView(SpectacularJSONAPIView):
     """``GET /v1/organization/openapi.json``: the schema, generated once per process.
 

@@ -68,7 +68,9 @@ def test_a_nul_character_in_a_query_parameter_is_a_400_naming_it(admin_key, path
 
 
 def test_a_nul_character_in_a_project_api_keys_cursor_is_a_400(admin_key):
-    answer = call("GET", f"/projects/user_{admin_key.admin_key.owner_id}/api_keys", admin_key.plaintext, None, after="key_\x00")
+    answer = call(
+        "GET", f"/projects/user_{admin_key.admin_key.owner_id}/api_keys", admin_key.plaintext, None, after="key_\x00"
+    )
 
     assert (answer.status, answer.error["param"]) == (400, "after")
 
@@ -142,9 +144,7 @@ def test_the_openapi_schema_is_generated_once_per_process_not_per_request(monkey
 
     calls = []
     original = SchemaGenerator.get_schema
-    monkeypatch.setattr(
-        SchemaGenerator, "get_schema", lambda self, *a, **k: calls.append(1) or original(self, *a, **k)
-    )
+    monkeypatch.setattr(SchemaGenerator, "get_schema", lambda self, *a, **k: calls.append(1) or original(self, *a, **k))
     answers = [call("GET", "/openapi.json", None, None, **query) for query in ({}, {}, {"version": "x"}, {})]
 
     assert [answer.status for answer in answers] == [200, 200, 200, 200]
