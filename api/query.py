@@ -16,7 +16,7 @@ from django.http import QueryDict
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import relevance
 
-from .errors import schema_error
+from .errors import invalid_value_error, schema_error
 
 _INTEGER = re.compile(r"[+-]?[0-9]{1,30}")  # longer is no time or limit of ours, and int() of it is slow
 
@@ -29,6 +29,10 @@ def query_instance(params: QueryDict, schema: dict[str, Any]) -> dict[str, Any]:
     properties: ``name[key]=value`` pairs, each value read by the type of ``key``'s schema.
     Empty values are left out.
     """
+    for name, values in params.lists():
+        bad = next((value for value in values if "\x00" in value), None)
+        if bad is not None:  # PostgreSQL refuses NUL in a query's strings (a 500); no value of ours has one
+            raise invalid_value_error(name.removesuffix("[]"), bad, why="Null characters are not allowed.")
     query: dict[str, Any] = {}
     for name, prop in schema["properties"].items():
         kind = prop.get("type")

@@ -378,8 +378,12 @@ def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
 def server_error(request: HttpRequest) -> HttpResponse:
     """``handler500``: OpenAI's JSON 500 on the API's paths, Django's page elsewhere."""
     if is_api_path(request.path_info):
-        return error_response(APIError("The server had an error while processing your request.", status=500,
-                                       type="server_error"))
+        response = error_response(APIError("The server had an error while processing your request.", status=500,
+                                           type="server_error"))
+        # Unlike an APIError's answer, this one has not been logged: Django logs the exception (with
+        # its traceback) after this handler returns, unless the response says it already was.
+        response._has_been_logged = False  # type: ignore[attr-defined]
+        return response
     return defaults.server_error(request)
 
 

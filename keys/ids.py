@@ -44,9 +44,10 @@ def parse_api_key_id(public_id: str) -> str:
 
 
 def key_prefix(public_id: str) -> str | None:
-    """The prefix that ``"key_AbCd1234"`` names, or ``None`` when ``public_id`` is not such an id."""
+    """The prefix that ``"key_AbCd1234"`` names, or ``None`` when ``public_id`` is not such an id
+    (nor when it holds a NUL character, which no prefix has and PostgreSQL refuses in a query)."""
     prefix = public_id.removeprefix(API_KEY_ID_PREFIX)
-    return prefix if prefix != public_id else None
+    return prefix if prefix != public_id and "\x00" not in prefix else None
 
 
 def rate_limit_id(prefix: str) -> str:
@@ -55,6 +56,7 @@ def rate_limit_id(prefix: str) -> str:
 
 
 def rate_limit_prefix(public_id: str) -> str | None:
-    """The key prefix that ``"rl_AbCd1234"`` names, or ``None`` when ``public_id`` is not such an id."""
+    """The key prefix that ``"rl_AbCd1234"`` names, or ``None`` when ``public_id`` is not such an id
+    (nor when it holds a NUL character)."""
     prefix = public_id.removeprefix(RATE_LIMIT_ID_PREFIX)
-    return prefix if prefix != public_id else None
+    return prefix if prefix != public_id and "\x00" not in prefix else None

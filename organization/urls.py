@@ -6,9 +6,9 @@ Every route here is in the generated schema (``openapi.json``, the last route).
 from __future__ import annotations
 
 from django.urls import path
-from drf_spectacular.views import SpectacularJSONAPIView
 
 from . import views
+from .schema import CachedSchemaView
 
 PREFIX = "v1/organization/"
 
@@ -48,7 +48,7 @@ organization_urlpatterns = [
 organization_urlpatterns.append(
     path(
         PREFIX + "openapi.json",
-        SpectacularJSONAPIView.as_view(
+        CachedSchemaView.as_view(
             patterns=list(organization_urlpatterns), authentication_classes=[], permission_classes=[]
         ),
         name="organization-openapi",

@@ -21,19 +21,23 @@ from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.core.exceptions import RequestDataTooBig
+from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 from django.http import QueryDict
 from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import viewsets
+from rest_framework.exceptions import ParseError
 from rest_framework.negotiation import BaseContentNegotiation
 from rest_framework.parsers import JSONParser
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from api.errors import APIError
+from api.errors import APIError, invalid_value_error
 from api.usage_api import ORGANIZATION_GROUPS, build_usage_page, parse_usage_query
 from audit.models import AuditLogEntry
 from keys import ids
@@ -64,15 +68,60 @@ class JSONOnly(BaseContentNegotiation):
         return renderers[0], renderers[0].media_type
 
 
+class StrictJSONParser(JSONParser):
+    """DRF's JSON parser, with a body nested past Python's recursion limit a parse error (a 400), as
+    ``/v1/completions`` answers it, instead of an uncaught ``RecursionError`` (a 500)."""
+
+    def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
+        try:
+            return super().parse(stream, media_type, parser_context)
+        except RecursionError:
+            raise ParseError("JSON parse error - nested too deeply") from None
+
+
 class OrganizationViewSet(viewsets.GenericViewSet):
-    """What every Administration API view shares: admin-key auth, JSON in and out, OpenAI's lists."""
+    """What every Administration API view shares: admin-key auth, JSON in and out, OpenAI's lists.
+
+    No ``OPTIONS`` metadata (``metadata_class = None``: a 405 like any other method a route does
+    not take); DRF's would describe the serializer of each view, which these views do not declare.
+    """
 
     authentication_classes = [AdminKeyAuthentication]
     permission_classes = [HasAdminKey]
     renderer_classes = [JSONRenderer]
-    parser_classes = [JSONParser]
+    parser_classes = [StrictJSONParser]
     content_negotiation_class = JSONOnly
     pagination_class = OpenAIListPagination
+    metadata_class = None
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        """DRF's checks (the admin key first), then no NUL character in a query parameter: a 400
+        naming it.  PostgreSQL refuses NUL in a query's strings (a ``ValueError``: a 500), and no id,
+        e-mail address or filter value of ours holds one."""
+        super().initial(request, *args, **kwargs)
+        self.read_chunked_body(request)
+        for name, values in request.query_params.lists():
+            bad = next((value for value in values if "\x00" in value), None)
+            if bad is not None:
+                raise invalid_value_error(name.removesuffix("[]"), bad, why="Null characters are not allowed.")
+
+    @staticmethod
+    def read_chunked_body(request: Request) -> None:
+        """Give a body sent without ``Content-Length`` (``Transfer-Encoding: chunked``) its length.
+
+        DRF takes a request without one for a request without a body (``request.data`` is ``{}``),
+        so a chunked change answered 200 having changed nothing; the ASGI handler has read the whole
+        body, as ``/v1/completions`` reads it.  Over ``DATA_UPLOAD_MAX_MEMORY_SIZE`` it is Django's 400.
+        """
+        meta = request._request.META
+        if meta.get("CONTENT_LENGTH") or request.method not in ("POST", "PUT", "PATCH", "DELETE"):
+            return
+        body = request._request.body  # Django checks no size without a length: we do
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        if limit is not None and len(body) > limit:
+            raise RequestDataTooBig("Request body exceeded settings.DATA_UPLOAD_MAX_MEMORY_SIZE.")
+        if body:
+            meta["CONTENT_LENGTH"] = str(len(body))
 
     def validated(self, serializer_class: type[shapes.RequestSerializer]) -> dict[str, Any]:
         """The request body validated by ``serializer_class``; a 400 naming the first bad field."""
@@ -197,14 +246,23 @@ class UserViewSet(OrganizationViewSet):
         """A new user (our extension: OpenAI invites by e-mail); without a password they cannot log in."""
         fields = self.validated(shapes.UserCreateRequestSerializer)
         first, _, last = fields.get("name", "").strip().partition(" ")
-        user = User.objects.create_user(
-            username=fields["username"],
-            email=fields.get("email", ""),
-            password=fields.get("password"),  # None: an unusable password
-            first_name=first,
-            last_name=last,
-            is_staff=fields["role"] == "owner",
-        )
+        try:
+            with transaction.atomic():
+                user = User.objects.create_user(
+                    username=fields["username"],
+                    email=fields.get("email", ""),
+                    password=fields.get("password"),  # None: an unusable password
+                    first_name=first,
+                    last_name=last,
+                    is_staff=fields["role"] == "owner",
+                )
+        except IntegrityError:
+            # Another request took the username after the serializer checked it: the same 400.
+            if not User.objects.filter(username=fields["username"]).exists():
+                raise
+            raise invalid_value_error(
+                "username", fields["username"], why="A user with that username already exists."
+            ) from None
         return Response(shapes.UserSerializer(user).data)
 
     @extend_schema(operation_id="retrieve-user", responses=shapes.UserSerializer)
