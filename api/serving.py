@@ -41,6 +41,8 @@ from .types import CompletionChoice, CompletionChunk, CompletionLogprobs, Create
 if TYPE_CHECKING:
     from inference.engine import Engine, RequestStream
 
+INLINE_ENCODE_CHARS = 2000  # prompts up to this many characters are tokenised on the event loop
+
 
 @dataclass
 class _Prompt:
@@ -126,7 +128,7 @@ class CompletionRun:
             if request.suffix:
                 ids, text = self._fim_prompt(prompt), ""
             elif isinstance(prompt, str):
-                ids = await asyncio.to_thread(engine.encode, prompt) if prompt else []
+                ids = await self._encode(prompt) if prompt else []
                 text = prompt
             else:
                 # Echo gives back what was sent: special tokens included, as they are in a text prompt.
@@ -139,6 +141,13 @@ class CompletionRun:
         grammar = await compile_grammar(engine, request.response_format)
         if grammar is not None:
             self.params = dataclasses.replace(self.params, grammar=grammar)
+
+    async def _encode(self, prompt: str) -> list[int]:
+        """``prompt``'s ids: a short prompt on the event loop (tens of microseconds, less than a hop
+        to a worker thread and back), a long one in a thread so that it cannot stall the loop."""
+        if len(prompt) <= INLINE_ENCODE_CHARS:
+            return self.engine.encode(prompt)
+        return await asyncio.to_thread(self.engine.encode, prompt)
 
     def _fim_prompt(self, prompt: str | list[int]) -> list[int]:
         """The fill-in-the-middle prompt for ``prompt`` and ``suffix``; the completion is the middle.

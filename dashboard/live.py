@@ -11,7 +11,7 @@ import logging
 from typing import Any
 
 from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
+from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.db import transaction
 from django.db.models.signals import post_save
 from django.dispatch import receiver
@@ -37,12 +37,19 @@ def usage_event(record: UsageRecord) -> dict[str, Any]:
 
 def announce(event: dict[str, Any]) -> None:
     layer = get_channel_layer()
-    if layer is None:
+    if layer is None or _nobody_listens(layer):
         return
     try:
         async_to_sync(layer.group_send)(GROUP, event)
     except Exception:
         logger.warning("Could not announce a usage record to the dashboard", exc_info=True)
+
+
+def _nobody_listens(layer: Any) -> bool:
+    """Whether the in-process layer has no dashboard in the group.  Announcing anyway would cost
+    every usage write a hop from its database thread to the event loop and back, for nobody; a
+    shared layer (Redis) cannot tell, so it is always told."""
+    return isinstance(layer, InMemoryChannelLayer) and not layer.groups.get(GROUP)
 
 
 @receiver(post_save, sender=UsageRecord, dispatch_uid="dashboard.announce_usage")
