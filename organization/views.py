@@ -47,6 +47,7 @@ from . import audit_query
 from . import serializers as shapes
 from .authentication import AdminKeyAuthentication, HasAdminKey
 from .exceptions import validation_error
+from .members import LastOwnerError, change_member
 from .models import AdminAPIKey
 from .pagination import OpenAIListPagination
 
@@ -160,6 +161,18 @@ class OrganizationViewSet(viewsets.GenericViewSet):
                 param=param,
                 code="invalid_value",
             )
+
+    def change_member(self, user: Any, param: str | None, **changes: bool) -> None:
+        """``members.change_member``, its refusal to remove the last active owner a 400 naming ``param``."""
+        try:
+            change_member(user, **changes)
+        except LastOwnerError:
+            raise APIError(
+                f"User '{ids.user_id(user.pk)}' is the organization's last active owner; make another user "
+                "an owner first, or the organization's admin keys would all stop working.",
+                param=param,
+                code="invalid_value",
+            ) from None
 
 
 # --- Admin keys -----------------------------------------------------------------------------------
@@ -279,8 +292,7 @@ class UserViewSet(OrganizationViewSet):
         role = self.validated(shapes.UserRoleUpdateRequestSerializer)["role"]
         if role == "reader":
             self.refuse_self_demotion(user, "role")
-        user.is_staff = role == "owner"
-        user.save(update_fields=["is_staff"])
+        self.change_member(user, "role", is_staff=role == "owner")
         return Response(shapes.UserSerializer(user).data)
 
     @extend_schema(operation_id="delete-user", responses={200: shapes.UserDeleteResponseSerializer})
@@ -288,8 +300,7 @@ class UserViewSet(OrganizationViewSet):
         """Deactivate the user: their keys are refused from the next request, their records stay."""
         user = self.active_user(user_id)
         self.refuse_self_demotion(user, None)
-        user.is_active = False
-        user.save(update_fields=["is_active"])
+        self.change_member(user, None, is_active=False)
         return Response({"object": "organization.user.deleted", "id": user_id, "deleted": True})
 
 
