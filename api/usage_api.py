@@ -15,7 +15,11 @@ Query parameters (as in OpenAI's spec):
   ``start_time``/``end_time`` say what it covers.  Empty buckets are listed with no results.
 - ``group_by``: ``model`` and/or ``api_key_id`` (others are a 400; the organization's also ``user_id``).  ``api_key_id`` is ``key_``
   plus the key's public prefix, e.g. ``key_AbCd1234``.
-- ``models``, ``api_key_ids``: keep only these.
+- ``models``, ``api_key_ids``: keep only these (the organization's also ``user_ids`` and
+  ``project_ids``, which name users too: users stand for OpenAI's projects).
+- Any other parameter is a 400: the spec's ``batch`` (and, key-scoped, ``user_ids`` and
+  ``project_ids``) ``unsupported_parameter`` naming it, anything else "Unrecognized request argument
+  supplied: NAME", as an unknown body field is.
 - Our extension, to tell ``/v1/completions`` from ``/v1/chat/completions`` (OpenAI's endpoint is
   per API, ours covers both): ``group_by=endpoint`` adds an ``endpoint`` field (the request's
   path) to each result, and ``endpoints`` keeps only those paths.  Without them the answer is
@@ -49,7 +53,7 @@ from django.http import QueryDict
 from jsonschema import Draft202012Validator
 
 from api.errors import above_maximum_error, below_minimum_error, invalid_value_error
-from api.query import query_instance, validate_query
+from api.query import query_instance, refuse_unknown, validate_query
 from keys.db import db_call
 from keys.ids import api_key_id, parse_api_key_id, parse_user_id, user_id
 from keys.models import UsageRecord
@@ -96,7 +100,7 @@ class UsageQuery:
     api_key_prefixes: tuple[str, ...]
     limit: int
     page_start: int  # the aligned start of this page's first bucket
-    user_pks: tuple[int, ...] | None = None  # the organization's ``user_ids`` filter; None: everyone
+    user_pks: tuple[int, ...] | None = None  # the organization's ``user_ids``/``project_ids``; None: everyone
 
 
 LAST_TIME = 253_370_764_800  # 9999-01-01T00:00:00Z, in Unix seconds
@@ -119,15 +123,23 @@ QUERY_SCHEMA: dict[str, Any] = {
     },
     "required": ["start_time"],
 }
-# The organization's: the same, plus the spec's ``user_ids`` filter and ``group_by=user_id``.
+# The organization's: the same, plus the spec's ``user_ids`` filter and ``group_by=user_id``, and
+# ``project_ids``: users stand for OpenAI's projects (``user_{pk}`` either way), so it filters users too.
 ORGANIZATION_QUERY_SCHEMA = {
     **QUERY_SCHEMA,
     "properties": {
         **QUERY_SCHEMA["properties"],
         "user_ids": {"type": "array", "items": {"type": "string"}},
+        "project_ids": {"type": "array", "items": {"type": "string"}},
         "group_by": {"type": "array", "items": {"type": "string", "enum": list(ORGANIZATION_GROUPS)}},
     },
 }
+# The spec's parameters that a scope does not take: a 400 ``unsupported_parameter`` naming each
+# (any other unknown parameter is "Unrecognized request argument supplied").
+_NO_BATCH = "there is no Batch API here, so every request is a non-batch one."
+_OWN_USAGE = "this route reads the calling key's owner's usage only; an admin key reads everyone's at /v1/organization/usage/completions."
+KEY_UNSUPPORTED = {"batch": _NO_BATCH, "user_ids": _OWN_USAGE, "project_ids": _OWN_USAGE}
+ORGANIZATION_UNSUPPORTED = {"batch": _NO_BATCH}
 _VALIDATORS = {False: Draft202012Validator(QUERY_SCHEMA), True: Draft202012Validator(ORGANIZATION_QUERY_SCHEMA)}
 
 
@@ -140,7 +152,9 @@ def parse_usage_query(params: QueryDict, now: int, *, organization: bool = False
     the width's maximum as ``integer_below_min_value``/``integer_above_max_value``; a ``page`` that
     is not this query's cursor as ``invalid_value``.
     """
-    query = query_instance(params, ORGANIZATION_QUERY_SCHEMA if organization else QUERY_SCHEMA)
+    schema = ORGANIZATION_QUERY_SCHEMA if organization else QUERY_SCHEMA
+    refuse_unknown(params, schema, unsupported=ORGANIZATION_UNSUPPORTED if organization else KEY_UNSUPPORTED)
+    query = query_instance(params, schema)
     validate_query(query, _VALIDATORS[organization])
     start_time = query["start_time"]
     end_time = query.get("end_time", now)
@@ -164,8 +178,19 @@ def parse_usage_query(params: QueryDict, now: int, *, organization: bool = False
         api_key_prefixes=tuple(parse_api_key_id(key_id) for key_id in query.get("api_key_ids", ())),
         limit=limit,
         page_start=page_start,
-        user_pks=_user_pks(query["user_ids"]) if "user_ids" in query else None,
+        user_pks=_filtered_user_pks(query),
     )
+
+
+def _filtered_user_pks(query: dict[str, Any]) -> tuple[int, ...] | None:
+    """The users that ``user_ids`` and ``project_ids`` (users are projects here) keep, both if both
+    are given; ``None`` when neither is: everyone."""
+    kept: tuple[int, ...] | None = None
+    for name in ("user_ids", "project_ids"):
+        if name in query:
+            pks = _user_pks(query[name])
+            kept = pks if kept is None else tuple(pk for pk in kept if pk in pks)
+    return kept
 
 
 def _user_pks(public_ids: list[str]) -> tuple[int, ...]:

@@ -460,6 +460,12 @@ class AuditLogViewSet(OrganizationViewSet):
             OpenApiParameter("event_types[]", str, many=True, description="Only these event types."),
             OpenApiParameter("actor_ids[]", str, many=True, description="Only these actors (user_…, key_…, system)."),
             OpenApiParameter("resource_ids[]", str, many=True, description="Only about these (key_…, user_…)."),
+            OpenApiParameter(
+                "project_ids[]",
+                str,
+                many=True,
+                description="Users stand for projects: only about these users (user_…) or their API keys.",
+            ),
             *(
                 OpenApiParameter(f"effective_at[{bound}]", int, description=f"Unix seconds: effective_at {bound}.")
                 for bound in ("gt", "gte", "lt", "lte")
@@ -478,8 +484,8 @@ class UsageCompletionsViewSet(OrganizationViewSet):
 
     The same buckets, pages and parameter errors as the key-scoped ``GET /v1/usage/completions``
     (one implementation, ``api.usage_api``), over every key of every user, with ``group_by``
-    ``user_id`` and the ``user_ids`` filter besides ``model``, ``api_key_id``, ``models`` and
-    ``api_key_ids``.
+    ``user_id`` and the ``user_ids`` and ``project_ids`` filters (users are projects here) besides
+    ``model``, ``api_key_id``, ``models`` and ``api_key_ids``.
     """
 
     @extend_schema(
@@ -491,6 +497,7 @@ class UsageCompletionsViewSet(OrganizationViewSet):
             OpenApiParameter("bucket_width", str, enum=["1m", "1h", "1d"], description="Default 1d."),
             OpenApiParameter("group_by[]", str, many=True, enum=list(ORGANIZATION_GROUPS)),
             OpenApiParameter("user_ids[]", str, many=True),
+            OpenApiParameter("project_ids[]", str, many=True, description="Users stand for projects: user_… ids."),
             OpenApiParameter("api_key_ids[]", str, many=True),
             OpenApiParameter("models[]", str, many=True),
             OpenApiParameter("limit", int, description="Buckets per page."),
