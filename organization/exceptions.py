@@ -11,6 +11,9 @@ exceptions are translated:
 JSON)                                  request."
 ``NotFound`` / ``Http404``             404 ``invalid_request_error``
 ``MethodNotAllowed``                   405 OpenAI's "Invalid URL (METHOD /path)"
+Django's ``RequestDataTooBig`` (a      413 ``request_too_large``, as ``/v1/completions`` answers
+body over                              it (``api.protocol.body_too_large_error``), not Django's
+``DATA_UPLOAD_MAX_MEMORY_SIZE``)       400 naming its setting
 ``NotAuthenticated``, ...              their status with DRF's message
 =====================================  ===========================================================
 """
@@ -20,6 +23,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
 from django.http import Http404
 from rest_framework import exceptions, fields, serializers
 from rest_framework.response import Response
@@ -36,6 +41,7 @@ from api.errors import (
     string_too_long_error,
     string_too_short_error,
 )
+from api.protocol import body_too_large_error
 
 JSON_PARSE_MESSAGE = (
     "We could not parse the JSON body of your request. (HINT: This likely means you aren't using your HTTP "
@@ -56,6 +62,8 @@ def as_api_error(exc: Exception, request: Any = None) -> APIError | None:
     """The :class:`APIError` that ``exc`` stands for, or ``None`` for an unexpected exception."""
     if isinstance(exc, APIError):
         return exc
+    if isinstance(exc, RequestDataTooBig):
+        return body_too_large_error(settings.DATA_UPLOAD_MAX_MEMORY_SIZE)
     if isinstance(exc, Http404):
         return APIError(str(exc) or "Not found.", status=404)
     if isinstance(exc, exceptions.ValidationError):

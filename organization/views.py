@@ -23,7 +23,6 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.core.exceptions import RequestDataTooBig
 from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 from django.http import QueryDict
@@ -38,6 +37,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from api.errors import APIError, invalid_value_error
+from api.protocol import body_too_large_error
 from api.usage_api import ORGANIZATION_GROUPS, build_usage_page, parse_usage_query
 from audit.models import AuditLogEntry
 from keys import ids
@@ -112,7 +112,8 @@ class OrganizationViewSet(viewsets.GenericViewSet):
 
         DRF takes a request without one for a request without a body (``request.data`` is ``{}``),
         so a chunked change answered 200 having changed nothing; the ASGI handler has read the whole
-        body, as ``/v1/completions`` reads it.  Over ``DATA_UPLOAD_MAX_MEMORY_SIZE`` it is Django's 400.
+        body, as ``/v1/completions`` reads it.  Over ``DATA_UPLOAD_MAX_MEMORY_SIZE`` it is the same 413
+        as a body with a length over it (``exceptions``).
         """
         meta = request._request.META
         if meta.get("CONTENT_LENGTH") or request.method not in ("POST", "PUT", "PATCH", "DELETE"):
@@ -120,7 +121,7 @@ class OrganizationViewSet(viewsets.GenericViewSet):
         body = request._request.body  # Django checks no size without a length: we do
         limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
         if limit is not None and len(body) > limit:
-            raise RequestDataTooBig("Request body exceeded settings.DATA_UPLOAD_MAX_MEMORY_SIZE.")
+            raise body_too_large_error(limit)
         if body:
             meta["CONTENT_LENGTH"] = str(len(body))
 
