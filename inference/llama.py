@@ -25,6 +25,7 @@ engine that fills a leaving row's place with the last row moves one row, and dec
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -315,7 +316,15 @@ class LlamaModelRunner:
                 raise ValueError(f"chunk starts at {chunk.start} but {cached} positions are cached for it")
         end = max(chunk.start + len(chunk.token_ids) for chunk in chunks)
         self._rope_table(end)
-        partials = [self._partial_for(chunk) for chunk in chunks]
+        # New prompts of one size (many short requests at once) go first, as one group: their
+        # caches are views of one buffer and each layer's cache writes and attention are one call
+        # for the group, not one per prompt (issue 12: per-call overhead of the 16-client load).
+        given = chunks
+        order, group = self._prefill_order(chunks)
+        chunks = [given[i] for i in order]
+        partials = self._group_partials(chunks[:group]) + [self._partial_for(chunk) for chunk in chunks[group:]]
+        group_size = len(chunks[0].token_ids) if group else 0
+        group_rows = group * group_size
         ids = torch.tensor([token for chunk in chunks for token in chunk.token_ids], device=self.device)
         positions = torch.cat(
             [torch.arange(chunk.start, chunk.start + len(chunk.token_ids), device=self.device) for chunk in chunks]
@@ -332,7 +341,24 @@ class LlamaModelRunner:
             values = qkv[:, qk_width:].view(tokens, kv_heads, dim)
             attended = torch.empty(tokens, heads * dim, dtype=x.dtype, device=x.device)
             offset = 0
-            for chunk, partial, mask in zip(chunks, partials, masks):
+            if group:
+                size = group_size
+                cache_keys, cache_values = (
+                    self._group_keys[:, index],
+                    self._group_values[:, index],
+                )  # [n, kv_heads, capacity, dim]
+                cache_keys[:, :, :size] = qk[:group_rows, heads:].view(group, size, kv_heads, dim).transpose(1, 2)
+                cache_values[:, :, :size] = values[:group_rows].view(group, size, kv_heads, dim).transpose(1, 2)
+                output = F.scaled_dot_product_attention(
+                    qk[:group_rows, :heads].view(group, size, heads, dim).transpose(1, 2),
+                    cache_keys[:, :, :size],
+                    cache_values[:, :, :size],
+                    is_causal=True,
+                    enable_gqa=True,
+                )  # [n, heads, size, dim]
+                attended[:group_rows] = output.transpose(1, 2).reshape(group_rows, heads * dim)
+                offset = group_rows
+            for chunk, partial, mask in zip(chunks[group:], partials[group:], masks[group:]):
                 size, start = len(chunk.token_ids), chunk.start
                 rows = slice(offset, offset + size)
                 cache_keys, cache_values = partial.keys[index], partial.values[index]  # [kv_heads, capacity, dim]
@@ -358,10 +384,40 @@ class LlamaModelRunner:
             )
             offset += size
         logits = self._logits(x[torch.cat(wanted).to(self.device)])
+        self._group_keys = self._group_values = None
         for chunk, partial in zip(chunks, partials):
             partial.length = chunk.start + len(chunk.token_ids)
             self._partials[chunk.key] = partial
-        return list(logits.split([len(rows) for rows in wanted]))
+        pieces = logits.split([len(rows) for rows in wanted])
+        result: list[torch.Tensor] = [None] * len(pieces)  # type: ignore[list-item]
+        for place, piece in zip(order, pieces):
+            result[place] = piece
+        return result
+
+    @staticmethod
+    def _prefill_order(chunks: Sequence[PrefillChunk]) -> tuple[list[int], int]:
+        """The order to run ``chunks`` in and how many lead it as a group: the new prompts
+        (``start == 0``) of the most common size, when two or more share it; the others follow in
+        their given order."""
+        sizes = collections.Counter(len(chunk.token_ids) for chunk in chunks if chunk.start == 0)
+        size, count = sizes.most_common(1)[0] if sizes else (0, 0)
+        if count < 2:
+            return list(range(len(chunks))), 0
+        first = [i for i, chunk in enumerate(chunks) if chunk.start == 0 and len(chunk.token_ids) == size]
+        chosen = set(first)
+        return first + [i for i in range(len(chunks)) if i not in chosen], len(first)
+
+    def _group_partials(self, chunks: Sequence[PrefillChunk]) -> list[_Partial]:
+        """New caches for a group of new prompts of one size: views of one buffer per keys and values
+        (``self._group_keys``/``_values``, ``[n, layers, kv_heads, capacity, head_dim]``, kept for this pass)."""
+        if not chunks:
+            self._group_keys = self._group_values = None
+            return []
+        capacity = _round_up(len(chunks[0].token_ids), COLUMN_CHUNK)
+        shape = (len(chunks), self.num_layers, self.num_kv_heads, capacity, self.head_dim)
+        self._group_keys = torch.empty(shape, dtype=self.dtype, device=self.device)
+        self._group_values = torch.empty(shape, dtype=self.dtype, device=self.device)
+        return [_Partial(0, self._group_keys[i], self._group_values[i]) for i in range(len(chunks))]
 
     def _prefill_mask(self, chunk: PrefillChunk) -> torch.Tensor | None:
         """Boolean ``[size, start + size]`` (True: attend) for a chunk after a cached prefix; None
