@@ -4,6 +4,7 @@ and scoring requests are prefilled together with the results they get alone (flo
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
@@ -29,13 +30,27 @@ def test_a_short_request_behind_a_big_one_gets_its_first_token_before_the_big_on
             if output.outputs and stream.request_id not in firsts:
                 firsts.append(stream.request_id)
 
+    # The engine takes its inbox only once every request is in, as if they came at once: on a busy
+    # machine it could otherwise prefill the first big prompts before "small" was even submitted.
+    submitted = threading.Event()
+    take_inbox = engine._take_inbox
+
+    def take_when_submitted() -> None:
+        submitted.wait(30)
+        take_inbox()
+
     async def main():
         params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
         big = [engine.submit(f"big-{i}", engine.encode(BIG_PROMPT), params, group="big") for i in range(BIG_PROMPTS)]
         small = engine.submit("small", engine.encode("Hi"), params, group="small")
+        submitted.set()
         await asyncio.gather(*(consume(stream) for stream in [*big, small]))
 
-    asyncio.run(main())
+    engine._take_inbox = take_when_submitted
+    try:
+        asyncio.run(main())
+    finally:
+        del engine._take_inbox
     assert len(firsts) == BIG_PROMPTS + 1
     # In order of submission (first come, first served) "small" would come last.
     assert firsts.index("small") < firsts.index(f"big-{BIG_PROMPTS - 1}")
