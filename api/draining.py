@@ -36,7 +36,8 @@ class DrainState:
         self.since: float | None = None
         # Weak: a streamed response dropped before its first byte is accounted for by its _Usage's
         # __del__, which a strong reference here would keep from ever running.
-        self._open: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._open: weakref.WeakSet[Any] = weakref.WeakSet()  # requests being served
+        self._unrecorded: weakref.WeakSet[Any] = weakref.WeakSet()  # their usage records not yet begun
         self._writes: set[asyncio.Future] = set()
 
     def begin(self) -> None:
@@ -47,11 +48,11 @@ class DrainState:
 
     def opened(self, usage: Any) -> None:
         """A request that will write a usage record has started."""
-        self._open.add(usage)
+        self._unrecorded.add(usage)
 
     def closed(self, usage: Any) -> None:
         """Its usage record is being written (:meth:`writing` tracks the write itself)."""
-        self._open.discard(usage)
+        self._unrecorded.discard(usage)
 
     @contextlib.contextmanager
     def serving(self) -> Iterator[None]:
@@ -72,6 +73,7 @@ class DrainState:
 
     @property
     def open_requests(self) -> int:
+        """API requests being served (one each, from arrival to the last byte)."""
         return len(self._open)
 
     @property
@@ -80,7 +82,7 @@ class DrainState:
 
     def idle(self) -> bool:
         """Nothing is running and every usage record is written."""
-        return not self._open and not self._writes
+        return not self._open and not self._unrecorded and not self._writes
 
     async def wait_idle(self, timeout: float, interrupt: asyncio.Event | None = None) -> bool:
         """Wait until :meth:`idle`, ``timeout`` seconds pass or ``interrupt`` is set; returns :meth:`idle`."""

@@ -91,3 +91,17 @@ def test_an_api_request_is_waited_for_until_its_last_byte_is_sent():
         return [seen[0] - before, draining.state.open_requests - before]
 
     assert asyncio.run(scenario()) == [1, 0]
+
+
+def test_a_request_with_a_pending_usage_record_counts_once_and_keeps_the_process_until_recorded():
+    class Usage:  # what api/views.py's _Usage tells the drain
+        pass
+
+    state = DrainState()
+    usage = Usage()
+    with state.serving():
+        state.opened(usage)
+        assert state.open_requests == 1  # one request, not one for its serving and one for its record
+    assert not state.idle()  # its record is not begun yet
+    state.closed(usage)
+    assert state.idle()
