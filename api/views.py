@@ -21,6 +21,7 @@ from django.http.response import HttpResponseBase
 from django.views import defaults
 from django.views.decorators.csrf import csrf_exempt
 
+from inference.outputs import EngineShuttingDown
 from keys import limits
 from keys.auth import touch_last_used
 from keys.models import APIKey
@@ -185,7 +186,10 @@ async def _stream(run: CompletionRun, usage: _Usage) -> AsyncIterator[bytes]:
         error_type = "interrupted"
         raise
     except Exception as error:
-        logger.exception("Stream %s failed", run.id)
+        if isinstance(error, EngineShuttingDown):  # a planned shutdown's grace period ended: no fault
+            logger.warning("Stream %s ended by the shutdown", run.id)
+        else:
+            logger.exception("Stream %s failed", run.id)
         api_error = _as_api_error(error)
         error_type = api_error.type  # the status stays 200: it was sent with the first byte
         yield sse.event(api_error.to_dict())
