@@ -22,8 +22,9 @@ ENDPOINTS = (
 
 http_requests = Counter(
     "completions_http_requests",
-    "HTTP requests answered, by endpoint (one of the API's routes, /v1/models/{model}, /v1/other for "
-    "unknown /v1 paths, or site for the admin and pages) and status class (2xx, 4xx, ...).",
+    "HTTP requests answered, by endpoint (one of the API's routes, /v1/models/{model}, /v1/organization "
+    "for the Administration API, /v1/other for unknown /v1 paths, or site for the admin and pages) and "
+    "status class (2xx, 4xx, ...).",
     ["endpoint", "status_class"],
 )
 http_request_duration = Histogram(
@@ -53,6 +54,8 @@ def endpoint_label(path: str) -> str:
         return path
     if path.startswith("/v1/models/"):
         return "/v1/models/{model}"
+    if path.startswith("/v1/organization/"):
+        return "/v1/organization"  # the Administration API, one label (its paths hold ids)
     if path.startswith("/v1/"):
         return "/v1/other"
     return "site"
