@@ -809,7 +809,7 @@ def plan_from_timings(
 def choose_formats(
     requested: str = "auto",
     *,
-    cache_dir: Path = Path(".cache/weight_formats"),
+    cache_dir: Path = Path(".cache/models/weight_formats"),
     layer_shapes: Sequence[tuple[int, int]] = EMBEDDED_LAYER_SHAPES,
     layers: int = EMBEDDED_LAYERS,
     output_shape: tuple[int, int] = EMBEDDED_OUTPUT_SHAPE,
