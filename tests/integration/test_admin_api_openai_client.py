@@ -6,11 +6,14 @@ is exactly what it would over the network: OpenAI's paths, query parameters, bod
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import datetime, timezone
 
 import httpx2
 import pytest
+from django.core import signals
 from django.core.wsgi import get_wsgi_application
+from django.db import close_old_connections
 from openai import OpenAI
 
 from keys.models import APIKey
@@ -21,15 +24,23 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def admin_client(admin_key) -> OpenAI:
+def admin_client(admin_key) -> Iterator[OpenAI]:
     transport = httpx2.WSGITransport(app=get_wsgi_application())
-    return OpenAI(
-        api_key="unused",
-        admin_api_key=admin_key.plaintext,
-        base_url="http://testserver/v1",
-        http_client=httpx2.Client(transport=transport),
-        max_retries=0,
-    )
+    # As Django's test client does: a request must not close the connection that holds the test's
+    # transaction (with PostgreSQL's pool it was handed back, and the next query found none).
+    signals.request_started.disconnect(close_old_connections)
+    signals.request_finished.disconnect(close_old_connections)
+    try:
+        yield OpenAI(
+            api_key="unused",
+            admin_api_key=admin_key.plaintext,
+            base_url="http://testserver/v1",
+            http_client=httpx2.Client(transport=transport),
+            max_retries=0,
+        )
+    finally:
+        signals.request_started.connect(close_old_connections)
+        signals.request_finished.connect(close_old_connections)
 
 
 def test_the_client_pages_through_the_users(admin_client, staff_user, django_user_model):
