@@ -63,9 +63,16 @@ def well_formed_request_id(value: str | None) -> bool:
 
 def note(request: Any, **fields: Any) -> None:
     """Add ``fields`` to the access-log line of ``request`` (an ASGI request; others are ignored)."""
+    notes_of(request).update(fields)
+
+
+def notes_of(request: Any) -> dict[str, Any]:
+    """The dict of ``request``'s access-log fields (a throwaway one for a non-ASGI request).
+
+    Hold plain data in it, not objects with finalizers: the ASGI scope outlives the view.
+    """
     scope = getattr(request, "scope", None)
-    if isinstance(scope, dict):
-        scope.setdefault(SCOPE_KEY, {}).update(fields)
+    return scope.setdefault(SCOPE_KEY, {}) if isinstance(scope, dict) else {}
 
 
 class AccessLog:
@@ -136,7 +143,7 @@ def _log(scope: dict, request_id: str | None, status: int, seconds: float) -> No
         "status": status,
         "latency_ms": round(seconds * 1000, 1),
     }
-    usage = getattr(notes.get("usage"), "record", None)  # a generation's usage record, as written
+    usage = notes.get("usage_record")  # a generation's usage record, as written (api/views.py)
     if usage:
         fields.update(
             completion_id=usage["request_id"] if usage["request_id"] != request_id else None,

@@ -28,7 +28,7 @@ from keys.models import APIKey
 from keys.usage import record_usage
 
 from . import draining, metrics, sse
-from .access import note
+from .access import notes_of
 from .auth import admission_headers, admit, authenticate, current_headers
 from .chat import ChatRun, new_chat_completion_id, parse_chat_request
 from .engine import get_engine, key_may_use, served_models
@@ -112,8 +112,9 @@ async def _serve(request: HttpRequest, endpoint: _Endpoint) -> HttpResponseBase:
         response = error_response(error)
         response["x-request-id"] = completion_id
         return response
-    usage = _Usage(api_key, completion_id, endpoint.path)
-    note(request, usage=usage)  # the access-log line reads its record
+    # The access-log line reads the usage record from the request's notes; the notes do not hold
+    # the _Usage itself, whose finalizer accounts for a stream dropped before its first byte.
+    usage = _Usage(api_key, completion_id, endpoint.path, notes_of(request))
     try:
         response = await _start_completion(request, usage, endpoint)
     except APIError as error:
@@ -214,8 +215,9 @@ class _Usage:
     usage record's fields once written (the access log reads them).
     """
 
-    def __init__(self, api_key: APIKey, request_id: str, endpoint: str) -> None:
+    def __init__(self, api_key: APIKey, request_id: str, endpoint: str, notes: dict[str, Any] | None = None) -> None:
         self.api_key = api_key
+        self.notes = {} if notes is None else notes  # the access-log fields of the request (api/access.py)
         self.request_id = request_id
         self.endpoint = endpoint
         self.started = time.monotonic()
@@ -282,6 +284,7 @@ class _Usage:
             user=self.user,
         )
         self.record = fields
+        self.notes["usage_record"] = fields
         draining.state.closed(self)
         write = draining.state.writing(_write_usage(self.api_key, fields, self.admission))
         try:
