@@ -52,9 +52,32 @@ def generate_prefix() -> str:
     return "".join(secrets.choice(PREFIX_ALPHABET) for _ in range(PREFIX_LENGTH))
 
 
-def generate_plaintext(prefix: str) -> str:
-    """A new plaintext key ``sk-cs-{prefix}.{secret}`` with ``secret = token_urlsafe(32)``."""
-    return f"{KEY_NAMESPACE}{prefix}.{secrets.token_urlsafe(SECRET_BYTES)}"
+def generate_plaintext(prefix: str, namespace: str = KEY_NAMESPACE) -> str:
+    """``{namespace}{prefix}.{secret}`` with a fresh 256-bit secret."""
+    return f"{namespace}{prefix}.{secrets.token_urlsafe(SECRET_BYTES)}"
+
+
+def insert_with_fresh_prefix(manager: models.Manager, key: models.Model, namespace: str = KEY_NAMESPACE) -> str:
+    """Give the unsaved ``key`` (a model with ``prefix`` and ``hashed_key``) a fresh prefix and
+    secret, insert it through ``manager``, and return the plaintext.
+
+    A prefix collision (a chance of about n/62**8) is retried; raises ``IntegrityError`` for any
+    other database problem.  Used by API keys and the Administration API's admin keys.
+    """
+    for attempt in range(_PREFIX_ATTEMPTS):
+        key.prefix = generate_prefix()
+        plaintext = generate_plaintext(key.prefix, namespace)
+        key.hashed_key = hash_key(plaintext)
+        try:
+            # The savepoint keeps a collision from breaking an enclosing transaction.
+            with transaction.atomic(using=manager.db):
+                key.save(force_insert=True, using=manager.db)
+            return plaintext
+        except IntegrityError:
+            collided = manager.filter(prefix=key.prefix).exists()
+            if not collided or attempt == _PREFIX_ATTEMPTS - 1:
+                raise
+    raise AssertionError("unreachable")
 
 
 def hash_key(plaintext: str) -> str:
@@ -118,20 +141,7 @@ class APIKeyManager(models.Manager.from_queryset(APIKeyQuerySet)):
         :meth:`create_key` is built on this; the admin calls it directly so that the form's own
         instance becomes the saved row.
         """
-        for attempt in range(_PREFIX_ATTEMPTS):
-            api_key.prefix = generate_prefix()
-            plaintext = generate_plaintext(api_key.prefix)
-            api_key.hashed_key = hash_key(plaintext)
-            try:
-                # The savepoint keeps a collision from breaking an enclosing transaction.
-                with transaction.atomic(using=self.db):
-                    api_key.save(force_insert=True, using=self.db)
-                return plaintext
-            except IntegrityError:
-                collided = self.filter(prefix=api_key.prefix).exists()
-                if not collided or attempt == _PREFIX_ATTEMPTS - 1:
-                    raise
-        raise AssertionError("unreachable")
+        return insert_with_fresh_prefix(self, api_key)
 
 
 class APIKey(models.Model):

@@ -15,21 +15,19 @@ from __future__ import annotations
 
 import hmac
 import re
-import secrets
 from datetime import datetime
 
 from django.conf import settings
-from django.db import IntegrityError, models, transaction
+from django.db import models
 from django.utils import timezone
 
 from keys.ids import api_key_id
-from keys.models import PREFIX_LENGTH, SECRET_BYTES, generate_prefix, hash_key
+from keys.models import PREFIX_LENGTH, hash_key, insert_with_fresh_prefix
 
 ADMIN_KEY_NAMESPACE = "sk-cs-admin-"
 _ADMIN_KEY_PATTERN = re.compile(
     rf"{re.escape(ADMIN_KEY_NAMESPACE)}(?P<prefix>[A-Za-z0-9]{{{PREFIX_LENGTH}}})\.[A-Za-z0-9_-]{{1,256}}"
 )
-_PREFIX_ATTEMPTS = 5
 
 
 def parse_admin_prefix(plaintext: str) -> str | None:
@@ -59,20 +57,9 @@ class AdminAPIKeyManager(models.Manager.from_queryset(AdminAPIKeyQuerySet)):  # 
     def issue(self, admin_key: AdminAPIKey) -> str:
         """Give the unsaved ``admin_key`` a fresh prefix and secret, insert it, return the plaintext.
 
-        A prefix collision (a chance of about n/62**8) is retried, as ``keys.models`` does.
+        A prefix collision is retried (:func:`keys.models.insert_with_fresh_prefix`).
         """
-        for attempt in range(_PREFIX_ATTEMPTS):
-            admin_key.prefix = generate_prefix()
-            plaintext = f"{ADMIN_KEY_NAMESPACE}{admin_key.prefix}.{secrets.token_urlsafe(SECRET_BYTES)}"
-            admin_key.hashed_key = hash_key(plaintext)
-            try:
-                with transaction.atomic(using=self.db):
-                    admin_key.save(force_insert=True, using=self.db)
-                return plaintext
-            except IntegrityError:
-                if not self.filter(prefix=admin_key.prefix).exists() or attempt == _PREFIX_ATTEMPTS - 1:
-                    raise
-        raise AssertionError("unreachable")
+        return insert_with_fresh_prefix(self, admin_key, ADMIN_KEY_NAMESPACE)
 
 
 class AdminAPIKey(models.Model):
