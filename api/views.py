@@ -226,7 +226,6 @@ class _Usage:
         self.user = ""
         self.run: CompletionRun | None = None
         self.submitted = False  # whether the engine took the request (only then are tokens charged)
-        self.record: dict | None = None
         self.written = False
         self.admission: limits.Admission | None = None
         self.limit_headers: dict[str, str] | None = None
@@ -283,8 +282,7 @@ class _Usage:
             time_to_first_token_ms=None if first is None else (first - self.started) * 1000,
             user=self.user,
         )
-        self.record = fields
-        self.notes["usage_record"] = fields
+        self.notes["usage_record"] = fields  # what the access-log line reads
         draining.state.closed(self)
         write = draining.state.writing(_write_usage(self.api_key, fields, self.admission))
         try:

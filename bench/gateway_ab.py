@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.bench_serving import EOS, Prompts, cpu_info, cpu_line  # noqa: E402
 from inference.model_loader import converted_gguf_dir, embedded_gguf_path  # noqa: E402
-from testing.live_server import MODEL, free_port  # noqa: E402
+from testing.live_server import MODEL, free_port, wait_healthy  # noqa: E402
 
 
 @dataclass
@@ -87,18 +87,12 @@ def start(name: str, checkout: Path, directory: Path) -> Server:
         stderr=subprocess.STDOUT,
     )
     server = Server(name, checkout, process, f"http://127.0.0.1:{port}", key, log)
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{name} exited:\n{log.read_text()[-3000:]}")
-        try:
-            if httpx.get(server.url + "/healthz", timeout=2).status_code == 200:
-                return server
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.25)
-    stop(server)
-    raise RuntimeError(f"{name} did not become healthy:\n{log.read_text()[-3000:]}")
+    try:
+        wait_healthy(process, server.url, log)
+    except RuntimeError as error:
+        stop(server)
+        raise RuntimeError(f"{name}: {error}") from None
+    return server
 
 
 def stop(server: Server) -> None:

@@ -141,18 +141,30 @@ def start_server(
         stderr=subprocess.STDOUT,
     )
     server = LiveServer(f"http://127.0.0.1:{port}", key, database, process, log, env)
-    deadline = time.monotonic() + 600  # the first start converts the GGUF file (about 20 s)
+    try:
+        wait_healthy(process, server.base_url, log)
+    except RuntimeError:
+        stop_server(server)
+        raise
+    return server
+
+
+def wait_healthy(process: subprocess.Popen, base_url: str, log: Path, timeout: float = 600) -> None:
+    """Wait until ``base_url/healthz`` answers 200 (the first start converts the GGUF, about 20 s).
+
+    Raises ``RuntimeError`` with the log's tail if the process exits or ``timeout`` seconds pass.
+    """
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"daphne exited with {process.returncode}:\n{log.read_text()}")
+            raise RuntimeError(f"daphne exited with {process.returncode}:\n{log.read_text()[-3000:]}")
         try:
-            if httpx.get(server.base_url + "/healthz", timeout=2).status_code == 200:
-                return server
+            if httpx.get(base_url + "/healthz", timeout=2).status_code == 200:
+                return
         except httpx.HTTPError:
             pass
         time.sleep(0.25)
-    stop_server(server)
-    raise RuntimeError(f"the server did not become healthy:\n{log.read_text()}")
+    raise RuntimeError(f"the server did not become healthy:\n{log.read_text()[-3000:]}")
 
 
 def stop_server(server: LiveServer) -> None:
