@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from audit.models import EVENT_TYPES
+from audit.receivers import KEY_FIELDS
 from tests.admin_api import get
 
 SPEC = Path(__file__).resolve().parents[3] / "shared" / "openai-openapi.yaml"
@@ -41,16 +42,7 @@ PAIRS = [
     ("UsageTimeBucket", "UsageTimeBucket"),
     ((f"{BASE}/usage/completions", "get"), "UsageResponse"),
 ]
-# An audited key's and user's fields besides the spec's (audit.receivers): limits, name, expiry, models.
-_KEY_FIELDS = (
-    "name",
-    "expires_at",
-    "rpm_limit",
-    "tpm_limit",
-    "max_concurrent",
-    "monthly_token_quota",
-    "allowed_models",
-)
+# An audited key's fields besides the spec's are audit.receivers.KEY_FIELDS: limits, name, expiry, models.
 _USER_FIELDS = ("username", "email")
 # Our extensions (after OpenAI's fields), by dotted path inside each shape.
 EXTENSIONS = {
@@ -63,8 +55,8 @@ EXTENSIONS = {
     "ProjectRateLimitUpdateRequest": {"max_concurrent_requests", "max_tokens_per_1_month"},
     "AuditLog": {
         "actor.system",
-        "api_key.created.data.user_id", *(f"api_key.created.data.{name}" for name in _KEY_FIELDS),
-        *(f"api_key.updated.changes_requested.{name}" for name in _KEY_FIELDS),
+        "api_key.created.data.user_id", *(f"api_key.created.data.{name}" for name in KEY_FIELDS),
+        *(f"api_key.updated.changes_requested.{name}" for name in KEY_FIELDS),
         *(f"user.added.data.{name}" for name in _USER_FIELDS),
         *(f"user.updated.changes_requested.{name}" for name in
           (*_USER_FIELDS, "first_name", "last_name", "is_active", "is_superuser", "password")),
