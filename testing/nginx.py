@@ -85,6 +85,20 @@ class Nginx:
         rows = [line.split() for line in log.read_text().splitlines()] if log.exists() else []
         return [(int(row[0]), row[1], row[2], row[3]) for row in rows if len(row) >= 4]
 
+    def logged_after(self, start: int, count: int, timeout: float = 10.0) -> list[tuple[int, str, str, str]]:
+        """The access log's rows from row ``start`` on, once there are ``count`` of them.
+
+        nginx writes a request's line when it finalizes the request, which can come after the client
+        has its answer (a refused body is read and discarded first), so a test waits for the lines.
+        Raises ``TimeoutError`` after ``timeout`` seconds with fewer rows.
+        """
+        deadline = time.monotonic() + timeout
+        while len(rows := self.upstreams()[start:]) < count:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"nginx logged {len(rows)} of {count} requests: {rows}")
+            time.sleep(0.05)
+        return rows
+
     def log(self) -> str:
         return "\n".join(
             (self.run_dir / name).read_text() for name in ("error.log", "access.log") if (self.run_dir / name).exists()

@@ -142,6 +142,7 @@ def completions_served(server: LiveServer) -> float:
 @pytest.mark.parametrize("framing", ["content-length", "chunked"])
 def test_an_oversized_body_gets_nginx_413_and_never_reaches_daphne(deployment, framing):
     before = [completions_served(server) for server in deployment.servers]
+    logged = len(deployment.nginx.upstreams())
     body = json.dumps({"model": MODEL, "prompt": "x" * MAX_BODY_BYTES}).encode()
     # Chunked: no Content-Length, so nginx learns the size only as the body arrives.
     content = body if framing == "content-length" else iter([body[i : i + 8192] for i in range(0, len(body), 8192)])
@@ -156,7 +157,7 @@ def test_an_oversized_body_gets_nginx_413_and_never_reaches_daphne(deployment, f
     assert response.status_code == 413
     assert response.json()["error"]["code"] == "request_too_large"
     assert "x-request-id" not in response.headers  # every answer of ours has one
-    assert deployment.nginx.upstreams()[-1][0] == 413 and deployment.nginx.upstreams()[-1][3] == "-"
+    assert deployment.nginx.logged_after(logged, 1) == [(413, "POST", "/v1/completions", "-")]
     assert [completions_served(server) for server in deployment.servers] == before
 
 
@@ -198,11 +199,12 @@ def test_the_dashboards_websocket_connects_through_nginx(deployment):
 
 
 def test_usage_from_both_processes_lands_in_one_database(deployment):
+    logged = len(deployment.nginx.upstreams())
     replies = [deployment.post({"prompt": f"Item {i}", "max_tokens": 2}) for i in range(6)]
 
     assert [r.status_code for r in replies] == [200] * 6
     ids = {r.headers["x-request-id"] for r in replies}
-    served = {row[3] for row in deployment.nginx.upstreams()[-6:]}
+    served = {row[3] for row in deployment.nginx.logged_after(logged, 6)}
     assert served == deployment.upstream_addresses()
     deadline = time.monotonic() + 10
     while True:
@@ -224,11 +226,12 @@ def test_a_requests_limit_holds_across_both_processes_behind_nginx(deployment):
         .splitlines()[-1]
     )
 
+    logged = len(deployment.nginx.upstreams())
     with ThreadPoolExecutor(4) as pool:
         replies = list(pool.map(lambda i: deployment.post({"prompt": "Hi", "max_tokens": 1}, key=key), range(14)))
 
     assert Counter(r.status_code for r in replies) == {200: 6, 429: 8}
     assert all(r.json()["error"]["type"] == "requests" for r in replies if r.status_code == 429)
     assert all("retry-after" in r.headers for r in replies if r.status_code == 429)
-    served = {row[3] for row in deployment.nginx.upstreams()[-14:] if row[0] == 200}
+    served = {row[3] for row in deployment.nginx.logged_after(logged, 14) if row[0] == 200}
     assert served == deployment.upstream_addresses()
