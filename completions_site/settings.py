@@ -162,7 +162,7 @@ MODEL_ALIASES = env.list("MODEL_ALIASES", default=[])
 MODEL_DEVICE = env.str("MODEL_DEVICE", default="auto")  # auto | cpu | cuda | cuda:N
 MODEL_DTYPE = env.str("MODEL_DTYPE", default="auto")  # auto | bfloat16 | float16 | float32
 # Linear layers' weight format: auto (measured per CPU at first start, cached under .cache/) or one for all.
-MODEL_WEIGHTS = env.str("MODEL_WEIGHTS", default="auto")  # auto | float32 | bfloat16 | int8 | int4
+MODEL_WEIGHTS = env.str("MODEL_WEIGHTS", default="auto")  # auto | float32 | bfloat16 | int8 | int4 | q4_1 | q8_0
 MODEL_CACHE_DIR = env.path("MODEL_CACHE_DIR", default=BASE_DIR / ".cache" / "models")
 ENGINE_AUTOSTART = env.bool("ENGINE_AUTOSTART", default=True)
 ENGINE_MAX_BATCH_SIZE = env.int("ENGINE_MAX_BATCH_SIZE", default=32)

@@ -28,12 +28,16 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from .model_runner import PrefillChunk
+
+if TYPE_CHECKING:
+    from .cpu_kernels import CPUKernels
 from .packed import PACKED_BATCH_HINT, onednn_linear_available
 
 Linear = Callable[[torch.Tensor], torch.Tensor]
@@ -132,6 +136,9 @@ class _Layer:
     post_norm: torch.Tensor
     gate_up: Linear  # [tokens, hidden] -> [tokens, 2 * intermediate]
     down: Linear  # [tokens, intermediate] -> [tokens, hidden]
+    # residual += o(x) and residual += down(x) in place (see _residual_add): the fused decode step's.
+    o_add: Callable[[torch.Tensor, torch.Tensor], None]
+    down_add: Callable[[torch.Tensor, torch.Tensor], None]
 
 
 @dataclass
@@ -167,6 +174,7 @@ class LlamaModelRunner:
         dtype: torch.dtype = torch.float32,
         linear_factory: LinearFactory = make_linear,
         max_batch_size: int = 32,
+        kernels: CPUKernels | None | str = "auto",
     ) -> None:
         reason = unsupported_reason(model)
         if reason is not None:
@@ -204,7 +212,26 @@ class LlamaModelRunner:
         self.description = f"llama runner, weights {linear_kind}, activations {str(dtype).removeprefix('torch.')}"
         self.weight_formats = linear_kind
         self._partials: dict[int, _Partial] = {}
+        self._kernels = self._fused_decode_kernels(kernels)
+        if self._kernels is not None:
+            self.description += ", fused decode ops"
         self.reset()
+
+    def _fused_decode_kernels(self, kernels: CPUKernels | None | str) -> CPUKernels | None:
+        """Our CPU kernels for the decode step (:mod:`inference.cpu_kernels`), or None for torch's operations.
+
+        ``"auto"``: loaded (built at the first use) when the runner computes in float32 on the CPU
+        with an even ``head_dim`` of at most 256, else None; a :class:`CPUKernels` is used as given
+        under the same conditions; None turns them off.
+        """
+        fits = self.dtype == torch.float32 and self.device.type == "cpu" and self.head_dim % 2 == 0
+        if kernels is None or not fits or self.head_dim > 256:
+            return None
+        if isinstance(kernels, str):
+            from .cpu_kernels import load
+
+            return load(None)
+        return kernels
 
     # --- weights ---------------------------------------------------------------------------------
 
@@ -217,19 +244,21 @@ class LlamaModelRunner:
         def names(*parts: str) -> tuple[str, ...]:
             return tuple(f"{prefix}.{part}.weight" for part in parts)
 
+        qkv_linear = linear_factory(
+            qkv.detach(), self.dtype, names("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
+        )
+        o = linear_factory(attention.o_proj.weight.detach(), self.dtype, names("self_attn.o_proj"))
+        gate_up_linear = linear_factory(gate_up.detach(), self.dtype, names("mlp.gate_proj", "mlp.up_proj"))
+        down = linear_factory(mlp.down_proj.weight.detach(), self.dtype, names("mlp.down_proj"))
         return _Layer(
             input_norm=layer.input_layernorm.weight.detach().to(self.dtype),
-            qkv=linear_factory(
-                qkv.detach(), self.dtype, names("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
-            ),
-            o=self._residual_linear(
-                linear_factory(attention.o_proj.weight.detach(), self.dtype, names("self_attn.o_proj"))
-            ),
+            qkv=qkv_linear,
+            o=self._residual_linear(o),
             post_norm=layer.post_attention_layernorm.weight.detach().to(self.dtype),
-            gate_up=linear_factory(gate_up.detach(), self.dtype, names("mlp.gate_proj", "mlp.up_proj")),
-            down=self._residual_linear(
-                linear_factory(mlp.down_proj.weight.detach(), self.dtype, names("mlp.down_proj"))
-            ),
+            gate_up=gate_up_linear,
+            down=self._residual_linear(down),
+            o_add=self._residual_add(o),
+            down_add=self._residual_add(down),
         )
 
     def _residual_linear(self, linear: Linear) -> Linear:
@@ -243,6 +272,20 @@ class LlamaModelRunner:
         if self.dtype != torch.float32:
             return linear
         return getattr(linear, "compute", linear)
+
+    def _residual_add(self, linear: Linear) -> Callable[[torch.Tensor, torch.Tensor], None]:
+        """``add(x, residual)``: ``residual += linear(x)`` in place; a format's own ``add_into`` where
+        it has one (:meth:`inference.weights.WeightLinear.add_into`: our kernels accumulate without a
+        temporary)."""
+        add_into = getattr(linear, "add_into", None)
+        if add_into is not None:
+            return add_into
+        compute = self._residual_linear(linear)
+
+        def add(x: torch.Tensor, residual: torch.Tensor) -> None:
+            residual += compute(x)
+
+        return add
 
     @staticmethod
     def _rope_frequencies(model) -> tuple[torch.Tensor, float]:
@@ -464,6 +507,10 @@ class LlamaModelRunner:
         self._reserve(rows, longest)
         kv_heads, capacity = self.num_kv_heads, self._column_capacity
         positions = torch.tensor(self._lengths, device=self.device)
+        if self._kernels is not None:
+            hidden = self._decode_layers_fused(torch.tensor(input_ids), positions)
+            self._lengths = [length + 1 for length in self._lengths]
+            return self._logits(hidden)
         # Where each row's new key goes in a layer's cache seen as [rows * kv_heads * capacity, dim].
         slots = (
             torch.arange(rows * kv_heads, device=self.device).view(rows, kv_heads) * capacity + positions[:, None]
@@ -512,6 +559,30 @@ class LlamaModelRunner:
             )  # [rows, kv_heads, group, dim]
             x += layer.o(attended.reshape(rows, heads * dim))
             x += self._mlp(layer, x)
+        return x
+
+    def _decode_layers_fused(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """:meth:`_decode_layers` with our kernels: per layer two RMSNorms, the attention (rotary
+        embeddings, cache writes, attention over each row's own length: no mask) and SiLU times up
+        are one call each, and the o and down products add into the residual stream in place.
+        ``ids``/``positions`` int64 ``[rows]``; returns the last layer's hidden states ``[rows, hidden]``."""
+        kernels, eps = self._kernels, self.eps
+        assert kernels is not None
+        x = F.embedding(ids, self._embedding)  # [rows, hidden], a new tensor: the residual stream
+        for index, layer in enumerate(self._layers):
+            qkv = layer.qkv(kernels.rms_norm(x, layer.input_norm, eps))
+            attended = kernels.decode_attention(
+                qkv,
+                self.num_heads,
+                self.num_kv_heads,
+                self._cos,
+                self._sin,
+                positions,
+                self._layer_keys[index],
+                self._layer_values[index],
+            )
+            layer.o_add(attended, x)
+            layer.down_add(kernels.silu_mul(layer.gate_up(kernels.rms_norm(x, layer.post_norm, eps))), x)
         return x
 
     # --- the running batch's cache ----------------------------------------------------------------

@@ -36,7 +36,7 @@ class ModelConfig:
     :data:`DTYPES`; ``auto`` is bfloat16 (measured faster than float32 on the 2-core CPU, with the
     same greedy text; see the README) except float32 on CPUs without bf16 support.  ``weights``:
     the linear layers' format for runners built on :mod:`inference.weights` (``auto``, ``float32``,
-    ``bfloat16``, ``int8``, ``int4``; see :func:`inference.weights.choose_formats`).
+    ``bfloat16``, ``int8``, ``int4``, ``q4_1``, ``q8_0``; see :func:`inference.weights.choose_formats`).
     """
 
     path: str

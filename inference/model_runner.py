@@ -131,10 +131,14 @@ def build_runner(
 def _weight_factory(model, dtype: torch.dtype, weights: str, cache_dir: Path | None, gguf: Path | None):
     """The Llama runner's linear factory in the formats :func:`inference.weights.choose_formats` picks.
 
-    ``auto`` chooses among float32 and bfloat16 (where the CPU runs it) for every layer, and int4
-    for the decoder layers when ``gguf`` has their Q4_1 blocks: those reproduce the shipped weights
-    (bench/weight_formats.py measures the greedy text against float32 within bfloat16's noise).
+    ``auto`` chooses among the formats that cost no quality against the weights as loaded: float32
+    and bfloat16 (where the CPU runs it) for every layer; for the decoder layers, when ``gguf`` has
+    their Q4_1 blocks, ``q4_1`` (those blocks as they are, float32 activations, our kernels) or,
+    where our kernels cannot run, ``int4`` (the blocks with scales rounded to bfloat16, bfloat16
+    activations: bench/weight_formats.py measured its greedy text within bfloat16's noise); for the
+    output layer ``q8_0`` when Q8_0 holds its weight exactly (the embedded GGUF's embedding is Q8_0).
     """
+    from . import cpu_kernels
     from . import weights as formats
 
     config = model.config
@@ -143,23 +147,40 @@ def _weight_factory(model, dtype: torch.dtype, weights: str, cache_dir: Path | N
     qkv_rows = (config.num_attention_heads + 2 * config.num_key_value_heads) * head_dim
     shapes = ((qkv_rows, hidden), (hidden, config.num_attention_heads * head_dim), (2 * inter, hidden), (hidden, inter))
     output = model.get_output_embeddings().weight
-    candidates = [*formats.AUTO_FORMATS, *(["int4"] if gguf is not None else [])]
+    cache = Path(cache_dir or ".cache")
+    kernels = cpu_kernels.load(cache) if weights in ("auto", "q4_1", "q8_0") else None
+    q4_1 = None
+    if gguf is not None and (weights in ("auto", "int4", "q4_1")):
+        q4_1 = formats.load_q4_1_blocks(gguf, config.num_attention_heads, config.num_key_value_heads, cache)
+        names = [f"model.layers.{i}.{part}.weight" for i in range(config.num_hidden_layers) for part in _PROJECTIONS]
+        if not all(name in q4_1 for name in names):
+            q4_1 = None  # not every projection is Q4_1 in this GGUF: no lossless 4-bit format
+    candidates = [*formats.AUTO_FORMATS, *([("q4_1" if kernels else "int4")] if q4_1 is not None else [])]
+    output_candidates = [*formats.AUTO_FORMATS]
+    if kernels is not None and weights == "auto" and formats.is_lossless_q8_0(output.detach()):
+        output_candidates.append("q8_0")
     choice = formats.choose_formats(
         weights,
-        cache_dir=Path(cache_dir or ".cache") / "weight_formats",
+        cache_dir=cache / "weight_formats",
         layer_shapes=shapes,
         layers=config.num_hidden_layers,
         output_shape=tuple(output.shape),
         act_dtype=dtype,
         candidates=candidates,
-        output_candidates=formats.AUTO_FORMATS,
+        output_candidates=output_candidates,
     )
-    q4_1 = None
-    if gguf is not None and "int4" in choice.layers.formats:
-        q4_1 = formats.load_q4_1_blocks(
-            gguf, config.num_attention_heads, config.num_key_value_heads, Path(cache_dir or ".cache")
-        )
     return formats.llama_linear_factory(choice, q4_1)
+
+
+_PROJECTIONS = (
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+)
 
 
 @dataclass

@@ -51,7 +51,7 @@ from .packed import PackedLinear
 
 logger = logging.getLogger(__name__)
 
-FORMATS = ("float32", "bfloat16", "int8", "int4")
+FORMATS = ("float32", "bfloat16", "int8", "int4", "q4_1", "q8_0")
 WEIGHTS_CHOICES = ("auto", *FORMATS)
 
 # The dtype each quantized kernel computes in (see the module docstring for the measurements).
@@ -71,7 +71,7 @@ QUANTIZED_COMPUTE_DTYPE = torch.bfloat16
 AUTO_FORMATS = ("float32", "bfloat16")
 
 # The usual winners first (bench/weight_formats.py): see choose_formats.
-TIMING_ORDER = ("bfloat16", "int4", "int8", "float32")
+TIMING_ORDER = ("q4_1", "q8_0", "bfloat16", "int4", "int8", "float32")
 
 INT4_GROUP = 32
 # innerKTiles of torch's int4 CPU packing: the only value its CPU kernel takes besides 2 and 4;
@@ -109,7 +109,7 @@ BATCH_SIZES = (1, 8, 32)
 # 538 MB, and a second copy next to it is not worth the memory unless it fits.
 DEFAULT_MEMORY_BUDGET = 600 * 2**20
 
-AUTOTUNE_VERSION = 1
+AUTOTUNE_VERSION = 2
 
 
 # --- Support on this CPU -----------------------------------------------------------------------------
@@ -174,6 +174,11 @@ class WeightLinear:
         activations), not converted back to ``x``'s: for a caller that adds it into a float32 tensor
         in place, which converts it exactly, one aten call fewer (the Llama runner's residual adds)."""
         return self(x)
+
+    def add_into(self, x: torch.Tensor, residual: torch.Tensor) -> None:
+        """``residual += x W^T + b`` in place, ``x`` ``[rows, in]``, ``residual`` float32 ``[rows, out]``
+        (a residual stream); formats with a kernel that accumulates do it without a temporary."""
+        residual += self.compute(x)
 
     @property
     def nbytes(self) -> int:
@@ -401,6 +406,138 @@ class Int4Linear(WeightLinear):
         return (self.packed, self.scales_and_zeros, self.bias)
 
 
+class Q4_1Linear(WeightLinear):
+    """GGUF's Q4_1 blocks as they are (``w = d q + m`` per group of 32, ``d``/``m`` in float32),
+    multiplied in float32 activations by our kernel (:mod:`inference.cpu_kernels`).
+
+    Built from a GGUF's own blocks it computes the float32 model's products up to summation order
+    (no rounding of scales, no bfloat16 activations: what ``auto`` may pick without a quality cost);
+    ``from_float`` quantizes a float32 weight as Q4_1 does first.  Output float32, or ``x``'s dtype
+    from ``__call__``.  Raises ``NotImplementedError`` where the kernels cannot run here,
+    ``ValueError`` when ``in_features`` is not a multiple of 32.
+    """
+
+    format = "q4_1"
+
+    def __init__(self, blocks: Q4_1Blocks, bias: torch.Tensor | None = None) -> None:
+        self.kernels = _cpu_kernels()
+        self.out_features, self.in_features = blocks.shape
+        if self.in_features % INT4_GROUP:
+            raise ValueError(f"q4_1 needs in_features divisible by {INT4_GROUP}, got {self.in_features}")
+        self.qs = _pack_nibbles(blocks.q).contiguous()
+        self.d, self.m = blocks.d.float().contiguous(), blocks.m.float().contiguous()
+        self.bias = None if bias is None else bias.detach().float()
+
+    @classmethod
+    def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Q4_1Linear:
+        return cls(quantize_q4_1(weight), bias)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.compute(x)
+        return out if x.dtype == torch.float32 else out.to(x.dtype)
+
+    def compute(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x if x.dim() == 2 else x.reshape(-1, self.in_features)
+        out = self.kernels.q4_1(flat, self.qs, self.d, self.m)
+        if self.bias is not None:
+            out += self.bias
+        return out if x.dim() == 2 else out.reshape(*x.shape[:-1], self.out_features)
+
+    def add_into(self, x: torch.Tensor, residual: torch.Tensor) -> None:
+        if self.bias is not None:
+            residual += self.bias
+        self.kernels.q4_1(x, self.qs, self.d, self.m, out=residual)
+
+    def dequantized(self) -> torch.Tensor:
+        """The float32 weight ``[out, in]`` this layer computes with."""
+        groups = _unpack_nibbles(self.qs).reshape(self.out_features, -1, INT4_GROUP).float()
+        return (groups * self.d[..., None] + self.m[..., None]).reshape(self.out_features, self.in_features)
+
+    def _tensors(self):
+        return (self.qs, self.d, self.m, self.bias)
+
+
+def quantize_q8_0(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize a float32 ``[out, in]`` weight the way ggml's Q8_0 does: per group of 32,
+    ``d = max |w| / 127`` and ``q = round(w / d)``; returns ``(q`` int8 ``[out, in]``, ``d`` float32 ``[out, in / 32])``.
+
+    The scales stay float32 (ggml rounds them to float16), so a weight dequantized from Q8_0 blocks
+    comes back as it was.  Raises ``ValueError`` when ``in`` is not a multiple of 32.
+    """
+    out, inp = weight.shape
+    if inp % INT4_GROUP:
+        raise ValueError(f"q8_0 needs in_features divisible by {INT4_GROUP}, got {inp}")
+    groups = weight.detach().float().reshape(out, inp // INT4_GROUP, INT4_GROUP)
+    d = groups.abs().amax(-1) / 127
+    inverse = torch.where(d > 0, 1 / d, torch.zeros_like(d))
+    q = torch.round(groups * inverse[..., None]).clamp_(-127, 127).to(torch.int8)
+    return q.reshape(out, inp).contiguous(), d.contiguous()
+
+
+class Q8_0Linear(WeightLinear):
+    """GGUF's Q8_0 (``w = d q`` per group of 32, ``q`` int8, ``d`` float32), multiplied in float32
+    activations by our kernel (:mod:`inference.cpu_kernels`).
+
+    The embedded GGUF keeps its embedding (the tied output layer) as Q8_0: quantizing the float32
+    weight converted from it gives its blocks back (:func:`is_lossless_q8_0` checks).  Raises
+    ``NotImplementedError`` where the kernels cannot run here, ``ValueError`` when ``in_features``
+    is not a multiple of 32.
+    """
+
+    format = "q8_0"
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        self.kernels = _cpu_kernels()
+        self.out_features, self.in_features = weight.shape
+        self.q, self.d = quantize_q8_0(weight)
+        self.bias = None if bias is None else bias.detach().float()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.compute(x)
+        return out if x.dtype == torch.float32 else out.to(x.dtype)
+
+    def compute(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x if x.dim() == 2 else x.reshape(-1, self.in_features)
+        out = self.kernels.q8_0(flat, self.q, self.d)
+        if self.bias is not None:
+            out += self.bias
+        return out if x.dim() == 2 else out.reshape(*x.shape[:-1], self.out_features)
+
+    def add_into(self, x: torch.Tensor, residual: torch.Tensor) -> None:
+        if self.bias is not None:
+            residual += self.bias
+        self.kernels.q8_0(x, self.q, self.d, out=residual)
+
+    def dequantized(self) -> torch.Tensor:
+        """The float32 weight ``[out, in]`` this layer computes with."""
+        groups = self.q.reshape(self.out_features, -1, INT4_GROUP).float()
+        return (groups * self.d[..., None]).reshape(self.out_features, self.in_features)
+
+    def _tensors(self):
+        return (self.q, self.d, self.bias)
+
+
+def is_lossless_q8_0(weight: torch.Tensor, relative_tolerance: float = 1e-6) -> bool:
+    """Whether Q8_0 holds ``weight [out, in]`` as it is (within float32 rounding): true of a weight
+    converted from Q8_0 blocks, as the embedded GGUF's embedding is; false of trained float weights."""
+    if weight.shape[-1] % INT4_GROUP:
+        return False
+    q, d = quantize_q8_0(weight)
+    error = (q.float().reshape(*d.shape, INT4_GROUP) * d[..., None]).reshape(weight.shape) - weight.float()
+    return bool(error.abs().max() <= relative_tolerance * weight.abs().max())
+
+
+def _cpu_kernels():
+    from . import cpu_kernels
+
+    kernels = cpu_kernels.load(None)
+    if kernels is None:
+        raise NotImplementedError(
+            f"block-quantized kernels unavailable: {cpu_kernels.unavailable_reason() or 'no build'}"
+        )
+    return kernels
+
+
 def _int4_from_float(weight: torch.Tensor, bias: torch.Tensor | None) -> Int4Linear:
     layer = Int4Linear.from_float(weight, bias)
     layer.release_debug_copy()
@@ -412,6 +549,8 @@ _BUILDERS: dict[str, Callable[[torch.Tensor, torch.Tensor | None], WeightLinear]
     "bfloat16": Bfloat16Linear,
     "int8": Int8Linear,
     "int4": _int4_from_float,
+    "q4_1": Q4_1Linear.from_float,
+    "q8_0": Q8_0Linear,
 }
 
 
@@ -481,6 +620,9 @@ class PlannedLinear(WeightLinear):
     def compute(self, x: torch.Tensor) -> torch.Tensor:
         return self._layer_for(x).compute(x)
 
+    def add_into(self, x: torch.Tensor, residual: torch.Tensor) -> None:
+        self._layer_for(x).add_into(x, residual)
+
     def _layer_for(self, x: torch.Tensor) -> WeightLinear:
         rows = x.numel() // self.in_features
         return self._by_rows[rows] if rows < len(self._by_rows) else self._beyond
@@ -513,6 +655,8 @@ def make_linear(
         if name == "int4" and q4_1 is not None:
             layers[name] = Int4Linear(q4_1, bias)
             layers[name].release_debug_copy()
+        elif name == "q4_1" and q4_1 is not None:
+            layers[name] = Q4_1Linear(q4_1, bias)
         else:
             layers[name] = _BUILDERS[name](weight, bias)
     if len(layers) == 1:
@@ -711,6 +855,10 @@ def _build_random(name: str, shape: tuple[int, int], generator: torch.Generator)
         layer = Int4Linear(Q4_1Blocks(q, d, -8 * d))
         layer.release_debug_copy()
         return layer
+    if name == "q4_1":
+        q = tiled(torch.randint(0, 16, (64, inp), dtype=torch.uint8, generator=generator))
+        d = torch.full((out, inp // INT4_GROUP), 0.01, dtype=torch.float16)
+        return Q4_1Linear(Q4_1Blocks(q, d, -8 * d))
     if name == "int8":
         q = tiled(torch.randint(-127, 128, (64, inp), dtype=torch.int8, generator=generator))
         return Int8Linear.from_quantized(q, torch.full((out,), 0.001))
@@ -771,7 +919,14 @@ def _time_sweeps(
 
 
 def _weight_bytes(name: str, shapes: Sequence[tuple[int, int]], count: int) -> int:
-    per_value = {"float32": 4.0, "bfloat16": 2.0, "int8": 1.0, "int4": 0.5 + 4 / INT4_GROUP}[name]
+    per_value = {
+        "float32": 4.0,
+        "bfloat16": 2.0,
+        "int8": 1.0,
+        "int4": 0.5 + 4 / INT4_GROUP,
+        "q4_1": 0.5 + 8 / INT4_GROUP,
+        "q8_0": 1.0 + 4 / INT4_GROUP,
+    }[name]
     return int(count * sum(out * inp * per_value for out, inp in shapes))
 
 
@@ -841,10 +996,14 @@ def choose_formats(
         return choice
     # Timed in the order of TIMING_ORDER: if a busy machine cuts the autotune short, the formats
     # timed first (the ones that usually win) are those it chooses among.
-    formats = sorted((name for name in candidates if name in supported_formats()), key=TIMING_ORDER.index)
-    output_formats = [name for name in (output_candidates or candidates) if name in formats] or formats
+    supported = supported_formats()
+    layer_formats = [name for name in candidates if name in supported]
+    output_formats = [name for name in (output_candidates or candidates) if name in supported] or layer_formats
+    formats = sorted(set(layer_formats) | set(output_formats), key=TIMING_ORDER.index)
     key = autotune_key(layer_shapes, layers, output_shape, batch_sizes, act_dtype, memory_budget, formats)
-    key["output_formats"] = output_formats
+    key["layer_formats"], key["output_formats"] = sorted(layer_formats), sorted(output_formats)
+    if {"q4_1", "q8_0"} & set(formats):
+        key["kernels"] = _cpu_kernels().path.name  # a new build of our kernels times again
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     path = Path(cache_dir) / f"{digest}.json"
     try:
@@ -864,7 +1023,8 @@ def choose_formats(
     layer_sizes = {name: _weight_bytes(name, layer_shapes, layers) for name in formats}
     output_sizes = {name: _weight_bytes(name, [output_shape], 1) for name in formats}
     # The two roles share the budget: the output layer gets what the layers' plan leaves.
-    layers_plan = plan_from_timings(timings["layers"], batch_sizes, layer_sizes, memory_budget)
+    layer_timings = {name: by_batch for name, by_batch in timings["layers"].items() if name in layer_formats}
+    layers_plan = plan_from_timings(layer_timings or timings["layers"], batch_sizes, layer_sizes, memory_budget)
     left = memory_budget - sum(layer_sizes[name] for name in layers_plan.formats)
     output_timings = {name: by_batch for name, by_batch in timings["output"].items() if name in output_formats}
     output_plan = plan_from_timings(output_timings or timings["output"], batch_sizes, output_sizes, max(left, 0))
@@ -920,7 +1080,8 @@ def llama_linear_factory(choice: Choice, q4_1: dict[str, Q4_1Blocks] | None = No
         if names == ("lm_head.weight",):
             return choice.make_output(weight)
         blocks = None
-        if q4_1 is not None and "int4" in choice.layers.formats and names and all(name in q4_1 for name in names):
+        wants_blocks = {"int4", "q4_1"} & set(choice.layers.formats)
+        if q4_1 is not None and wants_blocks and names and all(name in q4_1 for name in names):
             blocks = Q4_1Blocks.cat([q4_1[name] for name in names])
         return choice.make_layer(weight, q4_1=blocks)
 

@@ -25,6 +25,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
+from inference import cpu_kernels
 from inference.llama import LlamaModelRunner, supports, unsupported_reason
 from inference.model_runner import PrefillChunk
 from testing.tiny_model import tiny_model
@@ -149,8 +150,13 @@ def test_tiny_llama_logits_equal_transformers_through_the_batch_lifecycle(tiny):
     run_scenario(tiny, LlamaModelRunner(tiny, dtype=torch.float64, max_batch_size=4), VOCAB, EXACT)
 
 
-def test_tiny_llama_in_float32_within_transformers_own_float32_noise(tiny32):
-    run_scenario(tiny32, LlamaModelRunner(tiny32), VOCAB, FLOAT32["tiny"])
+@pytest.mark.parametrize("fused", [True, False], ids=["our decode kernels", "torch's operations"])
+def test_tiny_llama_in_float32_within_transformers_own_float32_noise(tiny32, fused):
+    if fused and cpu_kernels.load(None) is None:
+        pytest.skip(f"no CPU kernels here: {cpu_kernels.unavailable_reason()}")
+    runner = LlamaModelRunner(tiny32, kernels="auto" if fused else None)
+    assert ("fused decode ops" in runner.description) == fused
+    run_scenario(tiny32, runner, VOCAB, FLOAT32["tiny"])
 
 
 def test_tiny_llama_in_bfloat16_stays_near_float32(tiny32):
@@ -297,7 +303,7 @@ def embedded():
 
 
 def test_embedded_model_logits_equal_transformers_through_the_batch_lifecycle(embedded):
-    runner = LlamaModelRunner(embedded)
+    runner = LlamaModelRunner(embedded)  # with our decode kernels where they run (see the tiny model's test)
     run_scenario(embedded, runner, runner.vocab_size, FLOAT32["embedded"])
 
 

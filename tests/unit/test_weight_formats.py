@@ -29,7 +29,7 @@ from inference.weights import (
 # Tolerances, relative to the largest output of the product: bfloat16 rounds weights and activations
 # to 8 significant bits (~0.4% each); int8 adds at most half a step of absmax/127 per weight; int4
 # half a step of (max - min) / 15 per group, with bfloat16 activations and scales on top.
-TOLERANCE = {"float32": 1e-6, "bfloat16": 2e-2, "int8": 3e-2, "int4": 1.5e-1}
+TOLERANCE = {"float32": 1e-6, "bfloat16": 2e-2, "int8": 3e-2, "int4": 1.5e-1, "q4_1": 1.5e-1, "q8_0": 1e-2}
 
 # Tiny shapes for the autotune: timing them costs milliseconds.
 TINY = {"layer_shapes": ((64, 64), (32, 64)), "layers": 2, "output_shape": (96, 64), "batch_sizes": (1, 4)}
@@ -173,7 +173,7 @@ def test_an_unsupported_format_is_a_clear_value_error(monkeypatch):
         make_linear(torch.randn(4, 32), None, "bfloat16")
     with pytest.raises(ValueError, match="not supported on this CPU"):
         choose_formats("int8")
-    with pytest.raises(ValueError, match="must be one of auto, float32, bfloat16, int8, int4, not 'int3'"):
+    with pytest.raises(ValueError, match="must be one of auto, float32, bfloat16, int8, int4, q4_1, q8_0, not 'int3'"):
         choose_formats("int3")
 
 

@@ -1,0 +1,257 @@
+"""Our CPU kernels, built at first use: products with block-quantized weights (``csrc/block_gemm.cpp``)
+and the small operations of a decode step (``csrc/decode_ops.cpp``).
+
+torch's weight-only kernels compute in bfloat16 activations and, on an AVX2 CPU, spend about
+three times a 4-bit weight's read time unpacking it (issue 12: a batch-1 decode step of the
+embedded model took 26 ms with ``_weight_int4pack_mm_for_cpu`` against llama.cpp's ~10 ms).
+These kernels keep llama.cpp's block layouts (Q4_1: 4-bit values, a scale and a minimum per group
+of 32; Q8_0: 8-bit values and a scale per group) and compute in float32 activations, so a layer
+built from a GGUF's own blocks computes what the float32 model computes, up to summation order.
+
+The decode step's small operations (RMSNorm, SiLU times up, rotary embeddings with the cache write
+and attention) are one call each here where torch takes several: with the products this fast,
+torch's per-operation cost was half of a batch-1 step.
+
+The C++ sources are compiled once per source text, compiler and flags with the C++ compiler
+(``$CXX``, else ``c++``/``g++``), ``-O3 -mavx2 -mfma -fopenmp``, into ``<cache_dir>/kernels/``
+(about 1.5 s), and loaded with ctypes.  OpenMP resolves to the libgomp torch already loaded, so
+the kernels share torch's threads and their wait policy.  :func:`load` returns None where the
+CPU lacks AVX2 or FMA, torch's capability is below AVX2 (``ATEN_CPU_CAPABILITY=default``), no
+compiler is found, or the build fails: the engine then uses torch's formats.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+SOURCES = tuple(Path(__file__).resolve().parent / "csrc" / name for name in ("block_gemm.cpp", "decode_ops.cpp"))
+FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
+GROUP = 32
+REQUIRED_CPU_FLAGS = ("avx2", "fma")
+
+_lock = threading.Lock()
+_loaded: dict[Path, CPUKernels | None] = {}
+
+
+class CPUKernels:
+    """The loaded library.  Tensors given are float32 (int8/uint8 for quantized values), contiguous
+    and on the CPU unless said otherwise; the callers own them (nothing is checked: a wrong shape
+    reads or writes out of bounds).  Threads: torch's count at each call.  No state of its own."""
+
+    def __init__(self, library: ctypes.CDLL, path: Path) -> None:
+        self.path = path
+        pointer, size, integer, real = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+
+        def function(name: str, *argtypes):
+            bound = getattr(library, name)
+            bound.argtypes, bound.restype = list(argtypes), None
+            return bound
+
+        self._q4_1 = function(
+            "q4_1_gemm", pointer, size, size, pointer, pointer, pointer, size, pointer, integer, integer
+        )
+        self._q8_0 = function("q8_0_gemm", pointer, size, size, pointer, pointer, size, pointer, integer, integer)
+        self._rms_norm = function("rms_norm", pointer, size, size, pointer, real, pointer)
+        self._silu_mul = function("silu_mul", pointer, size, size, pointer)
+        self._attention = function(
+            "decode_attention", pointer, size, size, size, size, pointer, pointer, pointer, pointer, pointer, size,
+            size, real, pointer, integer,
+        )  # fmt: skip
+
+    def q4_1(
+        self, x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``x [M, K]`` times the Q4_1 weight ``[N, K]``, transposed: ``[M, N]``.
+
+        ``qs`` ``[N, K / 2]`` uint8 (ggml's nibble order per group), ``d``/``m`` ``[N, K / 32]``.
+        ``x`` is made contiguous float32 if it is not.  ``out`` given (``[M, N]``): the product is
+        added into it in place (a residual stream) and it is returned.
+        """
+        x = x.contiguous() if x.dtype == torch.float32 else x.float().contiguous()
+        rows, width = x.shape
+        add = out is not None
+        out = torch.empty(rows, d.shape[0], dtype=torch.float32) if out is None else out
+        self._q4_1(
+            x.data_ptr(), rows, width, qs.data_ptr(), d.data_ptr(), m.data_ptr(), d.shape[0], out.data_ptr(), add,
+            torch.get_num_threads(),
+        )  # fmt: skip
+        return out
+
+    def q8_0(self, x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """``x [M, K]`` times the Q8_0 weight ``[N, K]`` (``qs`` int8 ``[N, K]``, ``d`` ``[N, K / 32]``), transposed; ``out`` as for :meth:`q4_1`."""
+        x = x.contiguous() if x.dtype == torch.float32 else x.float().contiguous()
+        rows, width = x.shape
+        add = out is not None
+        out = torch.empty(rows, d.shape[0], dtype=torch.float32) if out is None else out
+        self._q8_0(
+            x.data_ptr(), rows, width, qs.data_ptr(), d.data_ptr(), d.shape[0], out.data_ptr(), add,
+            torch.get_num_threads(),
+        )  # fmt: skip
+        return out
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """RMSNorm of ``x [rows, width]`` with scales ``weight [width]``: a new ``[rows, width]``
+        (``weight * (x / sqrt(mean(x^2) + eps))``, as transformers' LlamaRMSNorm in float32)."""
+        out = torch.empty_like(x)
+        self._rms_norm(x.data_ptr(), x.shape[0], x.shape[1], weight.data_ptr(), eps, out.data_ptr())
+        return out
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """``silu(gate) * up`` of ``gate_up [rows, 2 * width]`` (gate first): a new ``[rows, width]``."""
+        rows, width = gate_up.shape[0], gate_up.shape[1] // 2
+        out = torch.empty(rows, width, dtype=torch.float32)
+        self._silu_mul(gate_up.data_ptr(), rows, width, out.data_ptr())
+        return out
+
+    def decode_attention(
+        self,
+        qkv: torch.Tensor,
+        heads: int,
+        kv_heads: int,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        positions: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+    ) -> torch.Tensor:
+        """A decode step's attention for ``qkv [rows, (heads + 2 kv_heads) * dim]`` (queries, keys, values).
+
+        ``cos``/``sin``: the rotary tables ``[positions, dim]`` (sin's first half negated, see
+        :meth:`inference.llama.LlamaModelRunner._rope_table`); ``positions``: int64 ``[rows]``, the
+        new token's position per row.  ``keys``/``values``: the layer's caches
+        ``[row capacity, kv_heads, capacity, dim]``; each row's new key (rotated) and value are written
+        at its position, then its queries (rotated) attend over positions ``0..position``.
+        Returns ``[rows, heads * dim]``.  ``dim`` must be even and at most 256.
+        """
+        rows, dim = qkv.shape[0], keys.shape[-1]
+        out = torch.empty(rows, heads * dim, dtype=torch.float32)
+        self._attention(
+            qkv.data_ptr(), rows, heads, kv_heads, dim, cos.data_ptr(), sin.data_ptr(), positions.data_ptr(),
+            keys.data_ptr(), values.data_ptr(), keys.stride(0), keys.stride(1), dim**-0.5, out.data_ptr(),
+            torch.get_num_threads(),
+        )  # fmt: skip
+        return out
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def unavailable_reason() -> str | None:
+    """Why the kernels cannot run here (CPU, torch's capability), or None if they can; no build."""
+    missing = [flag for flag in REQUIRED_CPU_FLAGS if flag not in cpu_flags()]
+    if missing:
+        return f"the CPU lacks {', '.join(missing)}"
+    capability = str(torch.backends.cpu.get_cpu_capability())
+    if capability not in ("AVX2", "AVX512"):
+        return f"torch's CPU capability is {capability} (ATEN_CPU_CAPABILITY)"
+    return None
+
+
+def _compiler() -> str | None:
+    for name in (os.environ.get("CXX"), "c++", "g++"):
+        if name and shutil.which(name):
+            return name
+    return None
+
+
+def _build(compiler: str, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
+    try:
+        subprocess.run(
+            [compiler, *FLAGS, "-o", str(partial), *map(str, SOURCES)],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=300,
+        )
+        partial.replace(target)  # atomic: another process loads the whole file or builds its own
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+DEFAULT_CACHE_DIR = Path(".cache/models")
+
+
+def load(cache_dir: Path | None = DEFAULT_CACHE_DIR) -> CPUKernels | None:
+    """The kernels, built into ``cache_dir/kernels`` at the first call of a process (a cached build
+    is reused); None, with the reason logged once, where they cannot run or be built.
+
+    ``cache_dir`` None: whatever an earlier call of this process loaded, else the default
+    (``.cache/models``): the weight formats' builders call it so, after the engine loaded them from
+    its configured cache.
+    """
+    with _lock:
+        if cache_dir is None:
+            if _loaded:
+                return next(iter(_loaded.values()))
+            cache_dir = DEFAULT_CACHE_DIR
+        cache_dir = Path(cache_dir).resolve()
+        if cache_dir not in _loaded:
+            _loaded[cache_dir] = _load(cache_dir)
+        return _loaded[cache_dir]
+
+
+def _load(cache_dir: Path) -> CPUKernels | None:
+    reason = unavailable_reason()
+    compiler = _compiler()
+    if reason is None and compiler is None:
+        reason = "no C++ compiler (c++, g++ or $CXX) is installed"
+    if reason is not None:
+        logger.info("CPU kernels unavailable: %s; torch's weight formats only", reason)
+        return None
+    assert compiler is not None
+    try:
+        version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
+        sources = b"".join(source.read_bytes() for source in SOURCES)
+        digest = hashlib.sha256(sources + version.encode() + " ".join(FLAGS).encode()).hexdigest()[:16]
+        target = cache_dir / "kernels" / f"cpu_kernels-{digest}.so"
+        if not target.exists():
+            _build(compiler, target)
+            logger.info("Built the CPU kernels into %s", target)
+        kernels = CPUKernels(ctypes.CDLL(str(target)), target)
+        if not _works(kernels):
+            logger.warning("CPU kernels in %s give wrong results; torch's weight formats only", target)
+            return None
+        return kernels
+    except (OSError, subprocess.SubprocessError, AttributeError) as error:
+        detail = getattr(error, "stderr", "") or ""
+        logger.warning("CPU kernels could not be built (%s) %s; torch's weight formats only", error, detail)
+        return None
+
+
+def _works(kernels: CPUKernels) -> bool:
+    """A small product of each kernel against torch's float32 (every row-block size of the kernel)."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(11, 64, generator=generator)
+    q = torch.randint(0, 16, (24, 64), dtype=torch.uint8, generator=generator)
+    d, m = torch.rand(24, 2, generator=generator), torch.randn(24, 2, generator=generator)
+    weight = (q.float().reshape(24, 2, GROUP) * d[..., None] + m[..., None]).reshape(24, 64)
+    nibbles = q.reshape(24, 2, 2, GROUP // 2)
+    qs = (nibbles[:, :, 0] | (nibbles[:, :, 1] << 4)).reshape(24, 32).contiguous()
+    q8 = torch.randint(-127, 128, (24, 64), dtype=torch.int8, generator=generator)
+    weight8 = (q8.float().reshape(24, 2, GROUP) * d[..., None]).reshape(24, 64)
+    close = True
+    for rows in (1, 2, 3, 8, 11):
+        close &= torch.allclose(kernels.q4_1(x[:rows], qs, d, m), x[:rows] @ weight.T, rtol=1e-4, atol=1e-4)
+        close &= torch.allclose(kernels.q8_0(x[:rows], q8, d), x[:rows] @ weight8.T, rtol=1e-4, atol=1e-4)
+    return bool(close)

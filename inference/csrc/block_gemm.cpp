@@ -1,0 +1,224 @@
+// Matrix products of float32 activations with GGUF-style block-quantized weights, for AVX2 + FMA.
+//
+// y[M, N] = x[M, K] @ W[N, K]^T, where W is stored per output row in groups of 32 along K:
+//   Q4_1 (ggml's block_q4_1): 16 bytes whose low nibbles are weights 0..15 of the group and high
+//        nibbles 16..31, a scale d and a minimum m: w = d * q + m.
+//   Q8_0 (ggml's block_q8_0): 32 signed bytes and a scale d: w = d * q.
+// The scales are float32 here (the GGUF's float16 values converted exactly), so a group's weights
+// are dequantized exactly as gguf-py does, and the products accumulate in float32: the result equals
+// x @ dequantized(W)^T up to float32 summation order.  Weights are read once per 8 rows of x, as
+// 4-bit or 8-bit values: a batch-1 decode step reads 1/6 or 1/3.5 of a float32 weight's bytes.
+//
+// Threads: OpenMP over blocks of output rows; the caller passes the count (torch's).
+// Built by inference/block_kernels.py with -O3 -mavx2 -mfma -fopenmp; called through ctypes.
+
+#include <immintrin.h>
+#include <stdint.h>
+
+#include <vector>
+
+namespace {
+
+constexpr int GROUP = 32;
+constexpr int ROW_BLOCK = 8;  // rows of x sharing one dequantized group (8 accumulators in registers)
+constexpr int64_t MANY_ROWS = 12;  // from this many rows on, gemm_many_rows (measured on Zen 3)
+
+inline float horizontal_sum(__m256 v) {
+  __m128 low = _mm256_castps256_ps128(v);
+  __m128 high = _mm256_extractf128_ps(v, 1);
+  low = _mm_add_ps(low, high);
+  low = _mm_add_ps(low, _mm_movehl_ps(low, low));
+  low = _mm_add_ss(low, _mm_movehdup_ps(low));
+  return _mm_cvtss_f32(low);
+}
+
+// The 32 weights of one group as four vectors of 8 floats, in order.
+struct Q4_1 {
+  const uint8_t* qs;  // [N, K / 32, 16]
+  const float* d;     // [N, K / 32]
+  const float* m;     // [N, K / 32]
+  static inline void group(const Q4_1& w, int64_t block, __m256 out[4]) {
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.qs + block * 16));
+    const __m128i mask = _mm_set1_epi8(0x0F);
+    const __m128i low = _mm_and_si128(bytes, mask);
+    const __m128i high = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
+    const __m256 d = _mm256_set1_ps(w.d[block]);
+    const __m256 m = _mm256_set1_ps(w.m[block]);
+    out[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(low)), d, m);
+    out[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(low, 8))), d, m);
+    out[2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(high)), d, m);
+    out[3] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(high, 8))), d, m);
+  }
+};
+
+struct Q8_0 {
+  const int8_t* qs;  // [N, K]
+  const float* d;    // [N, K / 32]
+  static inline void group(const Q8_0& w, int64_t block, __m256 out[4]) {
+    const int8_t* q = w.qs + block * GROUP;
+    const __m256 d = _mm256_set1_ps(w.d[block]);
+    #pragma GCC unroll 16
+    for (int i = 0; i < 4; ++i) {
+      const __m128i eight = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + 8 * i));
+      out[i] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(eight)), d);
+    }
+  }
+};
+
+// One output row n against rows [r0, r0 + ROWS) of x.  With few rows each row keeps several
+// accumulators, so that the FMAs of a group do not wait on one another.
+template <typename W, int ROWS>
+inline void dot_rows(const W& w, const float* x, int64_t K, int64_t N, int64_t n, int64_t r0, float* y, bool add) {
+  constexpr int CHAINS = ROWS >= 4 ? 1 : 4 / ROWS;
+  __m256 acc[ROWS][CHAINS];
+  #pragma GCC unroll 16
+  for (int r = 0; r < ROWS; ++r)
+    #pragma GCC unroll 16
+    for (int c = 0; c < CHAINS; ++c) acc[r][c] = _mm256_setzero_ps();
+  const int64_t groups = K / GROUP;
+  __m256 weights[4];
+  for (int64_t g = 0; g < groups; ++g) {
+    W::group(w, n * groups + g, weights);
+    #pragma GCC unroll 16
+    for (int r = 0; r < ROWS; ++r) {
+      const float* xr = x + (r0 + r) * K + g * GROUP;
+      #pragma GCC unroll 16
+      for (int i = 0; i < 4; ++i) acc[r][i % CHAINS] = _mm256_fmadd_ps(weights[i], _mm256_loadu_ps(xr + 8 * i), acc[r][i % CHAINS]);
+    }
+  }
+  #pragma GCC unroll 16
+  for (int r = 0; r < ROWS; ++r) {
+    __m256 total = acc[r][0];
+    #pragma GCC unroll 16
+    for (int c = 1; c < CHAINS; ++c) total = _mm256_add_ps(total, acc[r][c]);
+    float& target = y[(r0 + r) * N + n];
+    target = add ? target + horizontal_sum(total) : horizontal_sum(total);
+  }
+}
+
+// Many rows (M >= MANY_ROWS): x transposed into [K, M rounded up to 8] (rows of x side by side in a vector),
+// and FEATURES output rows at a time, dequantized once into a float buffer [FEATURES, K]; then each
+// weight, broadcast, multiplies VECTORS * 8 rows of x.  An outer-product micro-kernel as in BLIS
+// (Van Zee & van de Geijn 2015): FEATURES * VECTORS accumulators stay in registers and a load feeds
+// about 1.5 FMAs instead of one.  (Dequantizing a group just before reading it back scalar by scalar
+// was twice as slow on Zen 3: the loads wait on the stores.)
+template <int FEATURES, int VECTORS>
+inline void outer_block(const float* weights, const float* xt, int64_t K, int64_t padded, int64_t N, int64_t n0,
+                        int64_t m0, int64_t M, float* y, bool add) {
+  __m256 acc[FEATURES][VECTORS];
+  #pragma GCC unroll 16
+  for (int f = 0; f < FEATURES; ++f)
+    #pragma GCC unroll 16
+    for (int v = 0; v < VECTORS; ++v) acc[f][v] = _mm256_setzero_ps();
+  const float* column = xt + m0;
+  for (int64_t k = 0; k < K; ++k, column += padded) {
+    __m256 xs[VECTORS];
+    #pragma GCC unroll 16
+    for (int v = 0; v < VECTORS; ++v) xs[v] = _mm256_loadu_ps(column + 8 * v);
+    #pragma GCC unroll 16
+    for (int f = 0; f < FEATURES; ++f) {
+      const __m256 weight = _mm256_broadcast_ss(weights + f * K + k);
+      #pragma GCC unroll 16
+      for (int v = 0; v < VECTORS; ++v) acc[f][v] = _mm256_fmadd_ps(weight, xs[v], acc[f][v]);
+    }
+  }
+  alignas(32) float lanes[8];
+  #pragma GCC unroll 16
+  for (int f = 0; f < FEATURES; ++f)
+    #pragma GCC unroll 16
+    for (int v = 0; v < VECTORS; ++v) {
+      _mm256_store_ps(lanes, acc[f][v]);
+      #pragma GCC unroll 16
+      for (int lane = 0; lane < 8; ++lane) {
+        const int64_t m = m0 + 8 * v + lane;
+        if (m >= M) break;
+        float& target = y[m * N + n0 + f];
+        target = add ? target + lanes[lane] : lanes[lane];
+      }
+    }
+}
+
+template <int VECTORS>
+inline void outer_any(int features, const float* weights, const float* xt, int64_t K, int64_t padded, int64_t N,
+                      int64_t n0, int64_t m0, int64_t M, float* y, bool add) {
+  switch (features) {
+    case 6: outer_block<6, VECTORS>(weights, xt, K, padded, N, n0, m0, M, y, add); break;
+    case 5: outer_block<5, VECTORS>(weights, xt, K, padded, N, n0, m0, M, y, add); break;
+    case 4: outer_block<4, VECTORS>(weights, xt, K, padded, N, n0, m0, M, y, add); break;
+    case 3: outer_block<3, VECTORS>(weights, xt, K, padded, N, n0, m0, M, y, add); break;
+    case 2: outer_block<2, VECTORS>(weights, xt, K, padded, N, n0, m0, M, y, add); break;
+    case 1: outer_block<1, VECTORS>(weights, xt, K, padded, N, n0, m0, M, y, add); break;
+    default: break;
+  }
+}
+
+template <typename W>
+void gemm_many_rows(const W& w, const float* x, int64_t M, int64_t K, int64_t N, float* y, bool add, int threads) {
+  constexpr int FEATURES = 6;
+  const int64_t padded = (M + 7) / 8 * 8;
+  std::vector<float> xt(static_cast<size_t>(K * padded), 0.0f);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k) xt[k * padded + m] = x[m * K + k];
+  const int64_t blocks = (N + FEATURES - 1) / FEATURES;
+  const int64_t groups = K / GROUP;
+#pragma omp parallel num_threads(threads)
+  {
+    std::vector<float> weights(static_cast<size_t>(FEATURES * K));
+#pragma omp for schedule(static)
+    for (int64_t block = 0; block < blocks; ++block) {
+      const int64_t n0 = block * FEATURES;
+      const int features = static_cast<int>(N - n0 < FEATURES ? N - n0 : FEATURES);
+      for (int f = 0; f < features; ++f)
+        for (int64_t g = 0; g < groups; ++g) {
+          __m256 dequantized[4];
+          W::group(w, (n0 + f) * groups + g, dequantized);
+          #pragma GCC unroll 16
+          for (int i = 0; i < 4; ++i) _mm256_storeu_ps(&weights[f * K + g * GROUP + 8 * i], dequantized[i]);
+        }
+      int64_t m0 = 0;
+      for (; m0 + 16 <= padded; m0 += 16) outer_any<2>(features, weights.data(), xt.data(), K, padded, N, n0, m0, M, y, add);
+      if (m0 < padded) outer_any<1>(features, weights.data(), xt.data(), K, padded, N, n0, m0, M, y, add);
+    }
+  }
+}
+
+template <typename W>
+void gemm(const W& w, const float* x, int64_t M, int64_t K, int64_t N, float* y, bool add, int threads) {
+  if (M >= MANY_ROWS) {
+    gemm_many_rows(w, x, M, K, N, y, add, threads);
+    return;
+  }
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t n = 0; n < N; ++n) {
+    int64_t r0 = 0;
+    for (; r0 + ROW_BLOCK <= M; r0 += ROW_BLOCK) dot_rows<W, ROW_BLOCK>(w, x, K, N, n, r0, y, add);
+    switch (M - r0) {
+      case 7: dot_rows<W, 7>(w, x, K, N, n, r0, y, add); break;
+      case 6: dot_rows<W, 6>(w, x, K, N, n, r0, y, add); break;
+      case 5: dot_rows<W, 5>(w, x, K, N, n, r0, y, add); break;
+      case 4: dot_rows<W, 4>(w, x, K, N, n, r0, y, add); break;
+      case 3: dot_rows<W, 3>(w, x, K, N, n, r0, y, add); break;
+      case 2: dot_rows<W, 2>(w, x, K, N, n, r0, y, add); break;
+      case 1: dot_rows<W, 1>(w, x, K, N, n, r0, y, add); break;
+      default: break;
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+// x: [M, K] float32 contiguous; K a multiple of 32; y: [M, N] float32 contiguous, overwritten
+// (add == 0) or added to (add != 0: a residual stream).
+void q4_1_gemm(const float* x, int64_t M, int64_t K, const uint8_t* qs, const float* d, const float* m, int64_t N,
+               float* y, int add, int threads) {
+  gemm(Q4_1{qs, d, m}, x, M, K, N, y, add != 0, threads);
+}
+
+void q8_0_gemm(const float* x, int64_t M, int64_t K, const int8_t* qs, const float* d, int64_t N, float* y, int add,
+               int threads) {
+  gemm(Q8_0{qs, d}, x, M, K, N, y, add != 0, threads);
+}
+
+}

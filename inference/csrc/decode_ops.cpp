@@ -1,0 +1,167 @@
+// The small operations of a Llama decode step, one call each instead of several torch operations
+// (issue 12: at batch 1 on a 2-core CPU, torch's per-operation cost was half of the step once the
+// matrix products were fast).  Float32 throughout; AVX2 + FMA; OpenMP threads as the caller says.
+//
+//   rms_norm:         Zhang & Sennrich 2019, as transformers' LlamaRMSNorm computes it in float32.
+//   silu_mul:         SwiGLU's silu(gate) * up (Shazeer 2020) from the fused gate/up product.
+//   decode_attention: rotary embeddings (Su et al. 2021) of each row's new query and key, the new
+//                     key and value written into the row's cache at its position, then grouped-query
+//                     attention (Ainslie et al. 2023) of the queries over positions 0..position,
+//                     with an exact softmax: no mask, each row attends over its own length.
+
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+
+#include <vector>
+
+namespace {
+
+inline float horizontal_sum(__m256 v) {
+  __m128 low = _mm256_castps256_ps128(v);
+  __m128 high = _mm256_extractf128_ps(v, 1);
+  low = _mm_add_ps(low, high);
+  low = _mm_add_ps(low, _mm_movehl_ps(low, low));
+  low = _mm_add_ss(low, _mm_movehdup_ps(low));
+  return _mm_cvtss_f32(low);
+}
+
+// exp(x) for x in [-87, 88]: x = n ln2 + r, |r| <= ln2 / 2, exp(r) by its Taylor polynomial of
+// degree 6 (relative error below 2e-7), times 2^n built in the exponent bits.
+inline __m256 exp256(__m256 x) {
+  x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.0f)), _mm256_set1_ps(-87.0f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.0f / 720);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+
+inline float dot(const float* a, const float* b, int64_t n) {
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+  }
+  for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+  float total = horizontal_sum(_mm256_add_ps(acc0, acc1));
+  for (; i < n; ++i) total += a[i] * b[i];
+  return total;
+}
+
+// out[i] = x[i] * cos[i] + swap_halves(x)[i] * sin[i]; sin's first half is negated in the table,
+// which makes this transformers' x * cos + rotate_half(x) * sin.
+inline void rotate(const float* x, const float* cos, const float* sin, int64_t dim, float* out) {
+  const int64_t half = dim / 2;
+  for (int64_t i = 0; i < half; ++i) out[i] = x[i] * cos[i] + x[i + half] * sin[i];
+  for (int64_t i = half; i < dim; ++i) out[i] = x[i] * cos[i] + x[i - half] * sin[i];
+}
+
+}  // namespace
+
+extern "C" {
+
+// x, out: [rows, width] float32 (out may be x); weight: [width].
+void rms_norm(const float* x, int64_t rows, int64_t width, const float* weight, float eps, float* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * width;
+    float* o = out + r * width;
+    const float scale = 1.0f / sqrtf(dot(xr, xr, width) / static_cast<float>(width) + eps);
+    int64_t i = 0;
+    const __m256 s = _mm256_set1_ps(scale);
+    for (; i + 8 <= width; i += 8)
+      _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_loadu_ps(weight + i), _mm256_mul_ps(_mm256_loadu_ps(xr + i), s)));
+    for (; i < width; ++i) o[i] = weight[i] * (xr[i] * scale);
+  }
+}
+
+// gate_up: [rows, 2 * width] (gate then up); out: [rows, width] = silu(gate) * up.
+void silu_mul(const float* gate_up, int64_t rows, int64_t width, float* out) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* gate = gate_up + r * 2 * width;
+    const float* up = gate + width;
+    float* o = out + r * width;
+    int64_t i = 0;
+    for (; i + 8 <= width; i += 8) {
+      const __m256 g = _mm256_loadu_ps(gate + i);
+      const __m256 sig = _mm256_div_ps(g, _mm256_add_ps(one, exp256(_mm256_sub_ps(_mm256_setzero_ps(), g))));
+      _mm256_storeu_ps(o + i, _mm256_mul_ps(sig, _mm256_loadu_ps(up + i)));
+    }
+    for (; i < width; ++i) o[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+  }
+}
+
+// qkv: [rows, (heads + 2 kv_heads) * dim], queries then keys then values.
+// cos, sin: [positions, dim] tables; positions: [rows], the position of each row's new token.
+// keys, values: caches, row r's kv head h at keys + r * row_stride + h * head_stride, [capacity, dim].
+// out: [rows, heads * dim].  dim even and at most 256.
+void decode_attention(const float* qkv, int64_t rows, int64_t heads, int64_t kv_heads, int64_t dim, const float* cos,
+                      const float* sin, const int64_t* positions, float* keys, float* values, int64_t row_stride,
+                      int64_t head_stride, float scale, float* out, int threads) {
+  const int64_t group = heads / kv_heads;
+  const int64_t width = (heads + 2 * kv_heads) * dim;
+#pragma omp parallel num_threads(threads)
+  {
+    std::vector<float> scores;
+    float query[256];
+#pragma omp for schedule(static)
+    for (int64_t item = 0; item < rows * kv_heads; ++item) {
+      const int64_t r = item / kv_heads, h = item % kv_heads, position = positions[r];
+      const float* c = cos + position * dim;
+      const float* s = sin + position * dim;
+      const float* row = qkv + r * width;
+      float* key_cache = keys + r * row_stride + h * head_stride;
+      float* value_cache = values + r * row_stride + h * head_stride;
+      rotate(row + (heads + h) * dim, c, s, dim, key_cache + position * dim);
+      const float* value = row + (heads + kv_heads + h) * dim;
+      for (int64_t i = 0; i < dim; ++i) value_cache[position * dim + i] = value[i];
+      const int64_t length = position + 1;
+      scores.resize(static_cast<size_t>(length));
+      for (int64_t g = 0; g < group; ++g) {
+        const int64_t head = h * group + g;
+        rotate(row + head * dim, c, s, dim, query);
+        float largest = -INFINITY;
+        for (int64_t t = 0; t < length; ++t) {
+          scores[t] = dot(query, key_cache + t * dim, dim) * scale;
+          largest = scores[t] > largest ? scores[t] : largest;
+        }
+        const __m256 top = _mm256_set1_ps(largest);
+        __m256 sums = _mm256_setzero_ps();
+        int64_t t = 0;
+        for (; t + 8 <= length; t += 8) {
+          const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(&scores[t]), top));
+          _mm256_storeu_ps(&scores[t], e);
+          sums = _mm256_add_ps(sums, e);
+        }
+        float total = horizontal_sum(sums);
+        for (; t < length; ++t) {
+          scores[t] = expf(scores[t] - largest);
+          total += scores[t];
+        }
+        float* o = out + r * heads * dim + head * dim;
+        for (int64_t i = 0; i < dim; ++i) o[i] = 0.0f;
+        for (int64_t u = 0; u < length; ++u) {
+          const float weight = scores[u] / total;
+          const float* v = value_cache + u * dim;
+          int64_t i = 0;
+          const __m256 w = _mm256_set1_ps(weight);
+          for (; i + 8 <= dim; i += 8)
+            _mm256_storeu_ps(o + i, _mm256_fmadd_ps(w, _mm256_loadu_ps(v + i), _mm256_loadu_ps(o + i)));
+          for (; i < dim; ++i) o[i] += weight * v[i];
+        }
+      }
+    }
+  }
+}
+
+}

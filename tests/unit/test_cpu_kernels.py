@@ -1,0 +1,147 @@
+"""Our CPU kernels (inference/cpu_kernels.py) compute what torch computes, in float32.
+
+The block-quantized products are compared with torch's float32 product of the dequantized weight at
+every row count the kernel's row blocks distinguish (1 to 8 rows, and past 8); the decode operations
+with the torch operations they replace.  The Llama runner's use of them (its fused decode step) is
+tested against transformers in test_llama_runner.py.  Skipped where the kernels cannot run (no AVX2
+or no C++ compiler); :func:`test_the_kernels_load_where_the_machine_can_build_them` says which.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from inference import cpu_kernels
+from inference.weights import (
+    Q4_1Blocks,
+    Q4_1Linear,
+    Q8_0Linear,
+    is_lossless_q8_0,
+    make_linear,
+    quantize_q8_0,
+)
+
+KERNELS = cpu_kernels.load(None)
+needs_kernels = pytest.mark.skipif(KERNELS is None, reason=f"no CPU kernels here: {cpu_kernels.unavailable_reason()}")
+ROWS = [1, 2, 3, 5, 8, 11, 33]
+
+
+def random_q4_1(out: int, inp: int, generator: torch.Generator) -> Q4_1Blocks:
+    q = torch.randint(0, 16, (out, inp), dtype=torch.uint8, generator=generator)
+    d = (torch.rand(out, inp // 32, generator=generator) * 0.01).half()
+    m = (-torch.rand(out, inp // 32, generator=generator) * 0.08).half()
+    return Q4_1Blocks(q, d, m)
+
+
+def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
+    return ((got - expected).abs().max() / expected.abs().max()).item()
+
+
+def test_the_kernels_load_where_the_machine_can_build_them():
+    if cpu_kernels.unavailable_reason() is None and (shutil.which("c++") or shutil.which("g++")):
+        assert KERNELS is not None
+    else:
+        assert KERNELS is None
+
+
+@needs_kernels
+@pytest.mark.parametrize("rows", ROWS)
+def test_q4_1_product_is_the_float32_product_of_the_blocks_as_they_are(rows):
+    generator = torch.Generator().manual_seed(rows)
+    blocks = random_q4_1(40, 96, generator)
+    layer = Q4_1Linear(blocks)
+    x = torch.randn(rows, 96, generator=generator)
+    with torch.inference_mode():
+        expected = x @ blocks.dequantize().T
+        assert torch.equal(layer.dequantized(), blocks.dequantize())  # no rounding of d or m
+        assert relative_error(layer(x), expected) < 1e-6
+        residual = torch.randn(rows, 40, generator=generator)
+        added = residual + expected
+        layer.add_into(x, residual)
+        assert relative_error(residual, added) < 1e-6
+
+
+@needs_kernels
+@pytest.mark.parametrize("rows", ROWS)
+def test_q8_0_gives_q8_0_weights_back_and_computes_their_float32_product(rows):
+    generator = torch.Generator().manual_seed(rows)
+    q = torch.randint(-127, 128, (24, 64), dtype=torch.int8, generator=generator)
+    q[:, 0] = 127  # each group has its largest value, as ggml's quantizer makes them
+    q[:, 32] = -127
+    d = (torch.rand(24, 2, generator=generator) * 0.01).half().float()
+    weight = (q.float().reshape(24, 2, 32) * d[..., None]).reshape(24, 64)
+    assert is_lossless_q8_0(weight)
+    assert not is_lossless_q8_0(torch.randn(24, 64, generator=generator))
+    requantized, scales = quantize_q8_0(weight)
+    assert torch.equal(requantized, q)
+    torch.testing.assert_close(scales, d, rtol=2**-23, atol=0)
+    x = torch.randn(rows, 64, generator=generator)
+    with torch.inference_mode():
+        layer = Q8_0Linear(weight, torch.randn(24, generator=generator))
+        assert relative_error(layer(x), F.linear(x, weight, layer.bias)) < 1e-6
+        # bfloat16 activations come back in bfloat16, computed in float32.
+        assert layer(x.bfloat16()).dtype == torch.bfloat16
+
+
+@needs_kernels
+def test_a_plan_mixing_our_formats_with_torchs_adds_into_the_residual_by_row_count():
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(32, 64, generator=generator)
+    from inference.weights import Plan
+
+    layer = make_linear(weight, None, Plan(((2, "q8_0"), (None, "float32"))))
+    for rows in (1, 2, 3, 9):
+        x = torch.randn(rows, 64, generator=generator)
+        residual = torch.zeros(rows, 32)
+        layer.add_into(x, residual)
+        assert relative_error(residual, x @ weight.T) < (1e-2 if rows <= 2 else 1e-6)
+
+
+@needs_kernels
+@pytest.mark.parametrize("rows", [1, 3])
+def test_rms_norm_and_silu_mul_are_torchs(rows):
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(rows, 100, generator=generator) * 3
+    weight = torch.randn(100, generator=generator)
+    torch.testing.assert_close(KERNELS.rms_norm(x, weight, 1e-5), F.rms_norm(x, (100,), weight, 1e-5))
+    gate_up = torch.randn(rows, 2 * 44, generator=generator) * 4
+    gate, up = gate_up.split(44, dim=-1)
+    torch.testing.assert_close(KERNELS.silu_mul(gate_up), F.silu(gate) * up)
+
+
+@needs_kernels
+def test_decode_attention_rotates_writes_the_cache_and_attends_over_each_rows_own_length():
+    generator = torch.Generator().manual_seed(0)
+    heads, kv_heads, dim, rows, capacity = 6, 2, 16, 3, 40
+    positions = torch.tensor([0, 17, 39])
+    qkv = torch.randn(rows, (heads + 2 * kv_heads) * dim, generator=generator)
+    angles = torch.randn(capacity, dim // 2, generator=generator)
+    cos = torch.cat([angles.cos(), angles.cos()], -1)
+    sin = torch.cat([-angles.sin(), angles.sin()], -1)  # the runner's table: first half negated
+    keys = torch.randn(rows + 1, kv_heads, capacity, dim, generator=generator)
+    values = torch.randn(rows + 1, kv_heads, capacity, dim, generator=generator)
+    expected_keys, expected_values = keys.clone(), values.clone()
+
+    got = KERNELS.decode_attention(qkv, heads, kv_heads, cos, sin, positions, keys, values)
+
+    q, k, v = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
+    half = dim // 2
+
+    def rope(x, position):  # transformers' x * cos + rotate_half(x) * sin
+        sine = torch.cat([angles[position].sin()] * 2)
+        return x * cos[position] + torch.cat([-x[..., half:], x[..., :half]], -1) * sine
+
+    for row, position in enumerate(positions.tolist()):
+        expected_keys[row, :, position] = rope(k[row].view(kv_heads, dim), position)
+        expected_values[row, :, position] = v[row].view(kv_heads, dim)
+        query = rope(q[row].view(heads, dim), position).view(kv_heads, heads // kv_heads, dim)
+        attended = F.scaled_dot_product_attention(
+            query, expected_keys[row, :, : position + 1], expected_values[row, :, : position + 1]
+        )
+        torch.testing.assert_close(got[row], attended.reshape(heads * dim), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(keys, expected_keys, rtol=1e-6, atol=1e-6)
+    assert torch.equal(values, expected_values)  # the row past the batch and every other column untouched
