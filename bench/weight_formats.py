@@ -12,8 +12,8 @@ AVX2 paths), alternating the two (A/B interleaved, ``--rounds`` times), and prin
   1, 8 and 32 rows, for each format and the activation dtype its kernel computes in (best of the
   rounds, each the best of 3 sweeps after a warm-up);
 - greedy divergence from float32: transformers' model with its ``nn.Linear`` layers swapped for the
-  format's (int4 built from the GGUF's own Q4_1 blocks; the output layer, which the GGUF keeps as
-  Q8_0, quantized from float32), 16 prompts of 16 tokens decoded together for ``--tokens`` greedy tokens
+  format's (int4 and q4_1 built from the GGUF's own Q4_1 blocks; the output layer, which the GGUF keeps
+  as Q8_0, quantized from float32: q8_0 gives its blocks back), 16 prompts of 16 tokens decoded together for ``--tokens`` greedy tokens
   with end of sequence suppressed: how many prompts diverge, and the first diverging token (min and
   median over those that do);
 - how far the int4 weights built from the Q4_1 blocks are from the float32 cache, per scale dtype.
@@ -65,6 +65,8 @@ VARIANTS = [
     ("int4", "int4", "bfloat16"),
     ("(int4 f16 act)", "int4", "float16"),
     ("(int4 f32 act)", "int4", "float32"),
+    ("q4_1 (ours)", "q4_1", "float32"),
+    ("q8_0 (ours)", "q8_0", "float32"),
 ]
 
 
@@ -89,6 +91,8 @@ def _build(fmt: str, act: str, weight, blocks=None):
         layer = w.Int4Linear(blocks if blocks is not None else w.quantize_q4_1(weight), compute_dtype=dtype)
         layer.release_debug_copy()
         return layer
+    if fmt == "q4_1":
+        return w.Q4_1Linear(blocks if blocks is not None else w.quantize_q4_1(weight))
     return w.make_linear(weight, None, fmt)
 
 
@@ -120,7 +124,7 @@ def child_sweeps() -> dict:
                         for n in group
                     ]
                     weight = torch.cat([state[n] for n in names])
-                    q4 = w.Q4_1Blocks.cat([blocks[n] for n in names]) if fmt == "int4" else None
+                    q4 = w.Q4_1Blocks.cat([blocks[n] for n in names]) if fmt in ("int4", "q4_1") else None
                     layers.append(_build(fmt, act, weight, q4))
             output = _build(fmt, act, state["model.embed_tokens.weight"])
             result["layers"][label], result["output"][label] = {}, {}
@@ -224,6 +228,7 @@ def child_quality(tokens: int, count: int, only: str) -> dict:
         ("int4 (Q4_1) + int8 output", "int4", "bfloat16", "int8"),
         ("int4 (Q4_1) + float32 output", "int4", "bfloat16", "float32"),
         ("int4 (Q4_1) + bfloat16 output", "int4", "bfloat16", "bfloat16"),
+        ("q4_1 (Q4_1, ours) + q8_0 output", "q4_1", "float32", "q8_0"),
     ]
     for label, fmt, act, output_fmt in plan:
         if fmt not in supported or output_fmt not in supported or (only and label not in only.split(",")):

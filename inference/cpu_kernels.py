@@ -13,11 +13,12 @@ and attention) are one call each here where torch takes several: with the produc
 torch's per-operation cost was half of a batch-1 step.
 
 The C++ sources are compiled once per source text, compiler and flags with the C++ compiler
-(``$CXX``, else ``c++``/``g++``), ``-O3 -mavx2 -mfma -fopenmp``, into ``<cache_dir>/kernels/``
-(about 1.5 s), and loaded with ctypes.  OpenMP resolves to the libgomp torch already loaded, so
-the kernels share torch's threads and their wait policy.  :func:`load` returns None where the
-CPU lacks AVX2 or FMA, torch's capability is below AVX2 (``ATEN_CPU_CAPABILITY=default``), no
-compiler is found, or the build fails: the engine then uses torch's formats.
+(``$CXX``, else ``c++``/``g++``), ``-O3 -mavx2 -mfma``, into ``<cache_dir>/kernels/`` (about 2 s),
+and loaded with ctypes.  Their threads are their own (``csrc/pool.h``: a worker spins 100 us after
+a kernel, then sleeps), not libgomp's: with the server's ``OMP_WAIT_POLICY=PASSIVE`` each OpenMP
+region paid a wake-up, about 150 per decode step.  :func:`load` returns None where the CPU lacks
+AVX2 or FMA, torch's capability is below AVX2 (``ATEN_CPU_CAPABILITY=default``), no compiler is
+found, or the build fails: the engine then uses torch's formats and operations.
 """
 
 from __future__ import annotations
@@ -35,8 +36,10 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-SOURCES = tuple(Path(__file__).resolve().parent / "csrc" / name for name in ("block_gemm.cpp", "decode_ops.cpp"))
-FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
+CSRC = Path(__file__).resolve().parent / "csrc"
+SOURCES = (CSRC / "block_gemm.cpp", CSRC / "decode_ops.cpp")
+HEADERS = (CSRC / "pool.h",)
+FLAGS = ("-O3", "-mavx2", "-mfma", "-pthread", "-shared", "-fPIC", "-fvisibility=hidden", "-std=c++17")
 GROUP = 32
 REQUIRED_CPU_FLAGS = ("avx2", "fma")
 
@@ -222,7 +225,7 @@ def _load(cache_dir: Path) -> CPUKernels | None:
     assert compiler is not None
     try:
         version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
-        sources = b"".join(source.read_bytes() for source in SOURCES)
+        sources = b"".join(source.read_bytes() for source in (*SOURCES, *HEADERS))
         digest = hashlib.sha256(sources + version.encode() + " ".join(FLAGS).encode()).hexdigest()[:16]
         target = cache_dir / "kernels" / f"cpu_kernels-{digest}.so"
         if not target.exists():

@@ -9,18 +9,23 @@
 // x @ dequantized(W)^T up to float32 summation order.  Weights are read once per 8 rows of x, as
 // 4-bit or 8-bit values: a batch-1 decode step reads 1/6 or 1/3.5 of a float32 weight's bytes.
 //
-// Threads: OpenMP over blocks of output rows; the caller passes the count (torch's).
-// Built by inference/block_kernels.py with -O3 -mavx2 -mfma -fopenmp; called through ctypes.
+// Threads: pool.h's workers over blocks of output rows; the caller passes the count (torch's).
+// Built by inference/cpu_kernels.py with -O3 -mavx2 -mfma; called through ctypes.
 
 #include <immintrin.h>
 #include <stdint.h>
 
 #include <vector>
 
+#include "pool.h"
+
 namespace {
 
 constexpr int GROUP = 32;
 constexpr int ROW_BLOCK = 8;  // rows of x sharing one dequantized group (8 accumulators in registers)
+// Products smaller than this (multiply-adds) run on the calling thread alone: handing a slice to a
+// worker (pool.h) costs more than it saves on them.
+constexpr int64_t SMALL_WORK = int64_t(1) << 16;
 constexpr int64_t MANY_ROWS = 12;  // from this many rows on, gemm_many_rows (measured on Zen 3)
 
 inline float horizontal_sum(__m256 v) {
@@ -161,11 +166,9 @@ void gemm_many_rows(const W& w, const float* x, int64_t M, int64_t K, int64_t N,
     for (int64_t k = 0; k < K; ++k) xt[k * padded + m] = x[m * K + k];
   const int64_t blocks = (N + FEATURES - 1) / FEATURES;
   const int64_t groups = K / GROUP;
-#pragma omp parallel num_threads(threads)
-  {
+  kernels::parallel_for(blocks, threads, [&](int64_t first, int64_t last) {
     std::vector<float> weights(static_cast<size_t>(FEATURES * K));
-#pragma omp for schedule(static)
-    for (int64_t block = 0; block < blocks; ++block) {
+    for (int64_t block = first; block < last; ++block) {
       const int64_t n0 = block * FEATURES;
       const int features = static_cast<int>(N - n0 < FEATURES ? N - n0 : FEATURES);
       for (int f = 0; f < features; ++f)
@@ -179,17 +182,18 @@ void gemm_many_rows(const W& w, const float* x, int64_t M, int64_t K, int64_t N,
       for (; m0 + 16 <= padded; m0 += 16) outer_any<2>(features, weights.data(), xt.data(), K, padded, N, n0, m0, M, y, add);
       if (m0 < padded) outer_any<1>(features, weights.data(), xt.data(), K, padded, N, n0, m0, M, y, add);
     }
-  }
+  });
 }
 
 template <typename W>
 void gemm(const W& w, const float* x, int64_t M, int64_t K, int64_t N, float* y, bool add, int threads) {
+  if (M * N * K < SMALL_WORK) threads = 1;
   if (M >= MANY_ROWS) {
     gemm_many_rows(w, x, M, K, N, y, add, threads);
     return;
   }
-#pragma omp parallel for schedule(static) num_threads(threads)
-  for (int64_t n = 0; n < N; ++n) {
+  kernels::parallel_for(N, threads, [&](int64_t first, int64_t last) {
+    for (int64_t n = first; n < last; ++n) {
     int64_t r0 = 0;
     for (; r0 + ROW_BLOCK <= M; r0 += ROW_BLOCK) dot_rows<W, ROW_BLOCK>(w, x, K, N, n, r0, y, add);
     switch (M - r0) {
@@ -202,7 +206,8 @@ void gemm(const W& w, const float* x, int64_t M, int64_t K, int64_t N, float* y,
       case 1: dot_rows<W, 1>(w, x, K, N, n, r0, y, add); break;
       default: break;
     }
-  }
+    }
+  });
 }
 
 }  // namespace
@@ -211,12 +216,12 @@ extern "C" {
 
 // x: [M, K] float32 contiguous; K a multiple of 32; y: [M, N] float32 contiguous, overwritten
 // (add == 0) or added to (add != 0: a residual stream).
-void q4_1_gemm(const float* x, int64_t M, int64_t K, const uint8_t* qs, const float* d, const float* m, int64_t N,
+KERNEL_EXPORT void q4_1_gemm(const float* x, int64_t M, int64_t K, const uint8_t* qs, const float* d, const float* m, int64_t N,
                float* y, int add, int threads) {
   gemm(Q4_1{qs, d, m}, x, M, K, N, y, add != 0, threads);
 }
 
-void q8_0_gemm(const float* x, int64_t M, int64_t K, const int8_t* qs, const float* d, int64_t N, float* y, int add,
+KERNEL_EXPORT void q8_0_gemm(const float* x, int64_t M, int64_t K, const int8_t* qs, const float* d, int64_t N, float* y, int add,
                int threads) {
   gemm(Q8_0{qs, d}, x, M, K, N, y, add != 0, threads);
 }

@@ -1,6 +1,6 @@
 // The small operations of a Llama decode step, one call each instead of several torch operations
 // (issue 12: at batch 1 on a 2-core CPU, torch's per-operation cost was half of the step once the
-// matrix products were fast).  Float32 throughout; AVX2 + FMA; OpenMP threads as the caller says.
+// matrix products were fast).  Float32 throughout; AVX2 + FMA; pool.h's threads, as many as the caller says.
 //
 //   rms_norm:         Zhang & Sennrich 2019, as transformers' LlamaRMSNorm computes it in float32.
 //   silu_mul:         SwiGLU's silu(gate) * up (Shazeer 2020) from the fused gate/up product.
@@ -14,6 +14,8 @@
 #include <stdint.h>
 
 #include <vector>
+
+#include "pool.h"
 
 namespace {
 
@@ -66,12 +68,40 @@ inline void rotate(const float* x, const float* cos, const float* sin, int64_t d
   for (int64_t i = half; i < dim; ++i) out[i] = x[i] * cos[i] + x[i - half] * sin[i];
 }
 
+// out[0:DIM] = norm * sum_u weights[u] * values[u, 0:DIM], the accumulators in registers.
+template <int DIM>
+inline void weighted_sum(const float* weights, float norm, const float* values, int64_t length, float* out) {
+  constexpr int VECTORS = DIM / 8;
+  __m256 acc[VECTORS];
+#pragma GCC unroll 16
+  for (int i = 0; i < VECTORS; ++i) acc[i] = _mm256_setzero_ps();
+  for (int64_t u = 0; u < length; ++u) {
+    const __m256 w = _mm256_set1_ps(weights[u]);
+    const float* v = values + u * DIM;
+#pragma GCC unroll 16
+    for (int i = 0; i < VECTORS; ++i) acc[i] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8 * i), acc[i]);
+  }
+  const __m256 scale = _mm256_set1_ps(norm);
+#pragma GCC unroll 16
+  for (int i = 0; i < VECTORS; ++i) _mm256_storeu_ps(out + 8 * i, _mm256_mul_ps(acc[i], scale));
+}
+
+inline void weighted_sum_any(const float* weights, float norm, const float* values, int64_t length, int64_t dim,
+                             float* out) {
+  for (int64_t i = 0; i < dim; ++i) out[i] = 0.0f;
+  for (int64_t u = 0; u < length; ++u) {
+    const float* v = values + u * dim;
+    for (int64_t i = 0; i < dim; ++i) out[i] += weights[u] * v[i];
+  }
+  for (int64_t i = 0; i < dim; ++i) out[i] *= norm;
+}
+
 }  // namespace
 
 extern "C" {
 
 // x, out: [rows, width] float32 (out may be x); weight: [width].
-void rms_norm(const float* x, int64_t rows, int64_t width, const float* weight, float eps, float* out) {
+KERNEL_EXPORT void rms_norm(const float* x, int64_t rows, int64_t width, const float* weight, float eps, float* out) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * width;
     float* o = out + r * width;
@@ -85,7 +115,7 @@ void rms_norm(const float* x, int64_t rows, int64_t width, const float* weight, 
 }
 
 // gate_up: [rows, 2 * width] (gate then up); out: [rows, width] = silu(gate) * up.
-void silu_mul(const float* gate_up, int64_t rows, int64_t width, float* out) {
+KERNEL_EXPORT void silu_mul(const float* gate_up, int64_t rows, int64_t width, float* out) {
   const __m256 one = _mm256_set1_ps(1.0f);
   for (int64_t r = 0; r < rows; ++r) {
     const float* gate = gate_up + r * 2 * width;
@@ -105,17 +135,20 @@ void silu_mul(const float* gate_up, int64_t rows, int64_t width, float* out) {
 // cos, sin: [positions, dim] tables; positions: [rows], the position of each row's new token.
 // keys, values: caches, row r's kv head h at keys + r * row_stride + h * head_stride, [capacity, dim].
 // out: [rows, heads * dim].  dim even and at most 256.
-void decode_attention(const float* qkv, int64_t rows, int64_t heads, int64_t kv_heads, int64_t dim, const float* cos,
+KERNEL_EXPORT void decode_attention(const float* qkv, int64_t rows, int64_t heads, int64_t kv_heads, int64_t dim, const float* cos,
                       const float* sin, const int64_t* positions, float* keys, float* values, int64_t row_stride,
                       int64_t head_stride, float scale, float* out, int threads) {
   const int64_t group = heads / kv_heads;
   const int64_t width = (heads + 2 * kv_heads) * dim;
-#pragma omp parallel num_threads(threads)
-  {
+  // Small steps on the calling thread alone (see block_gemm.cpp's SMALL_WORK): multiply-adds of the
+  // scores and the weighted sum, rows * heads * positions * dim * 2.
+  int64_t work = 0;
+  for (int64_t r = 0; r < rows; ++r) work += 2 * heads * (positions[r] + 1) * dim;
+  if (work < (int64_t(1) << 16)) threads = 1;
+  kernels::parallel_for(rows * kv_heads, threads, [&](int64_t first, int64_t last) {
     std::vector<float> scores;
     float query[256];
-#pragma omp for schedule(static)
-    for (int64_t item = 0; item < rows * kv_heads; ++item) {
+    for (int64_t item = first; item < last; ++item) {
       const int64_t r = item / kv_heads, h = item % kv_heads, position = positions[r];
       const float* c = cos + position * dim;
       const float* s = sin + position * dim;
@@ -149,19 +182,15 @@ void decode_attention(const float* qkv, int64_t rows, int64_t heads, int64_t kv_
           total += scores[t];
         }
         float* o = out + r * heads * dim + head * dim;
-        for (int64_t i = 0; i < dim; ++i) o[i] = 0.0f;
-        for (int64_t u = 0; u < length; ++u) {
-          const float weight = scores[u] / total;
-          const float* v = value_cache + u * dim;
-          int64_t i = 0;
-          const __m256 w = _mm256_set1_ps(weight);
-          for (; i + 8 <= dim; i += 8)
-            _mm256_storeu_ps(o + i, _mm256_fmadd_ps(w, _mm256_loadu_ps(v + i), _mm256_loadu_ps(o + i)));
-          for (; i < dim; ++i) o[i] += weight * v[i];
-        }
+        if (dim == 64)
+          weighted_sum<64>(scores.data(), 1.0f / total, value_cache, length, o);
+        else if (dim == 128)
+          weighted_sum<128>(scores.data(), 1.0f / total, value_cache, length, o);
+        else
+          weighted_sum_any(scores.data(), 1.0f / total, value_cache, length, dim, o);
       }
     }
-  }
+  });
 }
 
 }
