@@ -173,8 +173,8 @@ class CompletionRun:
         """Submit one engine request per prompt, all in one group (they take prefill turns with
         other API requests as one)."""
         try:
-            for index, prompt in enumerate(self.prompts):
-                self.streams.append(self.engine.submit(f"{self.id}-{index}", prompt.ids, self.params, group=self.id))
+            prompts = [(f"{self.id}-{index}", prompt.ids) for index, prompt in enumerate(self.prompts)]
+            self.streams.extend(self.engine.submit_many(prompts, self.params, group=self.id))
         except EngineError as error:
             self.abort()
             if isinstance(error, EngineShuttingDown):

@@ -247,21 +247,32 @@ class Engine:
         answer with an HTTP error; iterating raises :class:`EngineError` if a step fails.  Must be
         called on the event loop that will iterate the stream.
         """
+        return self.submit_many([(request_id, prompt_ids)], params, group)[0]
+
+    def submit_many(
+        self, prompts: Sequence[tuple[str, list[int]]], params: SamplingParams, group: str | None = None
+    ) -> list[RequestStream]:
+        """:meth:`submit` for several ``(request_id, prompt_ids)`` at once (one API request's
+        prompts): all or none are queued, and the worker sees them together, so on an idle engine
+        they are prefilled in one pass and decode in one batch from their first step, whatever the
+        timing (the same request then meets the same batches, which the deterministic mode needs).
+        Raises as :meth:`submit` does, for all of them."""
         if not self.ready:
             raise EngineNotReady("The model is loading; try again shortly.")
-        if not prompt_ids:
+        if any(not prompt_ids for _, prompt_ids in prompts):
             raise ValueError("prompt_ids must not be empty")
-        request = Request(request_id, list(prompt_ids), params, asyncio.get_running_loop(), self.device, group)
+        loop = asyncio.get_running_loop()
+        requests = [Request(request_id, list(ids), params, loop, self.device, group) for request_id, ids in prompts]
         with self._lock:
             if self._stopping:  # checked under the lock that _fail_all empties the inbox under
                 raise EngineShuttingDown("The server is shutting down; retry the request.")
-            if len(self.scheduler) + len(self._inbox) >= self.config.max_queue:
+            if len(self.scheduler) + len(self._inbox) + len(requests) > self.config.max_queue:
                 raise EngineOverloaded(
                     f"The server is overloaded: {self.config.max_queue} requests are already waiting."
                 )
-            self._inbox.append(request)
+            self._inbox.extend(requests)
         self._wakeup.set()
-        return RequestStream(self, request)
+        return [RequestStream(self, request) for request in requests]
 
     def abort(self, request_id: str) -> None:
         """Remove the request's sequences before the next step; harmless if it already finished."""

@@ -102,6 +102,26 @@ def test_a_full_queue_refuses_new_requests_at_once():
         small.stop()
 
 
+def test_one_requests_prompts_are_queued_all_or_none_and_prefilled_in_one_pass():
+    small = start_tiny_engine(max_batch_size=8, max_queue=3)
+    try:
+
+        async def main():
+            params = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
+            with pytest.raises(EngineOverloaded):
+                small.submit_many([(f"p{i}", small.encode("abc")) for i in range(4)], params, group="four")
+            assert len(small.scheduler) + len(small._inbox) == 0  # none of the four was queued
+            passes = small.scheduler._passes
+            streams = small.submit_many([("a", small.encode("abc")), ("b", small.encode("Hello there"))], params)
+            for stream in streams:
+                assert len([output async for output in stream]) >= 1
+            return small.scheduler._passes - passes
+
+        assert asyncio.run(main()) == 1  # the worker saw both prompts at once: one prefill pass
+    finally:
+        small.stop()
+
+
 def test_max_tokens_zero_scores_the_prompt_without_generating(engine):
     results = asyncio.run(run(engine, "abc", SamplingParams(max_tokens=0, logprobs=0, prompt_logprobs=True)))
     assert results[0].text == "" and results[0].num_tokens == 0 and results[0].finish_reason == "length"
