@@ -254,9 +254,12 @@ class Server:
 
 
 def start_ours(directory: Path, **env: str) -> Server:
-    """Our daphne server with the embedded model, as the end-to-end tests start it; ``env`` on top of ours."""
+    """Our daphne server with the embedded model, as the end-to-end tests start it, but with the
+    server's own default weight formats (``MODEL_WEIGHTS=auto``, where the tests pin float32) unless
+    the environment names them; ``env`` on top of ours."""
+    defaults = {"MODEL_WEIGHTS": os.environ.get("MODEL_WEIGHTS", "auto")}
     live = start_server(directory, DJANGO_DEBUG="false", DJANGO_SECRET_KEY=os.urandom(24).hex(), LOG_LEVEL="WARNING",
-                        **env)
+                        **{**defaults, **env})
     return Server(
         name="ours",
         base_url=live.base_url,
