@@ -27,7 +27,7 @@ from inference.weights import (
 
 KERNELS = cpu_kernels.load(None)
 needs_kernels = pytest.mark.skipif(KERNELS is None, reason=f"no CPU kernels here: {cpu_kernels.unavailable_reason()}")
-ROWS = [1, 2, 3, 5, 8, 11, 33]
+ROWS = [1, 2, 3, 5, 8, 11, 33, 70]  # 70: past weights.DENSE_ROWS, the dequantize-then-sgemm path
 
 
 def random_q4_1(out: int, inp: int, generator: torch.Generator) -> Q4_1Blocks:
