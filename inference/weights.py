@@ -412,6 +412,12 @@ class Int4Linear(WeightLinear):
 DENSE_ROWS = 64
 
 
+def _check_width(x: torch.Tensor, in_features: int) -> None:
+    # Our kernels take K from x: a wrong width would read past the weight, where F.linear raises.
+    if x.shape[-1] != in_features:
+        raise RuntimeError(f"input of width {x.shape[-1]} for a layer of {in_features} input features")
+
+
 class Q4_1Linear(WeightLinear):
     """GGUF's Q4_1 blocks as they are (``w = d q + m`` per group of 32, ``d``/``m`` in float32),
     multiplied in float32 activations by our kernel (:mod:`inference.cpu_kernels`).
@@ -443,6 +449,7 @@ class Q4_1Linear(WeightLinear):
         return out if x.dtype == torch.float32 else out.to(x.dtype)
 
     def compute(self, x: torch.Tensor) -> torch.Tensor:
+        _check_width(x, self.in_features)
         flat = x if x.dim() == 2 else x.reshape(-1, self.in_features)
         if flat.shape[0] >= DENSE_ROWS:  # a long prompt: dequantize, then one dense product
             out = F.linear(flat.float(), self.kernels.q4_1_dequantize(self.qs, self.d, self.m))
@@ -456,6 +463,7 @@ class Q4_1Linear(WeightLinear):
         if x.shape[0] >= DENSE_ROWS:
             residual += self.compute(x)
             return
+        _check_width(x, self.in_features)
         if self.bias is not None:
             residual += self.bias
         self.kernels.q4_1(x, self.qs, self.d, self.m, out=residual)
@@ -509,6 +517,7 @@ class Q8_0Linear(WeightLinear):
         return out if x.dtype == torch.float32 else out.to(x.dtype)
 
     def compute(self, x: torch.Tensor) -> torch.Tensor:
+        _check_width(x, self.in_features)
         flat = x if x.dim() == 2 else x.reshape(-1, self.in_features)
         if flat.shape[0] >= DENSE_ROWS:
             out = F.linear(flat.float(), self.kernels.q8_0_dequantize(self.q, self.d))
@@ -522,6 +531,7 @@ class Q8_0Linear(WeightLinear):
         if x.shape[0] >= DENSE_ROWS:
             residual += self.compute(x)
             return
+        _check_width(x, self.in_features)
         if self.bias is not None:
             residual += self.bias
         self.kernels.q8_0(x, self.q, self.d, out=residual)

@@ -31,7 +31,9 @@ inline float horizontal_sum(__m256 v) {
 // exp(x) for x in [-87, 88]: x = n ln2 + r, |r| <= ln2 / 2, exp(r) by its Taylor polynomial of
 // degree 6 (relative error below 2e-7), times 2^n built in the exponent bits.
 inline __m256 exp256(__m256 x) {
-  x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.0f)), _mm256_set1_ps(-87.0f));
+  // Operands in this order keep a NaN (min/max return their second operand when one is NaN): a NaN
+  // score must not become a finite weight and hide the model's divergence.
+  x = _mm256_max_ps(_mm256_set1_ps(-87.0f), _mm256_min_ps(_mm256_set1_ps(88.0f), x));
   const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);

@@ -9,8 +9,6 @@ or no C++ compiler); :func:`test_the_kernels_load_where_the_machine_can_build_th
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -42,7 +40,7 @@ def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
 
 
 def test_the_kernels_load_where_the_machine_can_build_them():
-    if cpu_kernels.unavailable_reason() is None and (shutil.which("c++") or shutil.which("g++")):
+    if cpu_kernels.unavailable_reason() is None and cpu_kernels._compiler() is not None:
         assert KERNELS is not None
     else:
         assert KERNELS is None
@@ -99,6 +97,27 @@ def test_a_plan_mixing_our_formats_with_torchs_adds_into_the_residual_by_row_cou
         residual = torch.zeros(rows, 32)
         layer.add_into(x, residual)
         assert relative_error(residual, x @ weight.T) < (1e-2 if rows <= 2 else 1e-6)
+
+
+@needs_kernels
+def test_a_wrong_input_width_is_an_error_not_a_read_past_the_weight():
+    generator = torch.Generator().manual_seed(0)
+    for layer in (Q8_0Linear(torch.randn(8, 64, generator=generator)), Q4_1Linear(random_q4_1(8, 64, generator))):
+        with pytest.raises(RuntimeError, match="width 4096"):
+            layer(torch.randn(1, 4096))
+        with pytest.raises(RuntimeError, match="width 96"):
+            layer.add_into(torch.randn(2, 96), torch.zeros(2, 8))
+
+
+@needs_kernels
+def test_a_nan_score_stays_nan_in_attention():
+    heads, kv_heads, dim, capacity = 2, 1, 8, 16
+    qkv = torch.ones(1, (heads + 2 * kv_heads) * dim)
+    keys, values = torch.zeros(1, kv_heads, capacity, dim), torch.ones(1, kv_heads, capacity, dim)
+    keys[0, 0, 0, 0] = float("nan")
+    cos, sin = torch.ones(capacity, dim), torch.zeros(capacity, dim)
+    got = KERNELS.decode_attention(qkv, heads, kv_heads, cos, sin, torch.tensor([9]), keys, values)
+    assert got.isnan().all()  # as torch's attention: a NaN key poisons the row
 
 
 @needs_kernels
