@@ -262,9 +262,11 @@ def _load(cache_dir: Path) -> CPUKernels | None:
 
 
 def _works(kernels: CPUKernels) -> bool:
-    """A small product of each kernel against torch's float32 (every row-block size of the kernel)."""
+    """Small products of each kernel against torch's float32: row counts of the row-blocked path
+    (1 to 11) and of the outer-product path (12 and more, one and two vectors of rows).  The decode
+    operations are checked by the tests only."""
     generator = torch.Generator().manual_seed(0)
-    x = torch.randn(11, 64, generator=generator)
+    x = torch.randn(20, 64, generator=generator)
     q = torch.randint(0, 16, (24, 64), dtype=torch.uint8, generator=generator)
     d, m = torch.rand(24, 2, generator=generator), torch.randn(24, 2, generator=generator)
     weight = (q.float().reshape(24, 2, GROUP) * d[..., None] + m[..., None]).reshape(24, 64)
@@ -273,7 +275,7 @@ def _works(kernels: CPUKernels) -> bool:
     q8 = torch.randint(-127, 128, (24, 64), dtype=torch.int8, generator=generator)
     weight8 = (q8.float().reshape(24, 2, GROUP) * d[..., None]).reshape(24, 64)
     close = True
-    for rows in (1, 2, 3, 8, 11):
+    for rows in (1, 2, 3, 8, 11, 12, 20):
         close &= torch.allclose(kernels.q4_1(x[:rows], qs, d, m), x[:rows] @ weight.T, rtol=1e-4, atol=1e-4)
         close &= torch.allclose(kernels.q8_0(x[:rows], q8, d), x[:rows] @ weight8.T, rtol=1e-4, atol=1e-4)
     return bool(close)
