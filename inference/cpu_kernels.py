@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = (CSRC / "block_gemm.cpp", CSRC / "decode_ops.cpp")
-HEADERS = (CSRC / "pool.h",)
+HEADERS = (CSRC / "pool.h", CSRC / "simd.h")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-pthread", "-shared", "-fPIC", "-fvisibility=hidden", "-std=c++17")
 GROUP = 32
 REQUIRED_CPU_FLAGS = ("avx2", "fma")

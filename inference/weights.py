@@ -42,12 +42,16 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from .packed import PackedLinear
+
+if TYPE_CHECKING:
+    from .cpu_kernels import CPUKernels
 
 logger = logging.getLogger(__name__)
 
@@ -412,13 +416,52 @@ class Int4Linear(WeightLinear):
 DENSE_ROWS = 64
 
 
-def _check_width(x: torch.Tensor, in_features: int) -> None:
-    # Our kernels take K from x: a wrong width would read past the weight, where F.linear raises.
-    if x.shape[-1] != in_features:
-        raise RuntimeError(f"input of width {x.shape[-1]} for a layer of {in_features} input features")
+class _BlockLinear(WeightLinear):
+    """What the block formats of our kernels share: float32 products, ``x``'s dtype from ``__call__``,
+    a dense product for :data:`DENSE_ROWS` rows or more, and accumulation into a residual in place.
+    A subclass gives ``_product(x, out=None)`` (the kernel; ``out`` given: added into) and
+    ``_dense_weight()`` (the float32 weight, for the dense product)."""
+
+    kernels: CPUKernels
+    bias: torch.Tensor | None
+
+    def _product(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:  # pragma: no cover
+        raise NotImplementedError
+
+    def _dense_weight(self) -> torch.Tensor:  # pragma: no cover
+        raise NotImplementedError
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.compute(x)
+        return out if x.dtype == torch.float32 else out.to(x.dtype)
+
+    def compute(self, x: torch.Tensor) -> torch.Tensor:
+        self._check_width(x)
+        flat = x if x.dim() == 2 else x.reshape(-1, self.in_features)
+        if flat.shape[0] >= DENSE_ROWS:  # a long prompt: dequantize, then one dense product
+            out = F.linear(flat.float(), self._dense_weight())
+        else:
+            out = self._product(flat)
+        if self.bias is not None:
+            out += self.bias
+        return out if x.dim() == 2 else out.reshape(*x.shape[:-1], self.out_features)
+
+    def add_into(self, x: torch.Tensor, residual: torch.Tensor) -> None:
+        if x.shape[0] >= DENSE_ROWS:
+            residual += self.compute(x)
+            return
+        self._check_width(x)
+        if self.bias is not None:
+            residual += self.bias
+        self._product(x, out=residual)
+
+    def _check_width(self, x: torch.Tensor) -> None:
+        # Our kernels take K from x: a wrong width would read past the weight, where F.linear raises.
+        if x.shape[-1] != self.in_features:
+            raise RuntimeError(f"input of width {x.shape[-1]} for a layer of {self.in_features} input features")
 
 
-class Q4_1Linear(WeightLinear):
+class Q4_1Linear(_BlockLinear):
     """GGUF's Q4_1 blocks as they are (``w = d q + m`` per group of 32, ``d``/``m`` in float32),
     multiplied in float32 activations by our kernel (:mod:`inference.cpu_kernels`).
 
@@ -444,29 +487,11 @@ class Q4_1Linear(WeightLinear):
     def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Q4_1Linear:
         return cls(quantize_q4_1(weight), bias)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.compute(x)
-        return out if x.dtype == torch.float32 else out.to(x.dtype)
+    def _product(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        return self.kernels.q4_1(x, self.qs, self.d, self.m, out=out)
 
-    def compute(self, x: torch.Tensor) -> torch.Tensor:
-        _check_width(x, self.in_features)
-        flat = x if x.dim() == 2 else x.reshape(-1, self.in_features)
-        if flat.shape[0] >= DENSE_ROWS:  # a long prompt: dequantize, then one dense product
-            out = F.linear(flat.float(), self.kernels.q4_1_dequantize(self.qs, self.d, self.m))
-        else:
-            out = self.kernels.q4_1(flat, self.qs, self.d, self.m)
-        if self.bias is not None:
-            out += self.bias
-        return out if x.dim() == 2 else out.reshape(*x.shape[:-1], self.out_features)
-
-    def add_into(self, x: torch.Tensor, residual: torch.Tensor) -> None:
-        if x.shape[0] >= DENSE_ROWS:
-            residual += self.compute(x)
-            return
-        _check_width(x, self.in_features)
-        if self.bias is not None:
-            residual += self.bias
-        self.kernels.q4_1(x, self.qs, self.d, self.m, out=residual)
+    def _dense_weight(self) -> torch.Tensor:
+        return self.kernels.q4_1_dequantize(self.qs, self.d, self.m)
 
     def dequantized(self) -> torch.Tensor:
         """The float32 weight ``[out, in]`` this layer computes with."""
@@ -494,7 +519,7 @@ def quantize_q8_0(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q.reshape(out, inp).contiguous(), d.contiguous()
 
 
-class Q8_0Linear(WeightLinear):
+class Q8_0Linear(_BlockLinear):
     """GGUF's Q8_0 (``w = d q`` per group of 32, ``q`` int8, ``d`` float32), multiplied in float32
     activations by our kernel (:mod:`inference.cpu_kernels`).
 
@@ -512,29 +537,11 @@ class Q8_0Linear(WeightLinear):
         self.q, self.d = quantize_q8_0(weight)
         self.bias = None if bias is None else bias.detach().float()
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.compute(x)
-        return out if x.dtype == torch.float32 else out.to(x.dtype)
+    def _product(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        return self.kernels.q8_0(x, self.q, self.d, out=out)
 
-    def compute(self, x: torch.Tensor) -> torch.Tensor:
-        _check_width(x, self.in_features)
-        flat = x if x.dim() == 2 else x.reshape(-1, self.in_features)
-        if flat.shape[0] >= DENSE_ROWS:
-            out = F.linear(flat.float(), self.kernels.q8_0_dequantize(self.q, self.d))
-        else:
-            out = self.kernels.q8_0(flat, self.q, self.d)
-        if self.bias is not None:
-            out += self.bias
-        return out if x.dim() == 2 else out.reshape(*x.shape[:-1], self.out_features)
-
-    def add_into(self, x: torch.Tensor, residual: torch.Tensor) -> None:
-        if x.shape[0] >= DENSE_ROWS:
-            residual += self.compute(x)
-            return
-        _check_width(x, self.in_features)
-        if self.bias is not None:
-            residual += self.bias
-        self.kernels.q8_0(x, self.q, self.d, out=residual)
+    def _dense_weight(self) -> torch.Tensor:
+        return self.kernels.q8_0_dequantize(self.q, self.d)
 
     def dequantized(self) -> torch.Tensor:
         """The float32 weight ``[out, in]`` this layer computes with."""

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "pool.h"
+#include "simd.h"
 
 namespace {
 
@@ -28,14 +29,7 @@ constexpr int ROW_BLOCK = 8;  // rows of x sharing one dequantized group (8 accu
 constexpr int64_t SMALL_WORK = int64_t(1) << 16;
 constexpr int64_t MANY_ROWS = 12;  // from this many rows on, gemm_many_rows (measured on Zen 3)
 
-inline float horizontal_sum(__m256 v) {
-  __m128 low = _mm256_castps256_ps128(v);
-  __m128 high = _mm256_extractf128_ps(v, 1);
-  low = _mm_add_ps(low, high);
-  low = _mm_add_ps(low, _mm_movehl_ps(low, low));
-  low = _mm_add_ss(low, _mm_movehdup_ps(low));
-  return _mm_cvtss_f32(low);
-}
+using kernels::horizontal_sum;
 
 // The 32 weights of one group as four vectors of 8 floats, in order.
 struct Q4_1 {

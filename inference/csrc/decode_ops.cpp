@@ -16,17 +16,11 @@
 #include <vector>
 
 #include "pool.h"
+#include "simd.h"
 
 namespace {
 
-inline float horizontal_sum(__m256 v) {
-  __m128 low = _mm256_castps256_ps128(v);
-  __m128 high = _mm256_extractf128_ps(v, 1);
-  low = _mm_add_ps(low, high);
-  low = _mm_add_ps(low, _mm_movehl_ps(low, low));
-  low = _mm_add_ss(low, _mm_movehdup_ps(low));
-  return _mm_cvtss_f32(low);
-}
+using kernels::horizontal_sum;
 
 // exp(x) for x in [-87, 88]: x = n ln2 + r, |r| <= ln2 / 2, exp(r) by its Taylor polynomial of
 // degree 6 (relative error below 2e-7), times 2^n built in the exponent bits.
