@@ -35,10 +35,10 @@ import torch.nn.functional as F
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from .model_runner import PrefillChunk
+from .packed import PACKED_BATCH_HINT, onednn_linear_available
 
 if TYPE_CHECKING:
     from .cpu_kernels import CPUKernels
-from .packed import PACKED_BATCH_HINT, onednn_linear_available
 
 Linear = Callable[[torch.Tensor], torch.Tensor]
 # (weight [out, in], activation dtype, names of the model's parameters stacked into weight) -> linear
@@ -505,12 +505,12 @@ class LlamaModelRunner:
         longest = max(self._lengths) + 1
         self._rope_table(longest)
         self._reserve(rows, longest)
-        kv_heads, capacity = self.num_kv_heads, self._column_capacity
         positions = torch.tensor(self._lengths, device=self.device)
         if self._kernels is not None:
             hidden = self._decode_layers_fused(torch.tensor(input_ids), positions)
             self._lengths = [length + 1 for length in self._lengths]
             return self._logits(hidden)
+        kv_heads, capacity = self.num_kv_heads, self._column_capacity
         # Where each row's new key goes in a layer's cache seen as [rows * kv_heads * capacity, dim].
         slots = (
             torch.arange(rows * kv_heads, device=self.device).view(rows, kv_heads) * capacity + positions[:, None]

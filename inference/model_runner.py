@@ -152,7 +152,11 @@ def _weight_factory(model, dtype: torch.dtype, weights: str, cache_dir: Path | N
     q4_1 = None
     if gguf is not None and (weights in ("auto", "int4", "q4_1")):
         q4_1 = formats.load_q4_1_blocks(gguf, config.num_attention_heads, config.num_key_value_heads, cache)
-        names = [f"model.layers.{i}.{part}.weight" for i in range(config.num_hidden_layers) for part in _PROJECTIONS]
+        names = [
+            f"model.layers.{i}.{part}.weight"
+            for i in range(config.num_hidden_layers)
+            for part in formats.LAYER_PROJECTIONS
+        ]
         if not all(name in q4_1 for name in names):
             q4_1 = None  # not every projection is Q4_1 in this GGUF: no lossless 4-bit format
     candidates = [*formats.AUTO_FORMATS, *([("q4_1" if kernels else "int4")] if q4_1 is not None else [])]
@@ -170,17 +174,6 @@ def _weight_factory(model, dtype: torch.dtype, weights: str, cache_dir: Path | N
         output_candidates=output_candidates,
     )
     return formats.llama_linear_factory(choice, q4_1)
-
-
-_PROJECTIONS = (
-    "self_attn.q_proj",
-    "self_attn.k_proj",
-    "self_attn.v_proj",
-    "self_attn.o_proj",
-    "mlp.gate_proj",
-    "mlp.up_proj",
-    "mlp.down_proj",
-)
 
 
 @dataclass

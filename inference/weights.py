@@ -737,6 +737,8 @@ _GGUF_TO_HF = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+# A Llama decoder layer's projections, under transformers' names (``model.layers.{i}.{name}.weight``).
+LAYER_PROJECTIONS = tuple(_GGUF_TO_HF.values())
 
 
 def gguf_tensor_types(path: Path) -> dict[str, str]:
