@@ -288,7 +288,7 @@ class Engine:
                 torch.set_num_threads(self.config.num_threads)
             loaded = model is None  # loaded here: nobody else uses the transformers model's layers
             if loaded:
-                model, tokenizer, self.device = load_model(self.model_config)
+                model, tokenizer, self.device = load_model(self.model_config, self.config.runner)
             else:
                 self.device = next(model.parameters()).device
             self._install(model, tokenizer, loaded)

@@ -247,3 +247,17 @@ def test_auto_picks_only_formats_measured_no_worse_than_what_shipped(tmp_path):
     choice = choose_formats(cache_dir=tmp_path, **TINY)
     assert set(choice.layers.formats + choice.output.formats) <= set(weights.AUTO_FORMATS)
     assert "int8" not in weights.AUTO_FORMATS and "int4" not in weights.AUTO_FORMATS  # see AUTO_FORMATS' measurements
+
+
+def test_auto_dtype_is_float32_where_the_fused_decode_step_runs(monkeypatch):
+    """The fused decode step takes float32 activations, so ``auto`` takes float32 there even on a
+    CPU with native bfloat16 (issue 12); elsewhere such a CPU still gets bfloat16."""
+    from inference import model_loader
+
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(model_loader, "_cpu_has_bf16", lambda: True)
+    assert model_loader.resolve_dtype("auto", cpu, fused_decode=True) == torch.float32
+    assert model_loader.resolve_dtype("auto", cpu) == torch.bfloat16
+    assert model_loader.resolve_dtype("bfloat16", cpu, fused_decode=True) == torch.bfloat16
+    monkeypatch.setattr(model_loader, "_cpu_has_bf16", lambda: False)
+    assert model_loader.resolve_dtype("auto", cpu) == torch.float32
