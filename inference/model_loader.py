@@ -153,7 +153,12 @@ def load_model(
     dtype = resolve_dtype(config.dtype, device, fused_decode=fused_decode)
     started = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(source)
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, attn_implementation="sdpa")
+    # On a CPU the weights are read, not memory-mapped: the Llama runner keeps its own copies and the
+    # model's layers are dropped, but a mapped file's touched pages stay resident (and in RSS, ~0.5
+    # GB for the embedded model) as long as any tensor of it lives.
+    model = AutoModelForCausalLM.from_pretrained(
+        source, dtype=dtype, attn_implementation="sdpa", disable_mmap=device.type == "cpu"
+    )
     model.to(device).eval()  # its linears are prepacked or rebuilt by the model runner (model_runner.build_runner)
     logger.info(
         "Loaded %s (%s, %s on %s) in %.1f s", config.model_id, source, dtype, device, time.perf_counter() - started
