@@ -17,9 +17,12 @@ from dataclasses import dataclass, field
 
 from .sequence import Request
 
-# With nothing running, a prefill pass holds up no stream, so it may be longer (fewer, larger
-# matrix products); not so long that a request arriving meanwhile waits long for its turn.
+# With nothing running, a prefill pass holds up no stream, so it may take more whole prompts
+# (fewer, larger matrix products); not so many that a request arriving meanwhile waits long.
 IDLE_PREFILL_CHUNK = 1024
+# In a pass that prefills a newly arrived prompt whole, the requests that had turns before take at
+# most this many tokens, so the newcomer's first token waits for a short pass, not a full one.
+NEWCOMER_PASS_OTHERS = 64
 # Prompt tokens per pass whose logits at every position are kept (prompt logprobs): float32
 # logits of 512 positions over SmolLM2's 49152-token vocabulary take 100 MB.
 LOGITS_CHUNK = 512
@@ -63,7 +66,12 @@ class Scheduler:
     they wait), :data:`IDLE_PREFILL_CHUNK` when none runs; of them at most
     ``max(prefill_chunk, LOGITS_CHUNK)`` with logits at every position (``prompt_logprobs``), so
     scoring requests are prefilled several at a time.  A prompt longer than what is left is cut
-    into chunks; a short one (``prefill_chunk`` tokens or less) waits for the next pass instead.
+    into chunks of at most ``prefill_chunk`` tokens, at idle too, so that no pass is long for a
+    request arriving meanwhile; a short one (``prefill_chunk`` tokens or less) waits for the next
+    pass instead.  A pass that prefills a newly arrived prompt whole gives the requests that had
+    turns before at most :data:`NEWCOMER_PASS_OTHERS` tokens: a short request's first token then
+    waits for the pass in progress and a short one, not two full passes (issue 12's fairness rule:
+    a short request's first token within 1 s while 64 prompts of 2,000 tokens are prefilled).
     A request is scheduled only when its candidates will fit in the running batch
     (``max_batch_size`` rows; a request larger than the whole batch still runs, alone);
     scoring requests (``max_tokens`` 0) take no row.
@@ -136,6 +144,8 @@ class Scheduler:
         rows = running_rows
         chunks: list[ScheduledChunk] = []
         turns = sorted(self._groups.values(), key=lambda g: (g.last_turn, g.order))
+        newcomers = {id(group) for group in turns if group.last_turn < 0}
+        others_room = budget  # tokens left for the groups that had turns before this pass
         next_index = {id(group): 0 for group in turns}
         done: set[int] = set()  # groups with nothing more for this pass
         while budget and len(done) < len(turns):
@@ -147,13 +157,19 @@ class Scheduler:
                     done.add(id(group))
                     continue
                 request = group.requests[index]
-                size = self._chunk_size(request, budget, logits_budget, bool(chunks))
+                newcomer = id(group) in newcomers
+                room = budget if newcomer else min(budget, others_room)
+                size = self._chunk_size(request, room, logits_budget, bool(chunks))
                 if not size or not (request.rows == 0 or not rows or rows + request.rows <= self.max_batch_size):
                     done.add(id(group))  # the group's next request waits; the ones behind it too
                     continue
                 chunk = ScheduledChunk(request, request.prefilled, request.prefilled + size)
                 chunks.append(chunk)
                 budget -= size
+                if not newcomer:
+                    others_room -= size
+                elif chunk.final and others_room > NEWCOMER_PASS_OTHERS:
+                    others_room = NEWCOMER_PASS_OTHERS
                 if request.prompt_logprobs is not None:
                     logits_budget -= size
                 group.last_turn = self._passes
@@ -167,10 +183,14 @@ class Scheduler:
         self._passes += 1
         return chunks
 
-    def _chunk_size(self, request: Request, budget: int, logits_budget: int, others: bool) -> int:
-        """How many of ``request``'s remaining prompt tokens this pass takes (0: none)."""
+    def _chunk_size(self, request: Request, room: int, logits_budget: int, others: bool) -> int:
+        """How many of ``request``'s remaining prompt tokens this pass takes (0: none), with ``room``
+        tokens left for it."""
         remaining = len(request.prompt_ids) - request.prefilled
-        room = min(budget, logits_budget) if request.prompt_logprobs is not None else budget
-        if remaining > room and remaining <= self.prefill_chunk and others:
+        if request.prompt_logprobs is not None:
+            room = min(room, logits_budget)
+        if remaining <= room:
+            return remaining
+        if remaining <= self.prefill_chunk and others:
             return 0  # a short prompt waits for a pass it fits in whole, rather than being cut
-        return min(remaining, room)
+        return min(room, self.prefill_chunk)

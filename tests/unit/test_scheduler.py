@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from inference.sampling import SamplingParams
-from inference.scheduler import IDLE_PREFILL_CHUNK, LOGITS_CHUNK, Scheduler
+from inference.scheduler import IDLE_PREFILL_CHUNK, LOGITS_CHUNK, NEWCOMER_PASS_OTHERS, Scheduler
 from inference.sequence import Request
 
 CHUNK = 64
@@ -54,11 +54,26 @@ def test_a_short_prompt_waits_for_a_pass_it_fits_in_rather_than_being_cut():
     assert step(scheduler) == [("b", 0, 40)]
 
 
-def test_with_nothing_running_a_pass_may_be_longer():
+def test_with_nothing_running_a_pass_may_take_more_whole_prompts_but_cuts_long_ones_at_the_chunk():
     scheduler = Scheduler(max_batch_size=32, prefill_chunk=CHUNK)
+    scheduler.add([request(f"p{i}", 50, group="g") for i in range(3)])
+    assert step(scheduler, running_rows=0) == [("p0", 0, 50), ("p1", 0, 50), ("p2", 0, 50)]
+    scheduler.add([request("whole", IDLE_PREFILL_CHUNK - 24)])
+    assert step(scheduler, running_rows=0) == [("whole", 0, IDLE_PREFILL_CHUNK - 24)]
     scheduler.add([request("long", 3000)])
-    assert step(scheduler, running_rows=0) == [("long", 0, IDLE_PREFILL_CHUNK)]
-    assert step(scheduler, running_rows=4) == [("long", IDLE_PREFILL_CHUNK, IDLE_PREFILL_CHUNK + CHUNK)]
+    assert step(scheduler, running_rows=0) == [("long", 0, CHUNK)]
+    assert step(scheduler, running_rows=4) == [("long", CHUNK, 2 * CHUNK)]
+
+
+def test_a_newcomers_pass_is_short_for_the_requests_that_had_turns():
+    """Issue 12's fairness rule: a short request arriving while 64 long prompts are prefilled gets a
+    pass in which the long ones take at most NEWCOMER_PASS_OTHERS tokens, not a whole chunk."""
+    scheduler = Scheduler(max_batch_size=32, prefill_chunk=256)
+    scheduler.add([request(f"big-{i}", 2000, group="big", max_tokens=1) for i in range(64)])
+    assert step(scheduler, running_rows=0) == [("big-0", 0, 256)]
+    scheduler.add([request("small", 16)])
+    assert step(scheduler, running_rows=0) == [("small", 0, 16), ("big-0", 256, 256 + NEWCOMER_PASS_OTHERS)]
+    assert step(scheduler, running_rows=1) == [("big-0", 256 + NEWCOMER_PASS_OTHERS, 512 + NEWCOMER_PASS_OTHERS)]
 
 
 def test_scoring_requests_are_prefilled_several_at_a_time_within_the_logits_budget():
