@@ -39,6 +39,7 @@ def engine_configs() -> tuple[ModelConfig, EngineConfig]:
         prefill_chunk=settings.ENGINE_PREFILL_CHUNK,
         num_threads=settings.ENGINE_NUM_THREADS,
         runner=settings.ENGINE_RUNNER,
+        kv_cache_dtype=settings.ENGINE_KV_CACHE_DTYPE,
     )
     return model, engine
 

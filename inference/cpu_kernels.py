@@ -39,9 +39,9 @@ logger = logging.getLogger(__name__)
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = (CSRC / "block_gemm.cpp", CSRC / "decode_ops.cpp")
 HEADERS = (CSRC / "pool.h", CSRC / "simd.h")
-FLAGS = ("-O3", "-mavx2", "-mfma", "-pthread", "-shared", "-fPIC", "-fvisibility=hidden", "-std=c++17")
+FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-pthread", "-shared", "-fPIC", "-fvisibility=hidden", "-std=c++17")
 GROUP = 32
-REQUIRED_CPU_FLAGS = ("avx2", "fma")
+REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
 
 _lock = threading.Lock()
 _loaded: dict[Path, CPUKernels | None] = {}
@@ -69,10 +69,11 @@ class CPUKernels:
         self._q8_0_dequantize = function("q8_0_dequantize", pointer, pointer, size, size, pointer, integer)
         self._rms_norm = function("rms_norm", pointer, size, size, pointer, real, pointer)
         self._silu_mul = function("silu_mul", pointer, size, size, pointer)
-        self._attention = function(
-            "decode_attention", pointer, size, size, size, size, pointer, pointer, pointer, pointer, pointer, size,
-            size, real, pointer, integer,
-        )  # fmt: skip
+        attention_types = (pointer, size, size, size, size, pointer, pointer, pointer, pointer, pointer, size, size)
+        self._attention = {
+            torch.float32: function("decode_attention", *attention_types, real, pointer, integer),
+            torch.float16: function("decode_attention_f16", *attention_types, real, pointer, integer),
+        }
 
     def q4_1(
         self, x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor, out: torch.Tensor | None = None
@@ -152,13 +153,14 @@ class CPUKernels:
         ``cos``/``sin``: the rotary tables ``[positions, dim]`` (sin's first half negated, see
         :meth:`inference.llama.LlamaModelRunner._rope_table`); ``positions``: int64 ``[rows]``, the
         new token's position per row.  ``keys``/``values``: the layer's caches
-        ``[row capacity, kv_heads, capacity, dim]``; each row's new key (rotated) and value are written
-        at its position, then its queries (rotated) attend over positions ``0..position``.
+        ``[row capacity, kv_heads, capacity, dim]``, float32 or float16 (rounded to nearest even, as
+        torch casts); each row's new key (rotated) and value are written at its position, then its
+        queries (rotated) attend over positions ``0..position``, in float32.
         Returns ``[rows, heads * dim]``.  ``dim`` must be even and at most 256.
         """
         rows, dim = qkv.shape[0], keys.shape[-1]
         out = torch.empty(rows, heads * dim, dtype=torch.float32)
-        self._attention(
+        self._attention[keys.dtype](
             qkv.data_ptr(), rows, heads, kv_heads, dim, cos.data_ptr(), sin.data_ptr(), positions.data_ptr(),
             keys.data_ptr(), values.data_ptr(), keys.stride(0), keys.stride(1), dim**-0.5, out.data_ptr(),
             torch.get_num_threads(),

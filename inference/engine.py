@@ -66,6 +66,7 @@ class EngineConfig:
     prefill_chunk: int = 256
     num_threads: int = 0
     runner: str = "auto"  # auto | llama | transformers (inference.model_runner.build_runner)
+    kv_cache_dtype: str = "auto"  # auto | float32 | float16 | bfloat16 (the Llama runner's KV cache)
 
 
 class RequestStream:
@@ -320,6 +321,7 @@ class Engine:
             cache_dir=Path(self.model_config.cache_dir),
             gguf=gguf,
             drop_model_layers=loaded,
+            kv_cache_dtype=self.config.kv_cache_dtype,
         )
         self.max_context = self.runner.max_context or int(tokenizer.model_max_length)
         self.vocab_size = self.runner.vocab_size

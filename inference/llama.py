@@ -161,7 +161,10 @@ class LlamaModelRunner:
     runner.  Its q/k/v and gate/up weights are copied into stacked matrices; the others are shared
     with it where ``make_linear`` keeps them as they are (float32 into float32), so an engine that
     keeps only the runner should drop the model's decoder layers, or their memory counts twice.  ``dtype``:
-    the activation and KV-cache dtype (float32 or bfloat16).  ``linear_factory``: what builds every
+    the activation dtype (float32 or bfloat16).  ``kv_cache_dtype``: the KV cache's (vLLM's
+    ``kv_cache_dtype``): None is ``dtype``; ``auto`` is float16 where the fused decode step runs (our
+    kernels read and write float16 caches, converting to float32 in registers; llama.cpp's default
+    cache type, half the memory of float32) and ``dtype`` elsewhere; or a floating ``torch.dtype``.  ``linear_factory``: what builds every
     linear layer, :func:`make_linear` or another with its signature (a ``description`` attribute,
     if it has one, goes into :attr:`description`).  ``max_batch_size``: the batch sizes
     :meth:`warm_up` runs (1 to it).  Raises ``ValueError`` when :func:`unsupported_reason` names a
@@ -175,6 +178,7 @@ class LlamaModelRunner:
         linear_factory: LinearFactory = make_linear,
         max_batch_size: int = 32,
         kernels: CPUKernels | None | str = "auto",
+        kv_cache_dtype: torch.dtype | str | None = None,
     ) -> None:
         reason = unsupported_reason(model)
         if reason is not None:
@@ -213,8 +217,19 @@ class LlamaModelRunner:
         self.weight_formats = linear_kind
         self._partials: dict[int, _Partial] = {}
         self._kernels = self._fused_decode_kernels(kernels)
+        if kv_cache_dtype is None:
+            kv_cache_dtype = dtype
+        elif kv_cache_dtype == "auto":
+            kv_cache_dtype = torch.float16 if self._kernels is not None else dtype
+        if not isinstance(kv_cache_dtype, torch.dtype) or not kv_cache_dtype.is_floating_point:
+            raise ValueError(f"kv_cache_dtype must be auto or a floating torch.dtype, not {kv_cache_dtype!r}")
+        self.kv_dtype = kv_cache_dtype
+        if self._kernels is not None and self.kv_dtype not in (torch.float32, torch.float16):
+            self._kernels = None  # our attention reads float32 and float16 caches only
         if self._kernels is not None:
             self.description += ", fused decode ops"
+        if self.kv_dtype != dtype:
+            self.description += f", {str(self.kv_dtype).removeprefix('torch.')} KV cache"
         self.reset()
 
     def _fused_decode_kernels(self, kernels: CPUKernels | None | str) -> CPUKernels | None:
@@ -394,8 +409,8 @@ class LlamaModelRunner:
                 cache_values[:, :, :size] = values[:group_rows].view(group, size, kv_heads, dim).transpose(1, 2)
                 output = F.scaled_dot_product_attention(
                     qk[:group_rows, :heads].view(group, size, heads, dim).transpose(1, 2),
-                    cache_keys[:, :, :size],
-                    cache_values[:, :, :size],
+                    cache_keys[:, :, :size].to(x.dtype),
+                    cache_values[:, :, :size].to(x.dtype),
                     is_causal=True,
                     enable_gqa=True,
                 )  # [n, heads, size, dim]
@@ -409,8 +424,8 @@ class LlamaModelRunner:
                 cache_values[:, start : start + size] = values[rows].transpose(0, 1)
                 output = F.scaled_dot_product_attention(
                     qk[rows, :heads].transpose(0, 1)[None],
-                    cache_keys[None, :, : start + size],
-                    cache_values[None, :, : start + size],
+                    cache_keys[None, :, : start + size].to(x.dtype),
+                    cache_values[None, :, : start + size].to(x.dtype),
                     attn_mask=mask,
                     is_causal=mask is None,
                     enable_gqa=True,
@@ -458,8 +473,8 @@ class LlamaModelRunner:
             return []
         capacity = _round_up(len(chunks[0].token_ids), COLUMN_CHUNK)
         shape = (len(chunks), self.num_layers, self.num_kv_heads, capacity, self.head_dim)
-        self._group_keys = torch.empty(shape, dtype=self.dtype, device=self.device)
-        self._group_values = torch.empty(shape, dtype=self.dtype, device=self.device)
+        self._group_keys = torch.empty(shape, dtype=self.kv_dtype, device=self.device)
+        self._group_values = torch.empty(shape, dtype=self.kv_dtype, device=self.device)
         return [_Partial(0, self._group_keys[i], self._group_values[i]) for i in range(len(chunks))]
 
     def _prefill_mask(self, chunk: PrefillChunk) -> torch.Tensor | None:
@@ -482,8 +497,8 @@ class LlamaModelRunner:
         # Empty is safe: attention reads only the positions a chunk has written.
         grown = _Partial(
             0,
-            torch.empty(shape, dtype=self.dtype, device=self.device),
-            torch.empty(shape, dtype=self.dtype, device=self.device),
+            torch.empty(shape, dtype=self.kv_dtype, device=self.device),
+            torch.empty(shape, dtype=self.kv_dtype, device=self.device),
         )
         if partial is not None:
             grown.keys[:, :, : partial.length] = partial.keys[:, :, : partial.length]
@@ -548,13 +563,17 @@ class LlamaModelRunner:
                 self._layer_keys[index],
                 self._layer_values[index],
             )  # [row capacity, kv_heads, capacity, dim]
-            cache_keys.view(-1, dim).index_copy_(0, slots, qk[:, heads:].reshape(rows * kv_heads, dim))
-            cache_values.view(-1, dim).index_copy_(0, slots, qkv[:, qk_width:].reshape(rows * kv_heads, dim))
+            cache_keys.view(-1, dim).index_copy_(
+                0, slots, qk[:, heads:].reshape(rows * kv_heads, dim).to(self.kv_dtype)
+            )
+            cache_values.view(-1, dim).index_copy_(
+                0, slots, qkv[:, qk_width:].reshape(rows * kv_heads, dim).to(self.kv_dtype)
+            )
             # Grouped-query attention: the `group` query heads of one KV head are its `group` queries.
             attended = F.scaled_dot_product_attention(
                 qk[:, :heads].view(rows, kv_heads, group, dim),
-                cache_keys[:rows, :, :longest],
-                cache_values[:rows, :, :longest],
+                cache_keys[:rows, :, :longest].to(x.dtype),
+                cache_values[:rows, :, :longest].to(x.dtype),
                 attn_mask=mask,
             )  # [rows, kv_heads, group, dim]
             x += layer.o(attended.reshape(rows, heads * dim))
@@ -609,7 +628,7 @@ class LlamaModelRunner:
         index = torch.tensor(sources, dtype=torch.long, device=self.device)
         for buffers in (self._layer_keys, self._layer_values):
             for layer in range(self.num_layers):
-                buffer = torch.zeros(shape, dtype=self.dtype, device=self.device)
+                buffer = torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
                 if layer < len(buffers):
                     if sources:
                         buffer[: len(sources), :, :used] = buffers[layer][index, :, :used]

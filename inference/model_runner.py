@@ -23,6 +23,7 @@ import torch
 
 from . import memory
 from .kv_cache import BatchKVCache
+from .model_loader import DTYPES
 from .packed import onednn_linear_available, prepack_linear_layers
 
 logger = logging.getLogger(__name__)
@@ -84,6 +85,7 @@ def build_runner(
     cache_dir: Path | None = None,
     gguf: Path | None = None,
     drop_model_layers: bool = False,
+    kv_cache_dtype: str = "auto",
 ) -> ModelRunner:
     """The model runner for ``model`` (a loaded transformers causal LM, eval mode).
 
@@ -95,13 +97,19 @@ def build_runner(
     GGUF file the model was converted from, whose Q4_1 blocks make lossless int4 weights (int4 is
     a candidate of ``auto`` only then).  The Llama runner keeps its own copies of the decoder
     layers; ``drop_model_layers`` drops the transformers model's (a server's memory; tests keep
-    them to compare with ``model.generate``).  The transformers runner gets oneDNN-prepacked
+    them to compare with ``model.generate``).  ``kv_cache_dtype`` (``ENGINE_KV_CACHE_DTYPE``): the
+    Llama runner's KV cache, ``auto`` (float16 where its fused decode step runs, else the
+    activations' dtype) or a name in :data:`inference.model_loader.DTYPES`; the transformers runner's
+    cache is always in the activations' dtype.  The transformers runner gets oneDNN-prepacked
     bf16 linears where the CPU has them (:mod:`inference.packed`).
-    Raises ``ValueError`` for an unknown ``kind``, or for ``llama`` when that runner is missing or
-    does not support the model.
+    Raises ``ValueError`` for an unknown ``kind`` or ``kv_cache_dtype``, or for ``llama`` when that
+    runner is missing or does not support the model.
     """
     if kind not in RUNNERS:
         raise ValueError(f"ENGINE_RUNNER must be one of {', '.join(RUNNERS)}, not {kind!r}")
+    if kv_cache_dtype != "auto" and kv_cache_dtype not in DTYPES:
+        raise ValueError(f"ENGINE_KV_CACHE_DTYPE must be auto or one of {', '.join(DTYPES)}, not {kv_cache_dtype!r}")
+    kv_dtype = kv_cache_dtype if kv_cache_dtype == "auto" else DTYPES[kv_cache_dtype]
     if kind != "transformers":
         try:
             # Imported here: the module is optional, and importing it is the test of its presence.
@@ -115,7 +123,9 @@ def build_runner(
             if supports(model):
                 dtype = next(model.parameters()).dtype
                 factory = _weight_factory(model, dtype, weights, cache_dir, gguf)
-                runner = LlamaModelRunner(model, dtype=dtype, linear_factory=factory, max_batch_size=max_batch_size)
+                runner = LlamaModelRunner(
+                    model, dtype=dtype, linear_factory=factory, max_batch_size=max_batch_size, kv_cache_dtype=kv_dtype
+                )
                 if drop_model_layers:  # the runner holds its own (fused, converted) weights
                     model.model.layers = torch.nn.ModuleList()
                     memory.trim()

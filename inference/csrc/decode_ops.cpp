@@ -43,16 +43,36 @@ inline __m256 exp256(__m256 x) {
   return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
 }
 
-inline float dot(const float* a, const float* b, int64_t n) {
+// A KV cache holds float32 or IEEE float16 (uint16_t bits, converted by F16C's instructions with
+// round-to-nearest-even, as torch's casts round).
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+inline float load1(const float* p) { return *p; }
+inline float load1(const uint16_t* p) { return _cvtsh_ss(*p); }
+
+inline void store_row(const float* x, int64_t n, float* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = x[i];
+}
+
+inline void store_row(const float* x, int64_t n, uint16_t* out) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  for (; i < n; ++i) out[i] = _cvtss_sh(x[i], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+
+template <typename T>
+inline float dot(const float* a, const T* b, int64_t n) {
   __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load8(b + i), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), load8(b + i + 8), acc1);
   }
-  for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+  for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load8(b + i), acc0);
   float total = horizontal_sum(_mm256_add_ps(acc0, acc1));
-  for (; i < n; ++i) total += a[i] * b[i];
+  for (; i < n; ++i) total += a[i] * load1(b + i);
   return total;
 }
 
@@ -65,31 +85,93 @@ inline void rotate(const float* x, const float* cos, const float* sin, int64_t d
 }
 
 // out[0:DIM] = norm * sum_u weights[u] * values[u, 0:DIM], the accumulators in registers.
-template <int DIM>
-inline void weighted_sum(const float* weights, float norm, const float* values, int64_t length, float* out) {
+template <int DIM, typename T>
+inline void weighted_sum(const float* weights, float norm, const T* values, int64_t length, float* out) {
   constexpr int VECTORS = DIM / 8;
   __m256 acc[VECTORS];
 #pragma GCC unroll 16
   for (int i = 0; i < VECTORS; ++i) acc[i] = _mm256_setzero_ps();
   for (int64_t u = 0; u < length; ++u) {
     const __m256 w = _mm256_set1_ps(weights[u]);
-    const float* v = values + u * DIM;
+    const T* v = values + u * DIM;
 #pragma GCC unroll 16
-    for (int i = 0; i < VECTORS; ++i) acc[i] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8 * i), acc[i]);
+    for (int i = 0; i < VECTORS; ++i) acc[i] = _mm256_fmadd_ps(w, load8(v + 8 * i), acc[i]);
   }
   const __m256 scale = _mm256_set1_ps(norm);
 #pragma GCC unroll 16
   for (int i = 0; i < VECTORS; ++i) _mm256_storeu_ps(out + 8 * i, _mm256_mul_ps(acc[i], scale));
 }
 
-inline void weighted_sum_any(const float* weights, float norm, const float* values, int64_t length, int64_t dim,
+template <typename T>
+inline void weighted_sum_any(const float* weights, float norm, const T* values, int64_t length, int64_t dim,
                              float* out) {
   for (int64_t i = 0; i < dim; ++i) out[i] = 0.0f;
   for (int64_t u = 0; u < length; ++u) {
-    const float* v = values + u * dim;
-    for (int64_t i = 0; i < dim; ++i) out[i] += weights[u] * v[i];
+    const T* v = values + u * dim;
+    for (int64_t i = 0; i < dim; ++i) out[i] += weights[u] * load1(v + i);
   }
   for (int64_t i = 0; i < dim; ++i) out[i] *= norm;
+}
+
+// decode_attention (below) over a cache of T (float or float16 bits).
+template <typename T>
+void attend(const float* qkv, int64_t rows, int64_t heads, int64_t kv_heads, int64_t dim, const float* cos,
+            const float* sin, const int64_t* positions, T* keys, T* values, int64_t row_stride, int64_t head_stride,
+            float scale, float* out, int threads) {
+  const int64_t group = heads / kv_heads;
+  const int64_t width = (heads + 2 * kv_heads) * dim;
+  // Small steps on the calling thread alone (see block_gemm.cpp's SMALL_WORK): multiply-adds of the
+  // scores and the weighted sum, rows * heads * positions * dim * 2.
+  int64_t work = 0;
+  for (int64_t r = 0; r < rows; ++r) work += 2 * heads * (positions[r] + 1) * dim;
+  if (work < (int64_t(1) << 16)) threads = 1;
+  kernels::parallel_for(rows * kv_heads, threads, [&](int64_t first, int64_t last) {
+    std::vector<float> scores;
+    float query[256];
+    float key[256];
+    for (int64_t item = first; item < last; ++item) {
+      const int64_t r = item / kv_heads, h = item % kv_heads, position = positions[r];
+      const float* c = cos + position * dim;
+      const float* s = sin + position * dim;
+      const float* row = qkv + r * width;
+      T* key_cache = keys + r * row_stride + h * head_stride;
+      T* value_cache = values + r * row_stride + h * head_stride;
+      rotate(row + (heads + h) * dim, c, s, dim, key);
+      store_row(key, dim, key_cache + position * dim);
+      store_row(row + (heads + kv_heads + h) * dim, dim, value_cache + position * dim);
+      const int64_t length = position + 1;
+      scores.resize(static_cast<size_t>(length));
+      for (int64_t g = 0; g < group; ++g) {
+        const int64_t head = h * group + g;
+        rotate(row + head * dim, c, s, dim, query);
+        float largest = -INFINITY;
+        for (int64_t t = 0; t < length; ++t) {
+          scores[t] = dot(query, key_cache + t * dim, dim) * scale;
+          largest = scores[t] > largest ? scores[t] : largest;
+        }
+        const __m256 top = _mm256_set1_ps(largest);
+        __m256 sums = _mm256_setzero_ps();
+        int64_t t = 0;
+        for (; t + 8 <= length; t += 8) {
+          const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(&scores[t]), top));
+          _mm256_storeu_ps(&scores[t], e);
+          sums = _mm256_add_ps(sums, e);
+        }
+        float total = horizontal_sum(sums);
+        for (; t < length; ++t) {
+          scores[t] = expf(scores[t] - largest);
+          total += scores[t];
+        }
+        float* o = out + r * heads * dim + head * dim;
+        if (dim == 64)
+          weighted_sum<64>(scores.data(), 1.0f / total, value_cache, length, o);
+        else if (dim == 128)
+          weighted_sum<128>(scores.data(), 1.0f / total, value_cache, length, o);
+        else
+          weighted_sum_any(scores.data(), 1.0f / total, value_cache, length, dim, o);
+      }
+    }
+  });
 }
 
 }  // namespace
@@ -131,62 +213,21 @@ KERNEL_EXPORT void silu_mul(const float* gate_up, int64_t rows, int64_t width, f
 // cos, sin: [positions, dim] tables; positions: [rows], the position of each row's new token.
 // keys, values: caches, row r's kv head h at keys + r * row_stride + h * head_stride, [capacity, dim].
 // out: [rows, heads * dim].  dim even and at most 256.
-KERNEL_EXPORT void decode_attention(const float* qkv, int64_t rows, int64_t heads, int64_t kv_heads, int64_t dim, const float* cos,
-                      const float* sin, const int64_t* positions, float* keys, float* values, int64_t row_stride,
-                      int64_t head_stride, float scale, float* out, int threads) {
-  const int64_t group = heads / kv_heads;
-  const int64_t width = (heads + 2 * kv_heads) * dim;
-  // Small steps on the calling thread alone (see block_gemm.cpp's SMALL_WORK): multiply-adds of the
-  // scores and the weighted sum, rows * heads * positions * dim * 2.
-  int64_t work = 0;
-  for (int64_t r = 0; r < rows; ++r) work += 2 * heads * (positions[r] + 1) * dim;
-  if (work < (int64_t(1) << 16)) threads = 1;
-  kernels::parallel_for(rows * kv_heads, threads, [&](int64_t first, int64_t last) {
-    std::vector<float> scores;
-    float query[256];
-    for (int64_t item = first; item < last; ++item) {
-      const int64_t r = item / kv_heads, h = item % kv_heads, position = positions[r];
-      const float* c = cos + position * dim;
-      const float* s = sin + position * dim;
-      const float* row = qkv + r * width;
-      float* key_cache = keys + r * row_stride + h * head_stride;
-      float* value_cache = values + r * row_stride + h * head_stride;
-      rotate(row + (heads + h) * dim, c, s, dim, key_cache + position * dim);
-      const float* value = row + (heads + kv_heads + h) * dim;
-      for (int64_t i = 0; i < dim; ++i) value_cache[position * dim + i] = value[i];
-      const int64_t length = position + 1;
-      scores.resize(static_cast<size_t>(length));
-      for (int64_t g = 0; g < group; ++g) {
-        const int64_t head = h * group + g;
-        rotate(row + head * dim, c, s, dim, query);
-        float largest = -INFINITY;
-        for (int64_t t = 0; t < length; ++t) {
-          scores[t] = dot(query, key_cache + t * dim, dim) * scale;
-          largest = scores[t] > largest ? scores[t] : largest;
-        }
-        const __m256 top = _mm256_set1_ps(largest);
-        __m256 sums = _mm256_setzero_ps();
-        int64_t t = 0;
-        for (; t + 8 <= length; t += 8) {
-          const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(&scores[t]), top));
-          _mm256_storeu_ps(&scores[t], e);
-          sums = _mm256_add_ps(sums, e);
-        }
-        float total = horizontal_sum(sums);
-        for (; t < length; ++t) {
-          scores[t] = expf(scores[t] - largest);
-          total += scores[t];
-        }
-        float* o = out + r * heads * dim + head * dim;
-        if (dim == 64)
-          weighted_sum<64>(scores.data(), 1.0f / total, value_cache, length, o);
-        else if (dim == 128)
-          weighted_sum<128>(scores.data(), 1.0f / total, value_cache, length, o);
-        else
-          weighted_sum_any(scores.data(), 1.0f / total, value_cache, length, dim, o);
-      }
-    }
-  });
+KERNEL_EXPORT void decode_attention(const float* qkv, int64_t rows, int64_t heads, int64_t kv_heads, int64_t dim,
+                                   const float* cos, const float* sin, const int64_t* positions, float* keys,
+                                   float* values, int64_t row_stride, int64_t head_stride, float scale, float* out,
+                                   int threads) {
+  attend(qkv, rows, heads, kv_heads, dim, cos, sin, positions, keys, values, row_stride, head_stride, scale, out,
+         threads);
+}
+
+// decode_attention with float16 caches (IEEE half bits).
+KERNEL_EXPORT void decode_attention_f16(const float* qkv, int64_t rows, int64_t heads, int64_t kv_heads, int64_t dim,
+                                       const float* cos, const float* sin, const int64_t* positions, uint16_t* keys,
+                                       uint16_t* values, int64_t row_stride, int64_t head_stride, float scale,
+                                       float* out, int threads) {
+  attend(qkv, rows, heads, kv_heads, dim, cos, sin, positions, keys, values, row_stride, head_stride, scale, out,
+         threads);
 }
 
 }
