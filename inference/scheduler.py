@@ -66,8 +66,8 @@ class Scheduler:
     they wait), :data:`IDLE_PREFILL_CHUNK` when none runs; of them at most
     ``max(prefill_chunk, LOGITS_CHUNK)`` with logits at every position (``prompt_logprobs``), so
     scoring requests are prefilled several at a time.  A prompt longer than what is left is cut
-    into chunks of at most ``prefill_chunk`` tokens, at idle too, so that no pass is long for a
-    request arriving meanwhile; a short one (``prefill_chunk`` tokens or less) waits for the next
+    into chunks of at most ``prefill_chunk`` tokens (its last one too), at idle too, so that no pass
+    is long for a request arriving meanwhile; a short one (``prefill_chunk`` tokens or less) waits for the next
     pass instead.  A pass that prefills a newly arrived prompt whole gives the requests that had
     turns before at most :data:`NEWCOMER_PASS_OTHERS` tokens: a short request's first token then
     waits for the pass in progress and a short one, not two full passes (issue 12's fairness rule:
@@ -189,6 +189,8 @@ class Scheduler:
         remaining = len(request.prompt_ids) - request.prefilled
         if request.prompt_logprobs is not None:
             room = min(room, logits_budget)
+        if request.prefilled:  # a prompt being cut goes on in chunks of prefill_chunk, its last one too
+            room = min(room, self.prefill_chunk)
         if remaining <= room:
             return remaining
         if remaining <= self.prefill_chunk and others:

@@ -60,9 +60,15 @@ def test_with_nothing_running_a_pass_may_take_more_whole_prompts_but_cuts_long_o
     assert step(scheduler, running_rows=0) == [("p0", 0, 50), ("p1", 0, 50), ("p2", 0, 50)]
     scheduler.add([request("whole", IDLE_PREFILL_CHUNK - 24)])
     assert step(scheduler, running_rows=0) == [("whole", 0, IDLE_PREFILL_CHUNK - 24)]
-    scheduler.add([request("long", 3000)])
+    scheduler.add([request("long", IDLE_PREFILL_CHUNK + 10)])
     assert step(scheduler, running_rows=0) == [("long", 0, CHUNK)]
     assert step(scheduler, running_rows=4) == [("long", CHUNK, 2 * CHUNK)]
+    ends = []
+    while len(scheduler):  # at idle, the rest goes on in chunks too, not in one pass once it fits
+        ((_, start, end),) = step(scheduler, running_rows=0)
+        assert end - start <= CHUNK
+        ends.append(end)
+    assert ends[-1] == IDLE_PREFILL_CHUNK + 10
 
 
 def test_a_newcomers_pass_is_short_for_the_requests_that_had_turns():
