@@ -69,6 +69,11 @@ class CPUKernels:
         self._q8_0_dequantize = function("q8_0_dequantize", pointer, pointer, size, size, pointer, integer)
         self._rms_norm = function("rms_norm", pointer, size, size, pointer, real, pointer)
         self._silu_mul = function("silu_mul", pointer, size, size, pointer)
+        layers_types = (pointer, size, size, pointer, size, size, size, size, size, real, pointer, pointer, pointer)
+        self._decode_layers = {
+            torch.float32: function("decode_layers_q4_1", *layers_types, size, size, real, integer),
+            torch.float16: function("decode_layers_q4_1_f16", *layers_types, size, size, real, integer),
+        }
         attention_types = (pointer, size, size, size, size, pointer, pointer, pointer, pointer, pointer, size, size)
         self._attention = {
             torch.float32: function("decode_attention", *attention_types, real, pointer, integer),
@@ -166,6 +171,37 @@ class CPUKernels:
             torch.get_num_threads(),
         )  # fmt: skip
         return out
+
+    def decode_layers_q4_1(
+        self,
+        x: torch.Tensor,
+        table: torch.Tensor,
+        heads: int,
+        kv_heads: int,
+        intermediate: int,
+        eps: float,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        positions: torch.Tensor,
+        keys: torch.Tensor,
+    ) -> None:
+        """A decode step's decoder layers in one call, each as LlamaModelRunner's fused step runs it
+        (RMSNorm, q/k/v, :meth:`decode_attention`, o into the residual, RMSNorm, gate/up,
+        :meth:`silu_mul`, down into the residual), all four products Q4_1 (:meth:`q4_1`).
+
+        ``x``: the residual stream ``[rows, hidden]``, float32, updated in place.  ``table``: int64
+        ``[layers, 16]``, per layer the ``data_ptr()`` of its input and post-attention RMSNorm
+        scales, of its q/k/v, o, gate/up and down weights' ``qs``, ``d``, ``m``, and of its key and
+        value caches, in that order.  ``keys``: one layer's key cache, for the caches' strides and
+        dtype (float32 or float16, every layer alike).  The rest as :meth:`decode_attention`.
+        """
+        rows, hidden = x.shape
+        dim = keys.shape[-1]
+        self._decode_layers[keys.dtype](
+            x.data_ptr(), rows, table.shape[0], table.data_ptr(), hidden, heads, kv_heads, dim, intermediate, eps,
+            cos.data_ptr(), sin.data_ptr(), positions.data_ptr(), keys.stride(0), keys.stride(1), dim**-0.5,
+            torch.get_num_threads(),
+        )  # fmt: skip
 
 
 def cpu_flags() -> set[str]:

@@ -139,6 +139,7 @@ class _Layer:
     # residual += o(x) and residual += down(x) in place (see _residual_add): the fused decode step's.
     o_add: Callable[[torch.Tensor, torch.Tensor], None]
     down_add: Callable[[torch.Tensor, torch.Tensor], None]
+    products: tuple[Linear, Linear, Linear, Linear]  # qkv, o, gate_up, down as the factory built them
 
 
 @dataclass
@@ -216,6 +217,10 @@ class LlamaModelRunner:
         self.description = f"llama runner, weights {linear_kind}, activations {str(dtype).removeprefix('torch.')}"
         self.weight_formats = linear_kind
         self._partials: dict[int, _Partial] = {}
+        # The whole-step tables (see _whole_step_table): per row count, and per set of weights.
+        self._q4_1_at: dict[int, torch.Tensor | None] = {}
+        self._step_tables: dict[tuple[int, ...], torch.Tensor] = {}
+        self._step_cache_version: dict[int, int] = {}
         self._kernels = self._fused_decode_kernels(kernels)
         if kv_cache_dtype is None:
             kv_cache_dtype = dtype
@@ -274,6 +279,7 @@ class LlamaModelRunner:
             down=self._residual_linear(down),
             o_add=self._residual_add(o),
             down_add=self._residual_add(down),
+            products=(qkv_linear, o, gate_up_linear, down),
         )
 
     def _residual_linear(self, linear: Linear) -> Linear:
@@ -522,7 +528,15 @@ class LlamaModelRunner:
         self._reserve(rows, longest)
         positions = torch.tensor(self._lengths, device=self.device)
         if self._kernels is not None:
-            hidden = self._decode_layers_fused(torch.tensor(input_ids), positions)
+            table = self._whole_step_table(rows)
+            if table is not None:
+                hidden = F.embedding(torch.tensor(input_ids), self._embedding)
+                self._kernels.decode_layers_q4_1(
+                    hidden, table, self.num_heads, self.num_kv_heads, self.intermediate_size, self.eps,
+                    self._cos, self._sin, positions, self._layer_keys[0],
+                )  # fmt: skip
+            else:
+                hidden = self._decode_layers_fused(torch.tensor(input_ids), positions)
             self._lengths = [length + 1 for length in self._lengths]
             return self._logits(hidden)
         kv_heads, capacity = self.num_kv_heads, self._column_capacity
@@ -604,6 +618,36 @@ class LlamaModelRunner:
             layer.down_add(kernels.silu_mul(layer.gate_up(kernels.rms_norm(x, layer.post_norm, eps))), x)
         return x
 
+    def _whole_step_table(self, rows: int) -> torch.Tensor | None:
+        """The table of :meth:`inference.cpu_kernels.CPUKernels.decode_layers_q4_1` for a step of
+        ``rows`` rows, when every layer's four products run our Q4_1 kernel at that row count (the
+        formats' ``q4_1_for``), else None.  Built once per plan; the cache columns follow the buffers."""
+        if rows not in self._q4_1_at:
+            weights = []
+            for layer in self._layers:
+                found = [getattr(linear, "q4_1_for", lambda _: None)(rows) for linear in layer.products]
+                if any(linear is None for linear in found):
+                    weights = None
+                    break
+                weights.append(found)
+            self._q4_1_at[rows] = None
+            if weights is not None:
+                key = tuple(id(linear) for linear in weights[0])
+                if key not in self._step_tables:
+                    table = torch.zeros(self.num_layers, 16, dtype=torch.int64)
+                    for index, (layer, found) in enumerate(zip(self._layers, weights)):
+                        pointers = [layer.input_norm.data_ptr(), layer.post_norm.data_ptr()]
+                        pointers += [t.data_ptr() for linear in found for t in (linear.qs, linear.d, linear.m)]
+                        table[index, :14] = torch.tensor(pointers)
+                    self._step_tables[key] = table
+                self._q4_1_at[rows] = self._step_tables[key]
+        table = self._q4_1_at[rows]
+        if table is not None and self._step_cache_version.get(id(table)) != self._cache_version:
+            table[:, 14] = torch.tensor([keys.data_ptr() for keys in self._layer_keys])
+            table[:, 15] = torch.tensor([values.data_ptr() for values in self._layer_values])
+            self._step_cache_version[id(table)] = self._cache_version
+        return table
+
     # --- the running batch's cache ----------------------------------------------------------------
 
     def _reserve(self, rows: int, columns: int) -> None:
@@ -636,6 +680,7 @@ class LlamaModelRunner:
                 else:
                     buffers.append(buffer)
         self._row_capacity, self._column_capacity = row_capacity, column_capacity
+        self._cache_version += 1
 
     def join(self, key: int, copies: int) -> None:
         """Append ``copies`` rows holding the prefilled cache of ``key``, which is then forgotten.
@@ -702,6 +747,7 @@ class LlamaModelRunner:
         self._layer_values: list[torch.Tensor] = []
         self._row_capacity = self._column_capacity = 0
         self._lengths: list[int] = []  # positions cached per running row
+        self._cache_version = getattr(self, "_cache_version", 0) + 1  # the buffers' addresses changed
 
     @property
     def cache_bytes(self) -> int:

@@ -493,6 +493,12 @@ class Q4_1Linear(_BlockLinear):
     def _dense_weight(self) -> torch.Tensor:
         return self.kernels.q4_1_dequantize(self.qs, self.d, self.m)
 
+    def q4_1_for(self, rows: int) -> Q4_1Linear | None:
+        """This layer where a product of ``rows`` rows runs our Q4_1 kernel on its blocks as they are
+        (no bias), else None: what a caller that runs the kernel itself (the Llama runner's
+        whole-step call, :meth:`inference.cpu_kernels.CPUKernels.decode_layers_q4_1`) needs."""
+        return self if self.bias is None and rows < DENSE_ROWS else None
+
     def dequantized(self) -> torch.Tensor:
         """The float32 weight ``[out, in]`` this layer computes with."""
         groups = _unpack_nibbles(self.qs).reshape(self.out_features, -1, INT4_GROUP).float()
@@ -661,6 +667,11 @@ class PlannedLinear(WeightLinear):
     def _layer_for(self, x: torch.Tensor) -> WeightLinear:
         rows = x.numel() // self.in_features
         return self._by_rows[rows] if rows < len(self._by_rows) else self._beyond
+
+    def q4_1_for(self, rows: int) -> Q4_1Linear | None:
+        """The planned format's :meth:`Q4_1Linear.q4_1_for` at ``rows`` rows; None for another format."""
+        layer = self._by_rows[rows] if rows < len(self._by_rows) else self._beyond
+        return layer.q4_1_for(rows) if isinstance(layer, Q4_1Linear) else None
 
     @property
     def nbytes(self) -> int:

@@ -231,3 +231,77 @@ KERNEL_EXPORT void decode_attention_f16(const float* qkv, int64_t rows, int64_t 
 }
 
 }
+
+// --- A whole decode step's decoder layers in one call ----------------------------------------------
+//
+// What LlamaModelRunner._decode_layers_fused does per layer (RMSNorm, q/k/v product, attention,
+// o product into the residual, RMSNorm, gate/up product, SiLU times up, down product into the
+// residual), for layers whose four products are all Q4_1 (block_gemm.cpp's q4_1_gemm): one call per
+// step instead of eight per layer from Python, whose overhead was a fifth of a batch-1 step.
+
+extern "C" void q4_1_gemm(const float* x, int64_t M, int64_t K, const uint8_t* qs, const float* d, const float* m,
+                          int64_t N, float* y, int add, int threads);
+
+namespace {
+
+// One layer's row of the table: pointers as int64.
+enum LayerField : int64_t {
+  INPUT_NORM, POST_NORM,
+  QKV_QS, QKV_D, QKV_M, O_QS, O_D, O_M, GATE_UP_QS, GATE_UP_D, GATE_UP_M, DOWN_QS, DOWN_D, DOWN_M,
+  KEYS, VALUES, LAYER_FIELDS
+};
+
+template <typename T>
+void decode_layers(float* x, int64_t rows, int64_t layers, const int64_t* table, int64_t hidden, int64_t heads,
+                   int64_t kv_heads, int64_t dim, int64_t inter, float eps, const float* cos, const float* sin,
+                   const int64_t* positions, int64_t row_stride, int64_t head_stride, float scale, int threads) {
+  const int64_t qkv_width = (heads + 2 * kv_heads) * dim;
+  std::vector<float> normed(static_cast<size_t>(rows * (hidden > inter ? hidden : inter)));
+  std::vector<float> qkv(static_cast<size_t>(rows * qkv_width)), attended(static_cast<size_t>(rows * heads * dim));
+  std::vector<float> gate_up(static_cast<size_t>(rows * 2 * inter));
+  auto pointer = [](int64_t value) { return reinterpret_cast<void*>(value); };
+  for (int64_t layer = 0; layer < layers; ++layer) {
+    const int64_t* f = table + layer * LAYER_FIELDS;
+    auto gemm = [&](const float* in, int64_t K, int first, int64_t N, float* out, int add) {
+      q4_1_gemm(in, rows, K, static_cast<const uint8_t*>(pointer(f[first])), static_cast<const float*>(pointer(f[first + 1])),
+                static_cast<const float*>(pointer(f[first + 2])), N, out, add, threads);
+    };
+    rms_norm(x, rows, hidden, static_cast<const float*>(pointer(f[INPUT_NORM])), eps, normed.data());
+    gemm(normed.data(), hidden, QKV_QS, qkv_width, qkv.data(), 0);
+    attend(qkv.data(), rows, heads, kv_heads, dim, cos, sin, positions, static_cast<T*>(pointer(f[KEYS])),
+           static_cast<T*>(pointer(f[VALUES])), row_stride, head_stride, scale, attended.data(), threads);
+    gemm(attended.data(), heads * dim, O_QS, hidden, x, 1);
+    rms_norm(x, rows, hidden, static_cast<const float*>(pointer(f[POST_NORM])), eps, normed.data());
+    gemm(normed.data(), hidden, GATE_UP_QS, 2 * inter, gate_up.data(), 0);
+    silu_mul(gate_up.data(), rows, inter, normed.data());
+    gemm(normed.data(), inter, DOWN_QS, hidden, x, 1);
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+// x: [rows, hidden] float32, the residual stream (the embeddings in, the last layer's output out).
+// table: [layers, 16] int64, per layer the addresses of its RMSNorm scales (input, post-attention),
+// its q/k/v, o, gate/up and down Q4_1 weights (qs, d, m each, as q4_1_gemm takes them) and its key and
+// value caches (float32 here, float16 in decode_layers_q4_1_f16), in LayerField's order.  The rest as
+// rms_norm, silu_mul and decode_attention take them; inter: the MLP's width.
+KERNEL_EXPORT void decode_layers_q4_1(float* x, int64_t rows, int64_t layers, const int64_t* table, int64_t hidden,
+                                      int64_t heads, int64_t kv_heads, int64_t dim, int64_t inter, float eps,
+                                      const float* cos, const float* sin, const int64_t* positions,
+                                      int64_t row_stride, int64_t head_stride, float scale, int threads) {
+  decode_layers<float>(x, rows, layers, table, hidden, heads, kv_heads, dim, inter, eps, cos, sin, positions,
+                       row_stride, head_stride, scale, threads);
+}
+
+KERNEL_EXPORT void decode_layers_q4_1_f16(float* x, int64_t rows, int64_t layers, const int64_t* table,
+                                          int64_t hidden, int64_t heads, int64_t kv_heads, int64_t dim,
+                                          int64_t inter, float eps, const float* cos, const float* sin,
+                                          const int64_t* positions, int64_t row_stride, int64_t head_stride,
+                                          float scale, int threads) {
+  decode_layers<uint16_t>(x, rows, layers, table, hidden, heads, kv_heads, dim, inter, eps, cos, sin, positions,
+                          row_stride, head_stride, scale, threads);
+}
+
+}

@@ -346,3 +346,41 @@ def test_every_linear_layer_comes_from_the_given_factory(tiny):
     parameters = dict(tiny.named_parameters())
     assert all(name in parameters for group in names[:-1] for name in group)
     assert "counted float64" in runner.description
+
+
+@pytest.mark.parametrize("kv_cache_dtype", [torch.float32, torch.float16])
+def test_one_kernel_call_per_step_computes_what_the_per_operation_step_does(tiny32, kv_cache_dtype):
+    """With every layer's products Q4_1 at a row count, a decode step is one call of our kernels
+    (CPUKernels.decode_layers_q4_1): the same functions in the same order as the fused step's
+    per-operation calls, so the same logits to the bit; at a row count planned otherwise, the
+    per-operation step runs."""
+    if cpu_kernels.load(None) is None:
+        pytest.skip(f"no CPU kernels here: {cpu_kernels.unavailable_reason()}")
+    from inference.weights import Plan
+    from inference.weights import make_linear as make_format
+
+    plan = Plan(((2, "q4_1"), (None, "float32")))
+
+    def factory(weight, dtype, names):
+        return make_format(weight, None, plan)
+
+    whole, per_operation = (
+        LlamaModelRunner(tiny32, linear_factory=factory, kv_cache_dtype=kv_cache_dtype) for _ in "ab"
+    )
+    per_operation._whole_step_table = lambda rows: None
+    generator = torch.Generator().manual_seed(3)
+    prompt = random_ids(generator, 9)
+    with torch.inference_mode():
+        for runner in (whole, per_operation):
+            runner.prefill([PrefillChunk(1, prompt, 0, False), PrefillChunk(2, prompt[:4], 0, False)])
+            runner.join(1, 2)
+        assert whole._whole_step_table(2) is not None and whole._whole_step_table(3) is None
+        for step in range(6):
+            if step == 3:  # a third row: the float32 plan, no whole-step call; then back to two rows
+                for runner in (whole, per_operation):
+                    runner.join(2, 1)
+            if step == 5:
+                for runner in (whole, per_operation):
+                    runner.keep([2, 0])
+            tokens = random_ids(generator, len(whole.lengths))
+            assert torch.equal(whole.decode(tokens), per_operation.decode(tokens))
