@@ -40,7 +40,7 @@ test: lint
 # The serving benchmark (bench/bench_serving.py); e.g. `make bench BENCH_ARGS="--quick --json out.json"`.
 # llama.cpp's llama-server is the reference: LLAMA_SERVER names one, else the one that
 # `make llama-server` (bench/build_llama_server.sh, about 10 minutes on 2 cores) built under .cache/.
-LLAMA_SERVER ?= $(abspath $(lastword $(wildcard .cache/llama.cpp/build-*/bin/llama-server)))
+LLAMA_SERVER ?= $(abspath $(lastword $(filter-out %-avx2/bin/llama-server,$(wildcard .cache/llama.cpp/build-*/bin/llama-server))))
 
 $(VENV)/.bench-installed: bench/requirements.txt $(VENV)/.installed
 	$(PIP) install --quiet -r bench/requirements.txt

@@ -4,6 +4,9 @@
 # committed. Idempotent: does nothing when the binary already exists.
 #   bench/build_llama_server.sh            # then `make bench` finds it
 #   JOBS=4 bench/build_llama_server.sh     # more parallel jobs (default 2)
+#   LLAMA_ISA=avx2 bench/build_llama_server.sh
+#       # for AVX2 + FMA only (no AVX-512), into build-<version>-avx2: an AVX-512 machine's stand-in
+#       # for an AVX2 one, beside torch's ATEN_CPU_CAPABILITY=avx2 (name it with LLAMA_SERVER=...)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VERSION="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
@@ -11,7 +14,19 @@ JOBS="${JOBS:-2}"
 PY="${PY:-.venv/bin/python}"
 ROOT="$(pwd)/.cache/llama.cpp"
 SRC="$ROOT/llama-cpp-python-$VERSION/vendor/llama.cpp"
+ISA="${LLAMA_ISA:-native}"
 BUILD="$ROOT/build-$VERSION"
+ISA_FLAGS=()
+case "$ISA" in
+    native) ;;
+    avx2)
+        BUILD="$BUILD-avx2"
+        ISA_FLAGS=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
+                   -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF
+                   -DGGML_AVX_VNNI=OFF)
+        ;;
+    *) echo "LLAMA_ISA must be native or avx2, not $ISA" >&2; exit 2 ;;
+esac
 BIN="$BUILD/bin/llama-server"
 
 if [ -x "$BIN" ]; then
@@ -34,7 +49,8 @@ cmake -S "$SRC" -B "$BUILD" "${GEN[@]}" \
     -DLLAMA_BUILD_TESTS=OFF \
     -DLLAMA_BUILD_EXAMPLES=OFF \
     -DLLAMA_BUILD_SERVER=ON \
-    -DBUILD_SHARED_LIBS=OFF
+    -DBUILD_SHARED_LIBS=OFF \
+    "${ISA_FLAGS[@]}"
 cmake --build "$BUILD" --config Release --target llama-server -j "$JOBS"
 test -x "$BIN"
 echo "built $BIN"

@@ -205,6 +205,14 @@ class LlamaModelRunner:
             ]
             self._final_norm = model.model.norm.weight.detach().to(dtype)
             self._lm_head = linear_factory(output.weight, dtype, (OUTPUT_NAME,))
+            # A tied embedding read from the output layer's own blocks where its format keeps them
+            # exactly (Q8_0 from a GGUF): no float32 copy of the vocabulary's rows (113 MB for SmolLM2).
+            rows_of = getattr(self._lm_head, "embedding_rows", None)
+            tied = model.get_input_embeddings().weight.data_ptr() == output.weight.data_ptr()
+            probe = torch.zeros(1, dtype=torch.long, device=self.device)
+            if tied and dtype == torch.float32 and rows_of is not None and rows_of(probe) is not None:
+                self._embedding = None
+                self._embedding_rows = rows_of
         self._inv_freq, self._rope_scaling = self._rope_frequencies(model)
         self._cos = self._sin = torch.empty(0, self.head_dim, dtype=dtype, device=self.device)
         linear_kind = (
@@ -348,6 +356,18 @@ class LlamaModelRunner:
         swapped = qk.unflatten(-1, (2, dim // 2)).flip(-2).view(tokens, heads, dim)
         return torch.addcmul(qk * cos, swapped, sin)
 
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """The embeddings ``[tokens, hidden]`` of ``ids`` ``[tokens]``: a new tensor (a residual stream)."""
+        if self._embedding is None:
+            return self._embedding_rows(ids)
+        return F.embedding(ids, self._embedding)
+
+    @property
+    def embedding_is_own(self) -> bool:
+        """Whether the runner reads its embeddings from weights of its own, not the model's embedding
+        parameter (which an engine that keeps only the runner may then drop)."""
+        return self._embedding is None
+
     def _mlp(self, layer: _Layer, x: torch.Tensor) -> torch.Tensor:
         """SwiGLU (Shazeer 2020): ``down(silu(gate(x)) * up(x))``, ``x`` ``[tokens, hidden]``."""
         gate_up = layer.gate_up(F.rms_norm(x, (self.hidden_size,), layer.post_norm, self.eps))
@@ -397,7 +417,7 @@ class LlamaModelRunner:
         cos, sin = self._cos[positions][:, None], self._sin[positions][:, None]
         heads, kv_heads, dim = self.num_heads, self.num_kv_heads, self.head_dim
         qk_width = (heads + kv_heads) * dim
-        x = F.embedding(ids, self._embedding)  # [tokens, hidden]
+        x = self._embed(ids)  # [tokens, hidden]
         tokens = x.shape[0]
         for index, layer in enumerate(self._layers):
             qkv = layer.qkv(F.rms_norm(x, (self.hidden_size,), layer.input_norm, self.eps))
@@ -530,7 +550,7 @@ class LlamaModelRunner:
         if self._kernels is not None:
             table = self._whole_step_table(rows)
             if table is not None:
-                hidden = F.embedding(torch.tensor(input_ids), self._embedding)
+                hidden = self._embed(torch.tensor(input_ids))
                 self._kernels.decode_layers_q4_1(
                     hidden, table, self.num_heads, self.num_kv_heads, self.intermediate_size, self.eps,
                     self._cos, self._sin, positions, self._layer_keys[0],
@@ -569,7 +589,7 @@ class LlamaModelRunner:
         heads, kv_heads, dim = self.num_heads, self.num_kv_heads, self.head_dim
         group = heads // kv_heads
         qk_width = (heads + kv_heads) * dim
-        x = F.embedding(ids, self._embedding)  # [rows, hidden]
+        x = self._embed(ids)  # [rows, hidden]
         for index, layer in enumerate(self._layers):
             qkv = layer.qkv(F.rms_norm(x, (self.hidden_size,), layer.input_norm, self.eps))
             qk = self._rotate(qkv[:, :qk_width].view(rows, heads + kv_heads, dim), cos, sin)
@@ -601,7 +621,7 @@ class LlamaModelRunner:
         ``ids``/``positions`` int64 ``[rows]``; returns the last layer's hidden states ``[rows, hidden]``."""
         kernels, eps = self._kernels, self.eps
         assert kernels is not None
-        x = F.embedding(ids, self._embedding)  # [rows, hidden], a new tensor: the residual stream
+        x = self._embed(ids)  # [rows, hidden], a new tensor: the residual stream
         for index, layer in enumerate(self._layers):
             qkv = layer.qkv(kernels.rms_norm(x, layer.input_norm, eps))
             attended = kernels.decode_attention(

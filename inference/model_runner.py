@@ -128,6 +128,8 @@ def build_runner(
                 )
                 if drop_model_layers:  # the runner holds its own (fused, converted) weights
                     model.model.layers = torch.nn.ModuleList()
+                    if runner.embedding_is_own:  # tied: the output layer's parameter goes too
+                        model.get_input_embeddings().weight.data = torch.empty(0, dtype=dtype)
                     memory.trim()
                 return runner
             if kind == "llama":

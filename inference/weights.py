@@ -184,6 +184,12 @@ class WeightLinear:
         (a residual stream); formats with a kernel that accumulates do it without a temporary."""
         residual += self.compute(x)
 
+    def embedding_rows(self, ids: torch.Tensor) -> torch.Tensor | None:
+        """Rows ``ids`` (int64 ``[n]``) of the weight as float32 ``[n, in_features]``, where the format
+        keeps it exactly enough to serve as a tied embedding (Q8_0 blocks converted from a GGUF: see
+        :func:`is_lossless_q8_0`); None for the others."""
+        return None
+
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self._tensors() if t is not None)
@@ -542,12 +548,19 @@ class Q8_0Linear(_BlockLinear):
         self.out_features, self.in_features = weight.shape
         self.q, self.d = quantize_q8_0(weight)
         self.bias = None if bias is None else bias.detach().float()
+        self.lossless = _holds_exactly(weight, self.q, self.d)  # an embedding may be read from it
 
     def _product(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         return self.kernels.q8_0(x, self.q, self.d, out=out)
 
     def _dense_weight(self) -> torch.Tensor:
         return self.kernels.q8_0_dequantize(self.q, self.d)
+
+    def embedding_rows(self, ids: torch.Tensor) -> torch.Tensor | None:
+        if not self.lossless:
+            return None
+        groups = self.q[ids].float().view(ids.shape[0], -1, INT4_GROUP) * self.d[ids][..., None]
+        return groups.view(ids.shape[0], self.in_features)
 
     def dequantized(self) -> torch.Tensor:
         """The float32 weight ``[out, in]`` this layer computes with."""
@@ -564,6 +577,11 @@ def is_lossless_q8_0(weight: torch.Tensor, relative_tolerance: float = 1e-6) -> 
     if weight.shape[-1] % INT4_GROUP:
         return False
     q, d = quantize_q8_0(weight)
+    return _holds_exactly(weight, q, d, relative_tolerance)
+
+
+def _holds_exactly(weight: torch.Tensor, q: torch.Tensor, d: torch.Tensor, relative_tolerance: float = 1e-6) -> bool:
+    """Whether Q8_0 blocks ``(q, d)`` give ``weight`` back within ``relative_tolerance`` of its largest value."""
     error = (q.float().reshape(*d.shape, INT4_GROUP) * d[..., None]).reshape(weight.shape) - weight.float()
     return bool(error.abs().max() <= relative_tolerance * weight.abs().max())
 
@@ -667,6 +685,14 @@ class PlannedLinear(WeightLinear):
     def _layer_for(self, x: torch.Tensor) -> WeightLinear:
         rows = x.numel() // self.in_features
         return self._by_rows[rows] if rows < len(self._by_rows) else self._beyond
+
+    def embedding_rows(self, ids: torch.Tensor) -> torch.Tensor | None:
+        """The first of the plan's formats that gives them (see :meth:`WeightLinear.embedding_rows`)."""
+        for layer in self.layers.values():
+            rows = layer.embedding_rows(ids)
+            if rows is not None:
+                return rows
+        return None
 
     def q4_1_for(self, rows: int) -> Q4_1Linear | None:
         """The planned format's :meth:`Q4_1Linear.q4_1_for` at ``rows`` rows; None for another format."""

@@ -384,3 +384,44 @@ def test_one_kernel_call_per_step_computes_what_the_per_operation_step_does(tiny
                     runner.keep([2, 0])
             tokens = random_ids(generator, len(whole.lengths))
             assert torch.equal(whole.decode(tokens), per_operation.decode(tokens))
+
+
+def test_a_tied_embedding_is_read_from_exact_q8_0_output_blocks_and_the_models_copy_dropped():
+    """The embedded GGUF's tied embedding is Q8_0: the runner embeds tokens from its output layer's
+    blocks (the same values), keeps no float32 copy, and an engine's build drops the model's; an
+    inexact Q8_0 (a trained float weight) keeps the float32 embedding."""
+    if cpu_kernels.load(None) is None:
+        pytest.skip(f"no CPU kernels here: {cpu_kernels.unavailable_reason()}")
+    from inference.model_runner import build_runner
+    from inference.weights import make_linear as make_format
+    from inference.weights import quantize_q8_0
+
+    config = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=True, initializer_range=0.3,
+    )  # fmt: skip
+    torch.manual_seed(6)
+    model = LlamaForCausalLM(config).eval()
+    embedding = model.get_input_embeddings().weight
+    original = embedding.detach().clone()
+
+    def factory(weight, dtype, names):
+        return make_format(weight, None, "q8_0" if names == ("lm_head.weight",) else "float32")
+
+    assert not LlamaModelRunner(model, linear_factory=factory).embedding_is_own  # random floats: not Q8_0
+    with torch.no_grad():
+        q, d = quantize_q8_0(original)
+        embedding.copy_((q.float().view(VOCAB, -1, 32) * d[..., None]).view(VOCAB, 64))  # Q8_0's values exactly
+    runner = LlamaModelRunner(model, linear_factory=factory)
+    assert runner.embedding_is_own
+    ids = torch.tensor([0, 5, VOCAB - 1, 5])
+    torch.testing.assert_close(
+        runner._embed(ids), embedding[ids].detach(), rtol=0, atol=1e-6 * embedding.abs().max().item()
+    )
+    with torch.inference_mode():
+        (logits,) = runner.prefill([PrefillChunk(1, [3, 1, 4, 1, 5], 0, False)])
+        reference = model(input_ids=torch.tensor([[3, 1, 4, 1, 5]])).logits[0, -1]
+    torch.testing.assert_close(logits[0], reference, rtol=0, atol=1e-3)  # q8_0 output: its own rounding
+
+    built = build_runner(model, "llama", 4, weights="q8_0", drop_model_layers=True, kv_cache_dtype="auto")
+    assert built.embedding_is_own and model.get_input_embeddings().weight.numel() == 0
