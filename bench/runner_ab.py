@@ -38,7 +38,8 @@ def _build(root: str, tag: str, weights: str, max_batch: int, dtype: str):
         importlib.import_module("inference.llama")
         folder = loader.converted_gguf_dir(loader.embedded_gguf_path(), Path(".cache/models"))
         with torch.inference_mode():
-            activations = loader.resolve_dtype(dtype, torch.device("cpu"))
+            kernels = importlib.import_module("inference.cpu_kernels").load(Path(".cache/models")) is not None
+            activations = loader.resolve_dtype(dtype, torch.device("cpu"), fused_decode=kernels)
             model = AutoModelForCausalLM.from_pretrained(folder, dtype=activations).eval()
             runner = model_runner.build_runner(
                 model,

