@@ -9,15 +9,16 @@ of 32; Q8_0: 8-bit values and a scale per group) and compute in float32 activati
 built from a GGUF's own blocks computes what the float32 model computes, up to summation order.
 
 The decode step's small operations (RMSNorm, SiLU times up, rotary embeddings with the cache write
-and attention) are one call each here where torch takes several: with the products this fast,
-torch's per-operation cost was half of a batch-1 step.
+and attention over a float32 or float16 cache) are one call each here where torch takes several:
+with the products this fast, torch's per-operation cost was half of a batch-1 step; and a step
+whose layers are all Q4_1 is one call in all (:meth:`CPUKernels.decode_layers_q4_1`).
 
 The C++ sources are compiled once per source text, compiler and flags with the C++ compiler
-(``$CXX``, else ``c++``/``g++``), ``-O3 -mavx2 -mfma``, into ``<cache_dir>/kernels/`` (about 2 s),
+(``$CXX``, else ``c++``/``g++``), ``-O3 -mavx2 -mfma -mf16c``, into ``<cache_dir>/kernels/`` (about 6 s),
 and loaded with ctypes.  Their threads are their own (``csrc/pool.h``: a worker spins 100 us after
 a kernel, then sleeps), not libgomp's: with the server's ``OMP_WAIT_POLICY=PASSIVE`` each OpenMP
 region paid a wake-up, about 150 per decode step.  :func:`load` returns None where the CPU lacks
-AVX2 or FMA, torch's capability is below AVX2 (``ATEN_CPU_CAPABILITY=default``), no compiler is
+AVX2, FMA or F16C, torch's capability is below AVX2 (``ATEN_CPU_CAPABILITY=default``), no compiler is
 found, or the build fails: the engine then uses torch's formats and operations.
 """
 
