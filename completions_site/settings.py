@@ -172,8 +172,8 @@ ENGINE_PREFILL_CHUNK = env.int("ENGINE_PREFILL_CHUNK", default=256)
 # The forward pass: auto (our Llama runner when it supports the model, else transformers'
 # modeling) | llama | transformers.
 ENGINE_RUNNER = env.str("ENGINE_RUNNER", default="auto")
-# The Llama runner's KV cache: auto (float16 where our kernels' fused decode step runs, else the
-# activations' dtype) | float32 | float16 | bfloat16.
+# The Llama runner's KV cache: auto (float16 where our kernels' fused decode step runs, unless
+# MODEL_WEIGHTS=float32; else the activations' dtype) | float32 | float16 | bfloat16.
 ENGINE_KV_CACHE_DTYPE = env.str("ENGINE_KV_CACHE_DTYPE", default="auto")
 
 # --- The API ------------------------------------------------------------------------------------

@@ -98,8 +98,8 @@ def build_runner(
     a candidate of ``auto`` only then).  The Llama runner keeps its own copies of the decoder
     layers; ``drop_model_layers`` drops the transformers model's (a server's memory; tests keep
     them to compare with ``model.generate``).  ``kv_cache_dtype`` (``ENGINE_KV_CACHE_DTYPE``): the
-    Llama runner's KV cache, ``auto`` (float16 where its fused decode step runs, else the
-    activations' dtype) or a name in :data:`inference.model_loader.DTYPES`; the transformers runner's
+    Llama runner's KV cache, ``auto`` (float16 where its fused decode step runs and ``weights`` is
+    not ``float32``, else the activations' dtype) or a name in :data:`inference.model_loader.DTYPES`; the transformers runner's
     cache is always in the activations' dtype.  The transformers runner gets oneDNN-prepacked
     bf16 linears where the CPU has them (:mod:`inference.packed`).
     Raises ``ValueError`` for an unknown ``kind`` or ``kv_cache_dtype``, or for ``llama`` when that
@@ -109,7 +109,11 @@ def build_runner(
         raise ValueError(f"ENGINE_RUNNER must be one of {', '.join(RUNNERS)}, not {kind!r}")
     if kv_cache_dtype != "auto" and kv_cache_dtype not in DTYPES:
         raise ValueError(f"ENGINE_KV_CACHE_DTYPE must be auto or one of {', '.join(DTYPES)}, not {kv_cache_dtype!r}")
-    kv_dtype = kv_cache_dtype if kv_cache_dtype == "auto" else DTYPES[kv_cache_dtype]
+    kv_dtype: str | torch.dtype | None = kv_cache_dtype if kv_cache_dtype == "auto" else DTYPES[kv_cache_dtype]
+    if kv_cache_dtype == "auto" and weights == "float32":
+        # float32 weights ask for float32 throughout (the deterministic mode): float16's rounding of
+        # keys and values turns the last-bit differences of a batch's products into flipped tokens.
+        kv_dtype = None
     if kind != "transformers":
         try:
             # Imported here: the module is optional, and importing it is the test of its presence.

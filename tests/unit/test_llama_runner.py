@@ -425,3 +425,15 @@ def test_a_tied_embedding_is_read_from_exact_q8_0_output_blocks_and_the_models_c
 
     built = build_runner(model, "llama", 4, weights="q8_0", drop_model_layers=True, kv_cache_dtype="auto")
     assert built.embedding_is_own and model.get_input_embeddings().weight.numel() == 0
+
+
+def test_float32_weights_keep_a_float32_kv_cache_under_auto(tiny32):
+    """The deterministic mode (MODEL_WEIGHTS=float32) stays float32 throughout: ``auto`` gives the
+    float16 cache only to other weight formats (float16 rounding flipped a batched greedy token)."""
+    if cpu_kernels.load(None) is None:
+        pytest.skip(f"no CPU kernels here: {cpu_kernels.unavailable_reason()}")
+    from inference.model_runner import build_runner
+
+    assert build_runner(tiny32, "llama", 2, weights="float32").kv_dtype == torch.float32
+    assert build_runner(tiny32, "llama", 2, weights="q8_0").kv_dtype == torch.float16
+    assert build_runner(tiny32, "llama", 2, weights="q8_0", kv_cache_dtype="float32").kv_dtype == torch.float32
