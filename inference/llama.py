@@ -228,7 +228,6 @@ class LlamaModelRunner:
         # The whole-step tables (see _whole_step_table): per row count, and per set of weights.
         self._q4_1_at: dict[int, torch.Tensor | None] = {}
         self._step_tables: dict[tuple[int, ...], torch.Tensor] = {}
-        self._step_cache_version: dict[int, int] = {}
         self._kernels = self._fused_decode_kernels(kernels)
         if kv_cache_dtype is None:
             kv_cache_dtype = dtype
@@ -641,7 +640,8 @@ class LlamaModelRunner:
     def _whole_step_table(self, rows: int) -> torch.Tensor | None:
         """The table of :meth:`inference.cpu_kernels.CPUKernels.decode_layers_q4_1` for a step of
         ``rows`` rows, when every layer's four products run our Q4_1 kernel at that row count (the
-        formats' ``q4_1_for``), else None.  Built once per plan; the cache columns follow the buffers."""
+        formats' ``q4_1_for``), else None.  Built once per plan; :meth:`_reallocate` keeps its cache
+        columns on the buffers."""
         if rows not in self._q4_1_at:
             weights = []
             for layer in self._layers:
@@ -660,13 +660,15 @@ class LlamaModelRunner:
                         pointers += [t.data_ptr() for linear in found for t in (linear.qs, linear.d, linear.m)]
                         table[index, :14] = torch.tensor(pointers)
                     self._step_tables[key] = table
+                    self._point_at_caches(table)
                 self._q4_1_at[rows] = self._step_tables[key]
-        table = self._q4_1_at[rows]
-        if table is not None and self._step_cache_version.get(id(table)) != self._cache_version:
+        return self._q4_1_at[rows]
+
+    def _point_at_caches(self, table: torch.Tensor) -> None:
+        """A whole-step table's cache columns: the addresses of the running batch's buffers."""
+        if self._layer_keys:
             table[:, 14] = torch.tensor([keys.data_ptr() for keys in self._layer_keys])
             table[:, 15] = torch.tensor([values.data_ptr() for values in self._layer_values])
-            self._step_cache_version[id(table)] = self._cache_version
-        return table
 
     # --- the running batch's cache ----------------------------------------------------------------
 
@@ -700,7 +702,8 @@ class LlamaModelRunner:
                 else:
                     buffers.append(buffer)
         self._row_capacity, self._column_capacity = row_capacity, column_capacity
-        self._cache_version += 1
+        for table in self._step_tables.values():
+            self._point_at_caches(table)
 
     def join(self, key: int, copies: int) -> None:
         """Append ``copies`` rows holding the prefilled cache of ``key``, which is then forgotten.
@@ -767,7 +770,6 @@ class LlamaModelRunner:
         self._layer_values: list[torch.Tensor] = []
         self._row_capacity = self._column_capacity = 0
         self._lengths: list[int] = []  # positions cached per running row
-        self._cache_version = getattr(self, "_cache_version", 0) + 1  # the buffers' addresses changed
 
     @property
     def cache_bytes(self) -> int:
