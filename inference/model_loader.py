@@ -151,7 +151,8 @@ def load_model(
     """
     device = resolve_device(config.device)
     source: str | Path = config.path or converted_gguf_dir(embedded_gguf_path(), Path(config.cache_dir))
-    llama_runner = device.type == "cpu" and _llama_runner_takes(source, runner)
+    model_config = AutoConfig.from_pretrained(source)  # read once: the runner's choice and the load use it
+    llama_runner = device.type == "cpu" and _llama_runner_takes(model_config, runner)
     fused_decode = config.dtype == "auto" and llama_runner and cpu_kernels.load(Path(config.cache_dir)) is not None
     dtype = resolve_dtype(config.dtype, device, fused_decode=fused_decode)
     started = time.perf_counter()
@@ -161,7 +162,7 @@ def load_model(
     # RSS, ~0.5 GB for the embedded model) as long as any tensor of it lives.  Other models keep
     # the mapping (reading a large file whole would double the peak while loading).
     model = AutoModelForCausalLM.from_pretrained(
-        source, dtype=dtype, attn_implementation="sdpa", disable_mmap=llama_runner
+        source, config=model_config, dtype=dtype, attn_implementation="sdpa", disable_mmap=llama_runner
     )
     model.to(device).eval()  # its linears are prepacked or rebuilt by the model runner (model_runner.build_runner)
     logger.info(
@@ -170,15 +171,15 @@ def load_model(
     return model, tokenizer, device
 
 
-def _llama_runner_takes(source: str | Path, runner: str) -> bool:
-    """Whether the Llama runner will take ``source``'s model, as far as its config's ``model_type``
+def _llama_runner_takes(model_config, runner: str) -> bool:
+    """Whether the Llama runner will take the model of ``model_config``, as far as its ``model_type``
     tells before loading (the runner's other conditions, :func:`inference.llama.unsupported_reason`,
     need the loaded model; a model failing them runs on transformers' modeling, in float32 here)."""
     if runner == "transformers":
         return False
     from . import llama
 
-    return getattr(AutoConfig.from_pretrained(source), "model_type", None) in llama.MODEL_TYPES
+    return getattr(model_config, "model_type", None) in llama.MODEL_TYPES
 
 
 def model_fingerprint(model: PreTrainedModel, weight_formats: str = "") -> str:
