@@ -559,13 +559,11 @@ class Q8_0Linear(_BlockLinear):
     def embedding_rows(self, ids: torch.Tensor) -> torch.Tensor | None:
         if not self.lossless:
             return None
-        groups = self.q[ids].float().view(ids.shape[0], -1, INT4_GROUP) * self.d[ids][..., None]
-        return groups.view(ids.shape[0], self.in_features)
+        return _q8_0_values(self.q[ids], self.d[ids])
 
     def dequantized(self) -> torch.Tensor:
         """The float32 weight ``[out, in]`` this layer computes with."""
-        groups = self.q.reshape(self.out_features, -1, INT4_GROUP).float()
-        return (groups * self.d[..., None]).reshape(self.out_features, self.in_features)
+        return _q8_0_values(self.q, self.d)
 
     def _tensors(self):
         return (self.q, self.d, self.bias)
@@ -580,14 +578,18 @@ def is_lossless_q8_0(weight: torch.Tensor, relative_tolerance: float = 1e-6) -> 
     return _holds_exactly(weight, q, d, relative_tolerance)
 
 
+def _q8_0_values(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """The float32 values ``[rows, in]`` of Q8_0 blocks: int8 ``q`` ``[rows, in]`` times ``d`` ``[rows, in / 32]`` per group."""
+    return (q.float().view(q.shape[0], -1, INT4_GROUP) * d[..., None]).view(q.shape)
+
+
 def _holds_exactly(weight: torch.Tensor, q: torch.Tensor, d: torch.Tensor, relative_tolerance: float = 1e-6) -> bool:
     """Whether Q8_0 blocks ``(q, d)`` give ``weight`` back within ``relative_tolerance`` of its largest
     value; 4,096 rows at a time (the output layer's whole error would be a float32 copy of it)."""
     bound = relative_tolerance * weight.abs().max()
     for start in range(0, weight.shape[0], 4096):
         rows = slice(start, start + 4096)
-        blocks = q[rows].float().reshape(*d[rows].shape, INT4_GROUP) * d[rows][..., None]
-        if bool((blocks.reshape(weight[rows].shape) - weight[rows].float()).abs().max() > bound):
+        if bool((_q8_0_values(q[rows], d[rows]) - weight[rows].float()).abs().max() > bound):
             return False
     return True
 
