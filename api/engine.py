@@ -40,6 +40,8 @@ def engine_configs() -> tuple[ModelConfig, EngineConfig]:
         num_threads=settings.ENGINE_NUM_THREADS,
         runner=settings.ENGINE_RUNNER,
         kv_cache_dtype=settings.ENGINE_KV_CACHE_DTYPE,
+        prefix_caching=settings.ENGINE_PREFIX_CACHING,
+        prefix_cache_mb=settings.ENGINE_PREFIX_CACHE_MB,
     )
     return model, engine
 

@@ -175,6 +175,11 @@ ENGINE_RUNNER = env.str("ENGINE_RUNNER", default="auto")
 # The Llama runner's KV cache: auto (float16 where our kernels' fused decode step runs, unless
 # MODEL_WEIGHTS=float32; else the activations' dtype) | float32 | float16 | bfloat16.
 ENGINE_KV_CACHE_DTYPE = env.str("ENGINE_KV_CACHE_DTYPE", default="auto")
+# Prefix caching: a prompt that begins as one prefilled before reuses its keys and values:
+# auto (on unless MODEL_WEIGHTS=float32, the deterministic mode) | on | off; the stored prompts
+# take at most ENGINE_PREFIX_CACHE_MB, less what the running batch's cache holds.
+ENGINE_PREFIX_CACHING = env.str("ENGINE_PREFIX_CACHING", default="auto")
+ENGINE_PREFIX_CACHE_MB = env.int("ENGINE_PREFIX_CACHE_MB", default=256)
 
 # --- The API ------------------------------------------------------------------------------------
 API_MAX_BODY_BYTES = env.int("API_MAX_BODY_BYTES", default=4 * 1024 * 1024)

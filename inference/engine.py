@@ -67,6 +67,8 @@ class EngineConfig:
     num_threads: int = 0
     runner: str = "auto"  # auto | llama | transformers (inference.model_runner.build_runner)
     kv_cache_dtype: str = "auto"  # auto | float32 | float16 | bfloat16 (the Llama runner's KV cache)
+    prefix_caching: str = "auto"  # auto | on | off (inference.prefix_cache; auto: off with MODEL_WEIGHTS=float32)
+    prefix_cache_mb: int = 256  # the prefix cache's budget, shared with the running batch's cache
 
 
 class RequestStream:
@@ -322,6 +324,8 @@ class Engine:
             gguf=gguf,
             drop_model_layers=loaded,
             kv_cache_dtype=self.config.kv_cache_dtype,
+            prefix_caching=self.config.prefix_caching,
+            prefix_cache_bytes=self.config.prefix_cache_mb << 20,
         )
         self.max_context = self.runner.max_context or int(tokenizer.model_max_length)
         self.vocab_size = self.runner.vocab_size
@@ -371,9 +375,15 @@ class Engine:
 
     def _take_inbox(self) -> None:
         with self._lock:
-            self.scheduler.add(self._inbox)
+            arrived = list(self._inbox)
             self._inbox.clear()
             aborted, self._aborted = self._aborted, set()
+        for request in arrived:
+            if request.prompt_logprobs is None:  # those need every position's logits
+                request.prefilled = request.cached_tokens = self.runner.reuse_prefix(request.key, request.prompt_ids)
+                m.prefix_cache_queries.inc(len(request.prompt_ids))
+                m.prefix_cache_hits.inc(request.cached_tokens)
+        self.scheduler.add(arrived)
         if not aborted:
             return
         removed = self.scheduler.remove(aborted)
@@ -397,7 +407,7 @@ class Engine:
             for item in scheduled
         ]
         for item in scheduled:
-            if item.start == 0:
+            if item.start == item.request.cached_tokens:
                 m.request_queue_time.observe(started - item.request.arrival)
         m.prompt_tokens.inc(sum(item.end - item.start for item in scheduled))
         prompts_done = []

@@ -26,8 +26,9 @@ engine that fills a leaving row's place with the last row moves one row, and dec
 from __future__ import annotations
 
 import collections
+import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -36,6 +37,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from .model_runner import PrefillChunk
 from .packed import PACKED_BATCH_HINT, onednn_linear_available
+from .prefix_cache import CachedPrompt, PrefixCache
 
 if TYPE_CHECKING:
     from .cpu_kernels import CPUKernels
@@ -149,6 +151,7 @@ class _Partial:
     length: int
     keys: torch.Tensor
     values: torch.Tensor
+    token_ids: list[int] = field(default_factory=list)  # the ``length`` prompt tokens cached
 
 
 def _round_up(value: int, chunk: int) -> int:
@@ -168,8 +171,10 @@ class LlamaModelRunner:
     cache type, half the memory of float32) and ``dtype`` elsewhere; or a floating ``torch.dtype``.  ``linear_factory``: what builds every
     linear layer, :func:`make_linear` or another with its signature (a ``description`` attribute,
     if it has one, goes into :attr:`description`).  ``max_batch_size``: the batch sizes
-    :meth:`warm_up` runs (1 to it).  Raises ``ValueError`` when :func:`unsupported_reason` names a
-    reason.  Not thread-safe: one worker thread calls it, under ``torch.inference_mode``.
+    :meth:`warm_up` runs (1 to it).  ``prefix_cache_bytes``: the budget of the prefix cache
+    (:mod:`inference.prefix_cache`, see :meth:`reuse_prefix`), shared with the running batch's
+    cache: stored prompts keep only what the batch does not use; 0 turns it off.  Raises
+    ``ValueError`` when :func:`unsupported_reason` names a reason.  Not thread-safe: one worker thread calls it, under ``torch.inference_mode``.
     """
 
     def __init__(
@@ -180,6 +185,7 @@ class LlamaModelRunner:
         max_batch_size: int = 32,
         kernels: CPUKernels | None | str = "auto",
         kv_cache_dtype: torch.dtype | str | None = None,
+        prefix_cache_bytes: int = 0,
     ) -> None:
         reason = unsupported_reason(model)
         if reason is not None:
@@ -225,6 +231,9 @@ class LlamaModelRunner:
         self.description = f"llama runner, weights {linear_kind}, activations {str(dtype).removeprefix('torch.')}"
         self.weight_formats = linear_kind
         self._partials: dict[int, _Partial] = {}
+        self.prefix_cache_bytes = prefix_cache_bytes
+        self._prefix_cache = PrefixCache(prefix_cache_bytes)
+        self._reused: dict[int, tuple[CachedPrompt, int]] = {}  # key -> (stored prompt, positions to copy)
         # The whole-step tables (see _whole_step_table): per row count, and per set of weights.
         self._q4_1_at: dict[int, torch.Tensor | None] = {}
         self._step_tables: dict[tuple[int, ...], torch.Tensor] = {}
@@ -394,7 +403,7 @@ class LlamaModelRunner:
         for chunk in chunks:
             if not chunk.token_ids:
                 raise ValueError("a prefill chunk has no tokens")
-            cached = self._partials[chunk.key].length if chunk.key in self._partials else 0
+            cached = self._cached_positions(chunk.key)
             if chunk.start != 0 and chunk.start != cached:
                 raise ValueError(f"chunk starts at {chunk.start} but {cached} positions are cached for it")
         end = max(chunk.start + len(chunk.token_ids) for chunk in chunks)
@@ -470,6 +479,7 @@ class LlamaModelRunner:
         self._group_keys = self._group_values = None
         for chunk, partial in zip(chunks, partials):
             partial.length = chunk.start + len(chunk.token_ids)
+            partial.token_ids[chunk.start :] = chunk.token_ids
             self._partials[chunk.key] = partial
         pieces = logits.split([len(rows) for rows in wanted])
         result: list[torch.Tensor] = [None] * len(pieces)  # type: ignore[list-item]
@@ -515,7 +525,11 @@ class LlamaModelRunner:
         """The key's cache with room for the chunk (a copy when it must grow; new at ``start == 0``)."""
         needed = chunk.start + len(chunk.token_ids)
         partial = self._partials.get(chunk.key) if chunk.start else None
-        if partial is not None and needed <= partial.keys.shape[2]:
+        reused = self._reused.pop(chunk.key, None) if chunk.start else None
+        if reused is not None:  # a stored prompt's first `start` positions (reuse_prefix)
+            stored, length = reused
+            partial = _Partial(length, stored.keys, stored.values, list(stored.token_ids[:length]))
+        elif partial is not None and needed <= partial.keys.shape[2]:
             return partial
         capacity = _round_up(needed, COLUMN_CHUNK)
         shape = (self.num_layers, self.num_kv_heads, capacity, self.head_dim)
@@ -529,7 +543,52 @@ class LlamaModelRunner:
             grown.keys[:, :, : partial.length] = partial.keys[:, :, : partial.length]
             grown.values[:, :, : partial.length] = partial.values[:, :, : partial.length]
             grown.length = partial.length
+            grown.token_ids = partial.token_ids
         return grown
+
+    def _cached_positions(self, key: int) -> int:
+        """Positions of ``key``'s prompt already cached: prefilled, or to be copied from a stored prompt."""
+        if key in self._partials:
+            return self._partials[key].length
+        return self._reused[key][1] if key in self._reused else 0
+
+    def reuse_prefix(self, key: int, token_ids: Sequence[int]) -> int:
+        """Take the longest prefix of prompt ``token_ids`` that the prefix cache holds (a prompt
+        prefilled before; :mod:`inference.prefix_cache`) as ``key``'s first positions, leaving at
+        least the last token to compute (its logits give the first sampled token).
+
+        Returns how many positions are reused (0: none, or the cache is off); the key's first
+        prefill chunk must then start there.  The positions are copied at that chunk, so a waiting
+        request holds no memory of its own.  For a request whose prompt log-probabilities are
+        wanted, do not call it: they need every position's logits (vLLM skips the cache for them too).
+        """
+        if not self.prefix_cache_bytes or len(token_ids) < 2 or key in self._partials:
+            return 0
+        found = self._prefix_cache.lookup(token_ids)
+        if found is None:
+            return 0
+        stored, length = found
+        length = min(length, len(token_ids) - 1)
+        self._reused[key] = (stored, length)
+        return length
+
+    def _store_prompt(self, partial: _Partial) -> None:
+        """Keep a wholly prefilled prompt's cache in the prefix cache (its used columns, copied)."""
+        if not self.prefix_cache_bytes or partial.length < 2:
+            return
+        self._fit_prefix_cache(sum(t.numel() * t.element_size() for t in (*self._layer_keys, *self._layer_values)))
+        used = slice(0, partial.length)
+        self._prefix_cache.store(
+            partial.token_ids[: partial.length],
+            partial.keys[:, :, used].clone(),
+            partial.values[:, :, used].clone(),
+        )
+
+    def _fit_prefix_cache(self, batch_bytes: int) -> None:
+        """Shrink the prefix cache to what a running batch cache of ``batch_bytes`` leaves of the
+        budget (as vLLM's cached blocks live in the KV blocks that running sequences do not hold)."""
+        if self.prefix_cache_bytes:
+            self._prefix_cache.shrink(max(0, self.prefix_cache_bytes - batch_bytes))
 
     def decode(self, input_ids: Sequence[int]) -> torch.Tensor:
         """One step for every running row: ``input_ids[b]`` goes at row ``b``'s next position.
@@ -691,6 +750,8 @@ class LlamaModelRunner:
         """
         shape = (row_capacity, self.num_kv_heads, column_capacity, self.head_dim)
         used = max((self._lengths[row] for row in sources), default=0)
+        # Stored prompts give way to the batch before it grows.
+        self._fit_prefix_cache(2 * self.num_layers * math.prod(shape) * self.kv_dtype.itemsize)
         index = torch.tensor(sources, dtype=torch.long, device=self.device)
         for buffers in (self._layer_keys, self._layer_values):
             for layer in range(self.num_layers):
@@ -715,6 +776,7 @@ class LlamaModelRunner:
         if copies < 0:
             raise ValueError("copies must not be negative")
         partial = self._partials.pop(key)
+        self._store_prompt(partial)
         if copies == 0:
             return
         rows, length = len(self._lengths), partial.length
@@ -758,11 +820,14 @@ class LlamaModelRunner:
     def release(self, key: int) -> None:
         """Forget a waiting request's partial cache; harmless if unknown."""
         self._partials.pop(key, None)
+        self._reused.pop(key, None)
 
     def reset(self) -> None:
-        """Drop every cache: the running batch's and the waiting requests'."""
+        """Drop every cache: the running batch's, the waiting requests' and the stored prompts'."""
         self.reset_batch()
         self._partials.clear()
+        self._reused.clear()
+        self._prefix_cache.clear()
 
     def reset_batch(self) -> None:
         """Drop the running batch's cache (its memory goes back to the allocator)."""
@@ -773,10 +838,10 @@ class LlamaModelRunner:
 
     @property
     def cache_bytes(self) -> int:
-        """Bytes held by the running batch's cache and the waiting requests' caches."""
+        """Bytes held by the running batch's cache, the waiting requests' and the stored prompts'."""
         tensors = [*self._layer_keys, *self._layer_values]
         tensors += [t for partial in self._partials.values() for t in (partial.keys, partial.values)]
-        return sum(t.numel() * t.element_size() for t in tensors)
+        return sum(t.numel() * t.element_size() for t in tensors) + self._prefix_cache.nbytes
 
     @property
     def lengths(self) -> list[int]:

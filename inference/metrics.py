@@ -110,6 +110,14 @@ kv_cache_columns = Gauge(
     multiprocess_mode="livesum",
 )
 prompt_tokens = Counter(PREFIX + "prompt_tokens", "Prompt tokens prefilled (vLLM: prompt_tokens_total).")
+prefix_cache_queries = Counter(
+    PREFIX + "prefix_cache_queries",
+    "Prompt tokens looked up in the prefix cache (vLLM: prefix_cache_queries_total).",
+)
+prefix_cache_hits = Counter(
+    PREFIX + "prefix_cache_hits",
+    "Prompt tokens found in the prefix cache and not prefilled again (vLLM: prefix_cache_hits_total).",
+)
 generation_tokens = Counter(
     PREFIX + "generation_tokens",
     "Tokens sampled, end-of-sequence and stop-cut tokens included (vLLM: generation_tokens_total).",

@@ -54,6 +54,11 @@ class ModelRunner(Protocol):
         prompt-logprob requests, batched together). Returns per chunk float32 logits
         [len(token_ids), vocab] if all_logits else [1, vocab]."""
 
+    def reuse_prefix(self, key: int, token_ids: list[int]) -> int:
+        """Take the longest cached prefix of a new request's prompt as `key`'s first positions (prefix
+        caching), leaving its last token to compute; returns their count (0: none). Its first prefill
+        chunk then starts there."""
+
     def join(self, key: int, copies: int) -> None:
         """Append `copies` rows to the running batch, each holding the (fully prefilled) cache of `key`
         (n/best_of candidates share one prefill; 0: none, every candidate ended on its first token); the runner forgets `key`."""
@@ -86,6 +91,8 @@ def build_runner(
     gguf: Path | None = None,
     drop_model_layers: bool = False,
     kv_cache_dtype: str = "auto",
+    prefix_caching: str = "auto",
+    prefix_cache_bytes: int = 256 << 20,
 ) -> ModelRunner:
     """The model runner for ``model`` (a loaded transformers causal LM, eval mode).
 
@@ -100,15 +107,22 @@ def build_runner(
     them to compare with ``model.generate``).  ``kv_cache_dtype`` (``ENGINE_KV_CACHE_DTYPE``): the
     Llama runner's KV cache, ``auto`` (float16 where its fused decode step runs and ``weights`` is
     not ``float32``, else the activations' dtype) or a name in :data:`inference.model_loader.DTYPES`; the transformers runner's
-    cache is always in the activations' dtype.  The transformers runner gets oneDNN-prepacked
+    cache is always in the activations' dtype.  ``prefix_caching`` (``ENGINE_PREFIX_CACHING``): the
+    Llama runner's prefix cache of ``prefix_cache_bytes``, ``on``, ``off``, or ``auto`` (on unless
+    ``weights`` is ``float32``: the deterministic mode computes every prompt from scratch); the
+    transformers runner has none.  The transformers runner gets oneDNN-prepacked
     bf16 linears where the CPU has them (:mod:`inference.packed`).
-    Raises ``ValueError`` for an unknown ``kind`` or ``kv_cache_dtype``, or for ``llama`` when that
+    Raises ``ValueError`` for an unknown ``kind``, ``kv_cache_dtype`` or ``prefix_caching``, or for ``llama`` when that
     runner is missing or does not support the model.
     """
     if kind not in RUNNERS:
         raise ValueError(f"ENGINE_RUNNER must be one of {', '.join(RUNNERS)}, not {kind!r}")
     if kv_cache_dtype != "auto" and kv_cache_dtype not in DTYPES:
         raise ValueError(f"ENGINE_KV_CACHE_DTYPE must be auto or one of {', '.join(DTYPES)}, not {kv_cache_dtype!r}")
+    if prefix_caching not in ("auto", "on", "off"):
+        raise ValueError(f"ENGINE_PREFIX_CACHING must be auto, on or off, not {prefix_caching!r}")
+    if prefix_caching == "off" or (prefix_caching == "auto" and weights == "float32"):
+        prefix_cache_bytes = 0
     kv_dtype: str | torch.dtype | None = kv_cache_dtype if kv_cache_dtype == "auto" else DTYPES[kv_cache_dtype]
     if kv_cache_dtype == "auto" and weights == "float32":
         # float32 weights ask for float32 throughout (the deterministic mode): float16's rounding of
@@ -128,7 +142,12 @@ def build_runner(
                 dtype = next(model.parameters()).dtype
                 factory = _weight_factory(model, dtype, weights, cache_dir, gguf)
                 runner = LlamaModelRunner(
-                    model, dtype=dtype, linear_factory=factory, max_batch_size=max_batch_size, kv_cache_dtype=kv_dtype
+                    model,
+                    dtype=dtype,
+                    linear_factory=factory,
+                    max_batch_size=max_batch_size,
+                    kv_cache_dtype=kv_dtype,
+                    prefix_cache_bytes=prefix_cache_bytes,
                 )
                 if drop_model_layers:  # the runner holds its own (fused, converted) weights
                     model.model.layers = torch.nn.ModuleList()
@@ -320,6 +339,10 @@ class HFModelRunner:
         return results
 
     # --- the running batch -----------------------------------------------------------------------
+
+    def reuse_prefix(self, key: int, token_ids: list[int]) -> int:
+        """No prefix cache here (the Llama runner has one): always 0."""
+        return 0
 
     def join(self, key: int, copies: int) -> None:
         """See :class:`ModelRunner`; raises ``KeyError`` for a request never prefilled."""

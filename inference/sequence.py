@@ -24,7 +24,8 @@ class Request:
 
     ``group`` names the API request it belongs to (the scheduler shares prefill turns between
     groups, not between prompts); it defaults to ``request_id``.  ``prefilled`` counts the prompt
-    tokens already in the model runner's cache.  ``prompt_logprobs`` collects the prompt tokens'
+    tokens already in the model runner's cache, ``cached_tokens`` those of them reused from its
+    prefix cache (:mod:`inference.prefix_cache`).  ``prompt_logprobs`` collects the prompt tokens'
     log-probabilities (the first token's is ``None``) until they are published.  ``arrival`` and
     ``first_token_at`` (``time.monotonic()`` seconds) time it for the metrics (:mod:`inference.metrics`).
     """
@@ -47,6 +48,7 @@ class Request:
         self.loop = loop
         self.queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         self.prefilled = 0
+        self.cached_tokens = 0  # prompt tokens reused from the prefix cache
         self.prompt_logprobs: list[TokenLogprob] | None = (
             [TokenLogprob(prompt_ids[0], None)] if params.prompt_logprobs else None
         )

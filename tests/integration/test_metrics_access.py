@@ -26,6 +26,7 @@ def test_an_allowed_address_reads_the_metrics_in_prometheus_text_format(address)
     for name in (
         "completions_num_requests_running",
         "completions_generation_tokens_total",
+        "completions_prefix_cache_hits_total",
         "completions_time_to_first_token_seconds_bucket",
         "completions_http_requests_total",
         "completions_rate_limited_total",
