@@ -192,7 +192,7 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
         data = {name: value for name, value in data.items() if value is not None or name in ("model", "messages")}
     error = max(_validator().iter_errors(data), key=relevance, default=None)
     if error is not None:
-        raise schema_error(error)
+        raise schema_error(error, root=_validator().schema)
     _check_unicode(data)
     _check_unsupported(data)
     if "logit_bias" in data:

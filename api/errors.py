@@ -14,6 +14,9 @@ from typing import Any
 from django.http import JsonResponse
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError, relevance
+from referencing import Registry
+from referencing.exceptions import Unresolvable
+from referencing.jsonschema import DRAFT202012
 
 
 class APIError(Exception):
@@ -104,14 +107,25 @@ def param_path(parts: Iterable[str | int]) -> str | None:
     return text or None
 
 
-def schema_error(error: ValidationError) -> APIError:
+def schema_error(error: ValidationError, *, root: Mapping[str, Any] | None = None) -> APIError:
     """The 400 ``APIError`` for one jsonschema ``ValidationError``, with OpenAI's ``code`` and words.
 
     Works for any schema (not tied to ``CreateCompletionRequest``).  ``param`` is the instance path
     (:func:`param_path`); a missing property names itself.  An ``anyOf``/``oneOf`` error is first
-    resolved to the branch that fits the value's JSON type (``stop: ["a", 5]`` is an array, so the
-    array branch's ``"Invalid type for 'stop[1]'..."``); when no branch takes that type it is an
-    ``invalid_type`` listing what the branches accept.  Keywords and codes:
+    resolved to the branch the value was meant for (:func:`_branch_error`):
+
+    - a discriminated union, whose branches all pin one property with ``const``/``enum`` (chat
+      messages by ``role``, content parts and response formats by ``type``), goes to the branch
+      whose values hold the value's (``{"role": "user", "content": null}`` is the user message's
+      ``invalid_type`` for ``'messages[0].content'``); a value no branch holds is ``invalid_value``
+      listing every branch's values in schema order, a missing one ``missing_required_parameter``;
+    - any other union goes to the branch that fits the value's JSON type (``stop: ["a", 5]`` is an
+      array, so the array branch's ``"Invalid type for 'stop[1]'..."``); when no branch takes that
+      type it is an ``invalid_type`` listing what the branches accept.
+
+    ``root`` is the schema the validator was built from: branches that are ``$ref`` s (the spec's
+    are) are looked up in it; without it such a union is told apart by JSON type only.
+    Keywords and codes:
 
     ========================================  ==========================================================
     ``type``, an unmatched ``anyOf/oneOf``    ``invalid_type``
@@ -128,7 +142,7 @@ def schema_error(error: ValidationError) -> APIError:
 
     (integer or decimal follows the schema's ``type``: OpenAI says "decimal" for ``top_p: 5``.)
     """
-    error = _branch_error(error)
+    error = _branch_error(error, root)
     path = list(error.absolute_path)
     build = _SCHEMA_KEYWORDS.get(error.validator, _other_keyword)
     return build(error, path)
@@ -309,19 +323,103 @@ def schema_types(schema: Mapping[str, Any]) -> list[str]:
     return list(dict.fromkeys(described))
 
 
-def _branch_error(error: ValidationError) -> ValidationError:
-    """For ``anyOf``/``oneOf``, the error of the branch that takes the value's type, recursively.
+def _branch_error(error: ValidationError, root: Mapping[str, Any] | None = None) -> ValidationError:
+    """For ``anyOf``/``oneOf``, the error of the branch the value was meant for, recursively.
 
+    The branches that a discriminator's value picks (:func:`_discriminator`), else those that take
+    the value's JSON type.  A discriminator's value that no branch holds becomes an ``enum`` error
+    at that property listing every branch's values, and a missing one a ``required`` error for it.
     Stays at the combinator when no branch takes the type (an ``invalid_type`` listing them all),
-    or when branches that take it report nothing (``oneOf`` matched twice).
+    or when the chosen branches report nothing (``oneOf`` matched twice).
     """
     while error.validator in _COMBINATORS and error.context:
-        fitting = {i for i, branch in enumerate(error.validator_value) if _takes_type(branch, error.instance)}
+        branches = [_resolve(branch, root) for branch in error.validator_value]
+        name = _discriminator(branches, error.instance, root)
+        if name is None:
+            fitting = {i for i, branch in enumerate(error.validator_value) if _takes_type(branch, error.instance)}
+        elif name in error.instance:
+            value = error.instance[name]
+            pinned = [_pinned_values(branch, name, root) or [] for branch in branches]
+            fitting = {i for i, values in enumerate(pinned) if any(_same_json(value, each) for each in values)}
+            if not fitting:
+                supported = _distinct([each for values in pinned for each in values])
+                return _error_at(error, [name], "enum", supported, value)
+        else:
+            fitting = {i for i, branch in enumerate(branches) if name not in branch.get("required", ())}
+            if not fitting:
+                return _error_at(error, [], "required", [name], error.instance)
         candidates = [sub for sub in error.context if sub.relative_schema_path[0] in fitting]
         if not candidates:
             return error
         error = max(candidates, key=relevance)  # jsonschema's order: shallowest, then strongest keyword
     return error
+
+
+def _discriminator(branches: Sequence[Any], instance: Any, root: Mapping[str, Any] | None) -> str | None:
+    """The property every branch pins with ``const``/``enum`` (OpenAPI's ``discriminator``: ``role``
+    for chat messages), the first in the first branch's order; None unless ``instance`` is an object
+    and every branch is a known object schema."""
+    if not isinstance(instance, dict) or not branches or not all(isinstance(b, Mapping) for b in branches):
+        return None
+    names = branches[0].get("properties", {})
+    return next((name for name in names if all(_pinned_values(b, name, root) is not None for b in branches)), None)
+
+
+def _pinned_values(branch: Mapping[str, Any], name: str, root: Mapping[str, Any] | None) -> list[Any] | None:
+    """The values ``branch`` allows for property ``name`` by ``const`` or ``enum``; None if it pins none."""
+    properties = branch.get("properties")
+    schema = _resolve(properties.get(name), root) if isinstance(properties, Mapping) else None
+    if not isinstance(schema, Mapping):
+        return None
+    if "const" in schema:
+        return [schema["const"]]
+    enum = schema.get("enum")
+    return list(enum) if isinstance(enum, list) else None
+
+
+def _resolve(schema: Any, root: Mapping[str, Any] | None) -> Any:
+    """``schema``, or what its ``$ref`` names in ``root`` (followed to the end); None when that cannot
+    be found (no ``root``, or a reference outside it)."""
+    if not (isinstance(schema, Mapping) and "$ref" in schema):
+        return schema
+    if root is None:
+        return None
+    resolver = Registry().resolver_with_root(DRAFT202012.create_resource(root))
+    for _ in range(32):  # a reference chain this long is a loop
+        if not (isinstance(schema, Mapping) and "$ref" in schema):
+            return schema
+        try:
+            resolved = resolver.lookup(schema["$ref"])
+        except Unresolvable:
+            return None
+        schema, resolver = resolved.contents, resolved.resolver
+    return None
+
+
+def _same_json(a: Any, b: Any) -> bool:
+    """JSON equality: ``1 == 1.0``, but ``true`` is not ``1``."""
+    return isinstance(a, bool) == isinstance(b, bool) and a == b
+
+
+def _distinct(values: Iterable[Any]) -> list[Any]:
+    """``values`` without repeats, in order (they may be unhashable: enums can list objects)."""
+    kept: list[Any] = []
+    for value in values:
+        if not any(_same_json(value, seen) for seen in kept):
+            kept.append(value)
+    return kept
+
+
+def _error_at(error: ValidationError, below: list[str], keyword: str, expected: Any, instance: Any) -> ValidationError:
+    """A ``keyword`` error at ``below`` under ``error``'s place, as if the schema said ``{keyword: expected}``."""
+    return ValidationError(
+        f"{instance!r} is not valid under {keyword} {expected!r}",
+        validator=keyword,
+        validator_value=expected,
+        instance=instance,
+        schema={keyword: expected},
+        path=[*error.absolute_path, *below],
+    )
 
 
 def _takes_type(schema: Any, instance: Any) -> bool:

@@ -42,7 +42,7 @@ def check_response_format(value: Any) -> None:
     ``value`` is one of the spec's three response formats."""
     error = max(_validator().iter_errors({PARAM: value}), key=relevance, default=None)
     if error is not None:
-        raise schema_error(error)
+        raise schema_error(error, root=_validator().schema)
 
 
 def is_constrained(response_format: dict[str, Any] | None) -> bool:

@@ -214,6 +214,91 @@ def test_invalid_fields_get_the_legacy_endpoints_errors(chat_api, valid_key, fie
         assert reply.error["code"] == code
 
 
+ROLES = "'developer', 'system', 'user', 'assistant', 'tool', and 'function'"  # the spec's branches, in order
+
+
+@pytest.mark.parametrize(
+    ("message", "param", "code", "message_text"),
+    [
+        (
+            {"role": "wizard", "content": "hi"},
+            "messages[1].role",
+            "invalid_value",
+            f"Invalid value for 'messages[1].role': 'wizard'. Supported values are: {ROLES}.",
+        ),
+        (
+            {"role": 5, "content": "hi"},
+            "messages[1].role",
+            "invalid_value",
+            f"Invalid value for 'messages[1].role': 5. Supported values are: {ROLES}.",
+        ),
+        ({"content": "hi"}, "messages[1].role", "missing_required_parameter", None),
+        (
+            {"role": "user", "content": None},
+            "messages[1].content",
+            "invalid_type",
+            "Invalid type for 'messages[1].content': expected one of a string or an array, but got null instead.",
+        ),
+        (
+            {"role": "system", "content": 5},
+            "messages[1].content",
+            "invalid_type",
+            "Invalid type for 'messages[1].content': expected one of a string or an array, but got an integer instead.",
+        ),
+        (
+            {"role": "user", "content": [{"type": "video"}]},
+            "messages[1].content[0].type",
+            "invalid_value",
+            (
+                "Invalid value for 'messages[1].content[0].type': 'video'. Supported values are: 'text', "
+                "'image_url', 'input_audio', and 'file'."
+            ),
+        ),
+        ({"role": "tool", "content": "x"}, "messages[1].tool_call_id", "missing_required_parameter", None),
+        ({"role": "user", "content": "hi", "name": 5}, "messages[1].name", "invalid_type", None),
+    ],
+    ids=[
+        "unknown_role",
+        "role_not_a_string",
+        "no_role",
+        "null_content_on_user",
+        "number_content_on_system",
+        "unknown_content_part",
+        "tool_without_its_id",
+        "name_not_a_string",
+    ],
+)
+def test_a_message_is_checked_against_the_form_its_role_names(chat_api, valid_key, message, param, code, message_text):
+    reply = post(valid_key.plaintext, chat(messages=[MESSAGES[0], message]), CHAT)
+
+    assert reply.status == 400, reply.body
+    validate("ErrorResponse", reply.body)
+    assert (reply.error["type"], reply.error["code"], reply.error["param"]) == ("invalid_request_error", code, param)
+    assert reply.error["message"] == (message_text or reply.error["message"]) and f"'{param}'" in reply.error["message"]
+
+
+def test_a_response_format_is_checked_against_the_form_its_type_names(chat_api, valid_key):
+    reply = post(valid_key.plaintext, chat(response_format={"type": "xml"}), CHAT)
+
+    assert (reply.status, reply.error["code"], reply.error["param"]) == (400, "invalid_value", "response_format.type")
+    assert reply.error["message"] == (
+        "Invalid value for 'response_format.type': 'xml'. Supported values are: 'text', 'json_schema', and "
+        "'json_object'."
+    )
+
+
+def test_every_role_the_server_reads_passes_the_check(chat_api, valid_key):
+    messages = [
+        {"role": "developer", "content": "Be brief."},
+        {"role": "system", "content": [{"type": "text", "text": "Be kind."}]},
+        {"role": "user", "content": "Hello", "name": "ann"},
+        {"role": "assistant", "content": None},
+        {"role": "user", "content": [{"type": "text", "text": "Hi"}]},
+    ]
+
+    assert post(valid_key.plaintext, chat(messages=messages), CHAT).status == 200
+
+
 def test_unknown_fields_are_unrecognized_as_on_the_legacy_endpoint(chat_api, valid_key):
     reply = post(valid_key.plaintext, chat(foo=1), CHAT)
 

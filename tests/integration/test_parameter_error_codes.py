@@ -330,3 +330,85 @@ def test_messages_read_like_openais(request_, message) -> None:
     validator = Draft202012Validator({**CHAT_LIKE, "$ref": "#/$defs/ChatLikeRequest"})
 
     assert schema_error(max(validator.iter_errors(request_), key=relevance)).message == message
+
+
+# --- A discriminated union: its branches told apart by one pinned property, not by JSON type ------
+#
+# Every branch is an object, so the JSON type cannot choose; the property each branch pins with
+# ``const`` or ``enum`` (OpenAI's chat messages pin ``role``) does.  The same shapes with ``$ref``
+# branches (looked up in the validator's root schema, as the spec's are) and with inline ones.
+
+CIRCLE = {
+    "type": "object",
+    "required": ["shape", "radius"],
+    "properties": {"shape": {"const": "circle"}, "radius": {"type": "number"}},
+}
+SQUARE = {
+    "type": "object",
+    "required": ["shape", "side"],
+    "properties": {"shape": {"type": "string", "enum": ["square"]}, "side": {"type": "number"}},
+}
+TAGGED_BY_REF = {
+    "$defs": {"Circle": CIRCLE, "Square": SQUARE},
+    "type": "object",
+    "properties": {"figure": {"oneOf": [{"$ref": "#/$defs/Circle"}, {"$ref": "#/$defs/Square"}]}},
+}
+TAGGED_INLINE = {"type": "object", "properties": {"figure": {"anyOf": [CIRCLE, SQUARE]}}}
+
+
+@pytest.mark.parametrize(
+    ("schema", "root"), [(TAGGED_BY_REF, TAGGED_BY_REF), (TAGGED_INLINE, None)], ids=["ref_branches", "inline_branches"]
+)
+@pytest.mark.parametrize(
+    ("figure", "code", "param_", "message"),
+    [
+        (
+            {"shape": "square", "radius": 1},
+            "missing_required_parameter",
+            "figure.side",
+            "Missing required parameter: 'figure.side'.",
+        ),
+        (
+            {"shape": "circle", "radius": "big"},
+            "invalid_type",
+            "figure.radius",
+            "Invalid type for 'figure.radius': expected a decimal, but got a string instead.",
+        ),
+        (
+            {"shape": "hexagon", "side": 1},
+            "invalid_value",
+            "figure.shape",
+            "Invalid value for 'figure.shape': 'hexagon'. Supported values are: 'circle' and 'square'.",
+        ),
+        (
+            {"shape": 4, "side": 1},
+            "invalid_value",
+            "figure.shape",
+            "Invalid value for 'figure.shape': 4. Supported values are: 'circle' and 'square'.",
+        ),
+        ({"side": 1}, "missing_required_parameter", "figure.shape", "Missing required parameter: 'figure.shape'."),
+        (
+            "square",
+            "invalid_type",
+            "figure",
+            "Invalid type for 'figure': expected an object, but got a string instead.",
+        ),
+    ],
+    ids=["other_branchs_field", "wrong_type_in_the_branch", "unknown_tag", "tag_not_a_string", "no_tag", "not_object"],
+)
+def test_a_discriminated_union_reports_the_branch_its_tag_names(schema, root, figure, code, param_, message) -> None:
+    validator = Draft202012Validator(schema)
+
+    error = schema_error(max(validator.iter_errors({"figure": figure}), key=relevance), root=root)
+
+    assert (error.status, error.code, error.param, error.message) == (400, code, param_, message)
+
+
+def test_a_union_with_an_unpinned_branch_still_goes_by_json_type() -> None:
+    """A branch without the pinned property (here ``null``) means no discriminator: the old rule holds."""
+    schema = {"type": "object", "properties": {"figure": {"anyOf": [CIRCLE, {"type": "null"}]}}}
+    validator = Draft202012Validator(schema)
+
+    error = schema_error(max(validator.iter_errors({"figure": {"shape": "circle"}}), key=relevance))
+
+    assert (error.code, error.param) == ("missing_required_parameter", "figure.radius")
