@@ -7,6 +7,9 @@
 #   LLAMA_ISA=avx2 bench/build_llama_server.sh
 #       # for AVX2 + FMA only (no AVX-512), into build-<version>-avx2: an AVX-512 machine's stand-in
 #       # for an AVX2 one, beside torch's ATEN_CPU_CAPABILITY=avx2 (name it with LLAMA_SERVER=...)
+#   LLAMA_ISA=avx512 bench/build_llama_server.sh
+#       # AVX-512 (VNNI, bf16) without AMX, into build-<version>-avx512: for an Intel CPU whose
+#       # VM does not enable AMX's tile state (the native build then dies with SIGSEGV at start)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VERSION="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
@@ -25,7 +28,13 @@ case "$ISA" in
                    -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF
                    -DGGML_AVX_VNNI=OFF)
         ;;
-    *) echo "LLAMA_ISA must be native or avx2, not $ISA" >&2; exit 2 ;;
+    avx512)
+        BUILD="$BUILD-avx512"
+        ISA_FLAGS=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
+                   -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON
+                   -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
+        ;;
+    *) echo "LLAMA_ISA must be native, avx2 or avx512, not $ISA" >&2; exit 2 ;;
 esac
 BIN="$BUILD/bin/llama-server"
 

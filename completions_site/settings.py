@@ -83,6 +83,9 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # and an fsync per commit cost about 2 ms of each request's latency, holding the write lock
     # meanwhile.  A commit survives the process dying, as before; only a power loss or an OS
     # crash may take back the last commits (the database stays consistent).
+    # Connections persist: the API's requests run their queries on a few long-lived threads
+    # (api/handlers.py), and opening a connection per request cost a third of their database time.
+    DATABASES["default"].setdefault("CONN_MAX_AGE", None)
     DATABASES["default"].setdefault("OPTIONS", {}).update(
         {
             "timeout": 20,

@@ -63,7 +63,10 @@ async def authenticate(authorization: str | None) -> APIKey:
 
 def _find_key(prefix: str) -> APIKey | None:
     """The key with ``prefix`` and its owner, in one query; ``None`` if there is none."""
-    return APIKey.objects.select_related("owner").filter(prefix=prefix).first()
+    try:  # get(), not first(): no ORDER BY to compile and run on every request (prefix is unique)
+        return APIKey.objects.select_related("owner").get(prefix=prefix)
+    except APIKey.DoesNotExist:
+        return None
 
 
 def _rejection_reason(api_key: APIKey, token: str) -> str | None:
