@@ -777,6 +777,20 @@ class LlamaModelRunner:
             raise ValueError("copies must not be negative")
         partial = self._partials.pop(key)
         self._store_prompt(partial)
+        self._append_rows(partial, copies)
+
+    def join_reused(self, key: int, copies: int) -> None:
+        """Append ``copies`` rows holding the positions :meth:`reuse_prefix` found for ``key``
+        (all of its prompt but the last token), which is then forgotten: the engine's next decode
+        step feeds them the prompt's last token, whose logits give the first sampled token, with no
+        prefill pass.  Raises ``KeyError`` when ``reuse_prefix`` found nothing for ``key``."""
+        if copies < 0:
+            raise ValueError("copies must not be negative")
+        stored, length = self._reused.pop(key)
+        self._append_rows(_Partial(length, stored.keys, stored.values), copies)
+
+    def _append_rows(self, partial: _Partial, copies: int) -> None:
+        """Append ``copies`` rows holding ``partial``'s ``length`` positions."""
         if copies == 0:
             return
         rows, length = len(self._lengths), partial.length

@@ -59,6 +59,10 @@ class ModelRunner(Protocol):
         caching), leaving its last token to compute; returns their count (0: none). Its first prefill
         chunk then starts there."""
 
+    def join_reused(self, key: int, copies: int) -> None:
+        """Append `copies` rows holding the positions `reuse_prefix` found for `key` (its prompt but
+        the last token, which the next decode step feeds them); the runner forgets `key`."""
+
     def join(self, key: int, copies: int) -> None:
         """Append `copies` rows to the running batch, each holding the (fully prefilled) cache of `key`
         (n/best_of candidates share one prefill; 0: none, every candidate ended on its first token); the runner forgets `key`."""
@@ -343,6 +347,10 @@ class HFModelRunner:
     def reuse_prefix(self, key: int, token_ids: list[int]) -> int:
         """No prefix cache here (the Llama runner has one): always 0."""
         return 0
+
+    def join_reused(self, key: int, copies: int) -> None:
+        """Never called: :meth:`reuse_prefix` reuses nothing.  Raises ``KeyError``."""
+        raise KeyError(key)
 
     def join(self, key: int, copies: int) -> None:
         """See :class:`ModelRunner`; raises ``KeyError`` for a request never prefilled."""

@@ -4,6 +4,8 @@ scratch (float64: exactly, as the runner's other tests hold it to transformers).
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 import torch
 
@@ -127,10 +129,15 @@ def test_the_engine_reuses_a_prompt_sent_again_and_generates_the_same_text():
     request prefills only its last token, and greedy decoding goes the same way; a prompt
     log-probability request never reuses (it needs every position's logits)."""
     from inference import metrics as m
-    from testing.tiny_engine import run_one, start_tiny_engine
+    from inference.sampling import SamplingParams
+    from testing.tiny_engine import run, run_one, start_tiny_engine
 
     def hits() -> float:
         return m.prefix_cache_hits._value.get()
+
+    def prefill_passes() -> float:
+        (metric,) = m.prefill_step_duration.collect()
+        return sum(sample.value for sample in metric.samples if sample.name.endswith("_count"))
 
     engine = start_tiny_engine(prefix_caching="on", prefill_chunk=16)
     try:
@@ -140,10 +147,20 @@ def test_the_engine_reuses_a_prompt_sent_again_and_generates_the_same_text():
         before = hits()
         first = run_one(engine, prompt, **params)
         assert hits() == before
+        passes = prefill_passes()
         again = run_one(engine, prompt, **params)
         assert hits() == before + length - 1
+        assert prefill_passes() == passes  # its last token went through a decode step instead
         assert again.token_ids == first.token_ids
         run_one(engine, prompt, max_tokens=1, prompt_logprobs=1)
         assert hits() == before + length - 1
+        # Started straight in the batch (its last token decoded there), seeded candidates sample
+        # as they do from a prefill pass's logits.
+        seeded = {"max_tokens": 6, "temperature": 1.0, "seed": 7, "n": 2, "best_of": 2, "ignore_eos": True}
+        other = "A prompt of another kind, long enough to be stored on its own, or so one hopes."
+        alone = asyncio.run(run(engine, other, SamplingParams(**seeded)))
+        reused = asyncio.run(run(engine, other, SamplingParams(**seeded)))
+        assert [r.token_ids for r in reused.values()] == [r.token_ids for r in alone.values()]
+        assert all(r.num_tokens == 6 for r in reused.values())
     finally:
         engine.stop()
