@@ -212,6 +212,8 @@ def _weight_factory(model, dtype: torch.dtype, weights: str, cache_dir: Path | N
         candidates=candidates,
         output_candidates=output_candidates,
     )
+    if "q8_0" in output_candidates:
+        choice = formats.output_beside_kernels(choice)
     return formats.llama_linear_factory(choice, q4_1)
 
 
