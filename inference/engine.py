@@ -62,6 +62,9 @@ RATE_WINDOW_SECONDS = 10.0  # the window of stats()'s tokens_per_second
 # step of 8 rows then took 50 ms instead of about 10; 1 ms gave 12-14% more requests/s
 # (16 clients, max_tokens 1, on a 2-core Xeon).  Set only where nothing else changed the default.
 GIL_SWITCH_INTERVAL = 0.001
+# After this long with nothing to do the engine gives the batch's KV cache back (not at once: under
+# many one-token requests the batch empties and fills again at every step).
+IDLE_FREE_SECONDS = 0.5
 PYTHON_SWITCH_INTERVAL = 0.005
 
 
@@ -146,7 +149,7 @@ class Engine:
         self._recent_tokens: collections.deque[tuple[float, int]] = collections.deque()
         self._thread: threading.Thread | None = None
         self._stopping = False
-        self._trimmed = False  # whether memory.trim() ran since the batch last emptied
+        self._trimmed = False  # whether the batch's memory went back since the engine last worked
 
     # --- the asyncio side ----------------------------------------------------------------------
 
@@ -361,12 +364,13 @@ class Engine:
     def _loop_once(self) -> None:
         self._take_inbox()
         if not self._running and not len(self.scheduler):
-            if not self._trimmed:  # the batch just emptied: its freed memory goes back to the system
+            self._set_gauges()  # an abort may have emptied it: the gauges must not keep its last values
+            woken = self._wakeup.wait(timeout=1.0 if self._trimmed else IDLE_FREE_SECONDS)
+            self._wakeup.clear()
+            if not woken and not self._trimmed:  # idle a while: the batch's memory goes back to the system
+                self.runner.free_batch()
                 memory.trim()
                 self._trimmed = True
-            self._set_gauges()  # an abort may have emptied it: the gauges must not keep its last values
-            self._wakeup.wait(timeout=1.0)
-            self._wakeup.clear()
             return
         self._trimmed = False
         try:

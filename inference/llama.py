@@ -796,16 +796,23 @@ class LlamaModelRunner:
         rows, length = len(self._lengths), partial.length
         self._reserve(rows + copies, length + 1)
         new = slice(rows, rows + copies)
-        for layer in range(self.num_layers):
-            self._layer_keys[layer][new, :, :length] = partial.keys[layer, None, :, :length]
-            self._layer_values[layer][new, :, :length] = partial.values[layer, None, :, :length]
+        # One call for every layer (torch's foreach copy): the engine's thread takes the GIL back
+        # once, not once per layer, which under many short requests cost a switch interval each.
+        targets = [buffer[new, :, :length] for buffer in (*self._layer_keys, *self._layer_values)]
+        sources = [
+            cache[layer, None, :, :length].expand(copies, -1, -1, -1)
+            for cache in (partial.keys, partial.values)
+            for layer in range(self.num_layers)
+        ]
+        torch._foreach_copy_(targets, sources)
         self._lengths.extend([length] * copies)
 
     def keep(self, rows: Sequence[int]) -> None:
         """Keep running rows ``rows`` in this order; only rows whose place changes are copied.
 
-        The buffers shrink when what is kept fills less than half of them, and are freed when
-        nothing is.  Raises ``IndexError`` for a row that is not running, ``ValueError`` for a
+        The buffers shrink when what is kept fills less than a quarter of them; when nothing is
+        kept they stay for the next rows (a batch that empties and fills again at every step, as
+        under many one-token requests, would reallocate them each time) until :meth:`free_batch`.  Raises ``IndexError`` for a row that is not running, ``ValueError`` for a
         repeated row.
         """
         rows = list(rows)
@@ -815,10 +822,10 @@ class LlamaModelRunner:
             raise ValueError(f"rows {rows} repeat a row")
         lengths = [self._lengths[row] for row in rows]
         if not rows:
-            self.reset_batch()
+            self._lengths = []
             return
         row_capacity, column_capacity = _round_up(len(rows), ROW_CHUNK), _round_up(max(lengths) + 1, COLUMN_CHUNK)
-        if 2 * row_capacity * column_capacity <= self._row_capacity * self._column_capacity:
+        if 4 * row_capacity * column_capacity <= self._row_capacity * self._column_capacity:
             self._reallocate(row_capacity, column_capacity, rows)
         else:
             moves = [(place, row) for place, row in enumerate(rows) if place != row]
@@ -842,6 +849,12 @@ class LlamaModelRunner:
         self._partials.clear()
         self._reused.clear()
         self._prefix_cache.clear()
+
+    def free_batch(self) -> None:
+        """Give the buffers of an empty running batch back to the allocator (the engine, when idle);
+        nothing while rows run."""
+        if not self._lengths:
+            self.reset_batch()
 
     def reset_batch(self) -> None:
         """Drop the running batch's cache (its memory goes back to the allocator)."""

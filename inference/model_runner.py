@@ -63,6 +63,9 @@ class ModelRunner(Protocol):
         """Append `copies` rows holding the positions `reuse_prefix` found for `key` (its prompt but
         the last token, which the next decode step feeds them); the runner forgets `key`."""
 
+    def free_batch(self) -> None:
+        """Give an empty running batch's memory back (the engine calls it when it goes idle)."""
+
     def join(self, key: int, copies: int) -> None:
         """Append `copies` rows to the running batch, each holding the (fully prefilled) cache of `key`
         (n/best_of candidates share one prefill; 0: none, every candidate ended on its first token); the runner forgets `key`."""
@@ -353,6 +356,9 @@ class HFModelRunner:
     def join_reused(self, key: int, copies: int) -> None:
         """Never called: :meth:`reuse_prefix` reuses nothing.  Raises ``KeyError``."""
         raise KeyError(key)
+
+    def free_batch(self) -> None:
+        """Nothing to do: an emptied batch's cache is dropped as it empties."""
 
     def join(self, key: int, copies: int) -> None:
         """See :class:`ModelRunner`; raises ``KeyError`` for a request never prefilled."""

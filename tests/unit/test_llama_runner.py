@@ -201,18 +201,20 @@ def test_the_cache_grows_past_its_first_capacity(tiny):
     """More rows and positions than the first allocation: the cache is copied while rows keep theirs."""
     generator = torch.Generator().manual_seed(3)
     runner = LlamaModelRunner(tiny, dtype=torch.float64)
-    seqs = [Sequence(random_ids(generator, 60 + i)) for i in range(10)]
+    seqs = [Sequence(random_ids(generator, 60 + i % 10)) for i in range(34)]
     with torch.inference_mode():
         for key, seq in enumerate(seqs):
             prefill(runner, seq, key, [len(seq.token_ids)], all_logits=False)
             runner.join(key, 1)
-        for _ in range(8):  # past 64 positions, in 10 rows (more than one chunk of rows)
+        for _ in range(8):  # past 64 positions, in 34 rows (more than one chunk of rows)
             decode(runner, seqs, generator)
         layers, kv_heads, dim, item = 2, 2, 16, 8  # the tiny model's, in float64
-        assert runner.cache_bytes == 2 * layers * 16 * kv_heads * 128 * dim * item  # 16 rows, 128 positions
-        runner.keep([9])  # shrinks the buffers
+        assert runner.cache_bytes == 2 * layers * 40 * kv_heads * 128 * dim * item  # 40 rows, 128 positions
+        runner.keep(range(20))  # fills half of them: kept as they are
+        assert runner.cache_bytes == 2 * layers * 40 * kv_heads * 128 * dim * item
+        runner.keep([9])  # fills less than a quarter: shrinks them
         assert runner.cache_bytes == 2 * layers * 8 * kv_heads * 128 * dim * item
-        decode(runner, seqs[9:], generator)
+        decode(runner, seqs[9:10], generator)
     assert_matches_transformers(tiny, seqs, EXACT)
 
 
@@ -225,7 +227,9 @@ def test_an_emptied_batch_frees_its_cache_and_starts_again(tiny):
         runner.join(1, 1)
         decode(runner, [first], generator)
         runner.keep([])
-        assert runner.lengths == [] and runner.cache_bytes == 0
+        assert runner.lengths == [] and runner.cache_bytes > 0  # kept for the next rows
+        runner.free_batch()
+        assert runner.cache_bytes == 0
         second = Sequence(random_ids(generator, 4))
         prefill(runner, second, 2, [4], all_logits=False)
         runner.join(2, 1)
