@@ -182,7 +182,7 @@ ENGINE_KV_CACHE_DTYPE = env.str("ENGINE_KV_CACHE_DTYPE", default="auto")
 # auto (on unless MODEL_WEIGHTS=float32, the deterministic mode) | on | off; the stored prompts
 # take at most ENGINE_PREFIX_CACHE_MB, less what the running batch's cache holds.
 ENGINE_PREFIX_CACHING = env.str("ENGINE_PREFIX_CACHING", default="auto")
-ENGINE_PREFIX_CACHE_MB = env.int("ENGINE_PREFIX_CACHE_MB", default=256)
+ENGINE_PREFIX_CACHE_MB = env.int("ENGINE_PREFIX_CACHE_MB", default=128)
 
 # --- The API ------------------------------------------------------------------------------------
 API_MAX_BODY_BYTES = env.int("API_MAX_BODY_BYTES", default=4 * 1024 * 1024)

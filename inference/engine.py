@@ -79,7 +79,7 @@ class EngineConfig:
     runner: str = "auto"  # auto | llama | transformers (inference.model_runner.build_runner)
     kv_cache_dtype: str = "auto"  # auto | float32 | float16 | bfloat16 (the Llama runner's KV cache)
     prefix_caching: str = "auto"  # auto | on | off (inference.prefix_cache; auto: off with MODEL_WEIGHTS=float32)
-    prefix_cache_mb: int = 256  # the prefix cache's budget, shared with the running batch's cache
+    prefix_cache_mb: int = 128  # the prefix cache's budget, shared with the running batch's cache
 
 
 class RequestStream:

@@ -99,7 +99,7 @@ def build_runner(
     drop_model_layers: bool = False,
     kv_cache_dtype: str = "auto",
     prefix_caching: str = "auto",
-    prefix_cache_bytes: int = 256 << 20,
+    prefix_cache_bytes: int = 128 << 20,
 ) -> ModelRunner:
     """The model runner for ``model`` (a loaded transformers causal LM, eval mode).
 
