@@ -10,14 +10,17 @@ cookies).  :class:`APIHandler` serves ``/v1/...`` and ``/healthz`` with none of 
 Django's ``ASGIHandler`` also starts a thread for every request (its ``ThreadSensitiveContext``
 makes a one-thread executor per request for the request's synchronous calls: signals, queries)
 and joins it at the end; at the API's request rates that cost a quarter of the event loop's time.
-:class:`APIHandler` runs each request's synchronous calls on one of :data:`DATABASE_LANES`
-long-lived threads instead (asgiref's ``ThreadSensitiveContext(executor=...)``): a request's calls
-still share one thread, as Django expects, and its database connection outlives the request.
+:class:`LanedHandler` (the site's handler; :class:`APIHandler` is one too) runs each request's
+synchronous calls on one of :data:`DATABASE_LANES` long-lived threads instead, the one with the
+fewest requests on it (asgiref's ``ThreadSensitiveContext(executor=...)``): a request's calls still
+share one thread, as Django expects, and its database connection outlives the request (SQLite's
+persist: ``CONN_MAX_AGE``).  A request stuck in a query holds up only the requests on its lane.
 """
 from __future__ import annotations
 
-import itertools
+import contextlib
 import logging
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -34,13 +37,47 @@ from audit.context import acting_for_request
 
 security_logger = logging.getLogger("django.security.DisallowedHost")
 
-# Threads for the API requests' synchronous calls, taken in turn: requests on one thread wait for
-# each other's calls (each a query or two, about a millisecond), so a few suffice for 2 cores; a
-# PostgreSQL pool (DATABASE_POOL_MAX_SIZE, 10 by default) serves them all at once.
+# Threads for the requests' synchronous calls: requests on one thread wait for each other's calls
+# (each a query or two, about a millisecond), so a few suffice for 2 cores; a PostgreSQL pool
+# (DATABASE_POOL_MAX_SIZE, 10 by default) serves them all at once.
 DATABASE_LANES = 8
 
 
-class APIHandler(ASGIHandler):
+class Lanes:
+    """:data:`DATABASE_LANES` one-thread executors; a request takes the one with the fewest requests
+    in flight on it (the event loop's thread alone counts them)."""
+
+    def __init__(self, count: int = DATABASE_LANES) -> None:
+        self._executors = [ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"lane-{i}") for i in range(count)]
+        self._requests = [0] * count
+
+    @contextlib.asynccontextmanager
+    async def context(self) -> AsyncIterator[None]:
+        """The thread-sensitive context of one request, on the least busy lane."""
+        index = min(range(len(self._requests)), key=self._requests.__getitem__)
+        self._requests[index] += 1
+        try:
+            async with ThreadSensitiveContext(executor=self._executors[index]):
+                yield
+        finally:
+            self._requests[index] -= 1
+
+
+LANES = Lanes()  # the process's, shared by the API's handler and the site's
+
+
+class LanedHandler(ASGIHandler):
+    """``ASGIHandler`` whose requests' synchronous calls run on :data:`LANES` (see the module docstring)."""
+
+    async def __call__(self, scope, receive, send) -> None:
+        """Serve one HTTP request as ``ASGIHandler`` does, its synchronous calls on a lane's thread."""
+        if scope["type"] != "http":
+            raise ValueError(f"Django can only handle ASGI/HTTP connections, not {scope['type']}.")
+        async with LANES.context():
+            await self.handle(scope, receive, send)
+
+
+class APIHandler(LanedHandler):
     """``ASGIHandler`` with an empty middleware chain (what ``MIDDLEWARE = []`` would build).
 
     The views still get Django's request, URL routing, exception handling and the request
@@ -51,19 +88,6 @@ class APIHandler(ASGIHandler):
     ``audit.middleware.AuditActorMiddleware`` sets it on the other paths (an Administration API
     view's ``request.auth`` or ``request.audit_actor``; see ``audit.context``).
     """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._lanes = itertools.cycle(
-            [ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"api-lane-{i}") for i in range(DATABASE_LANES)]
-        )
-
-    async def __call__(self, scope, receive, send) -> None:
-        """Serve one HTTP request as ``ASGIHandler`` does, its synchronous calls on the next lane's thread."""
-        if scope["type"] != "http":
-            raise ValueError(f"Django can only handle ASGI/HTTP connections, not {scope['type']}.")
-        async with ThreadSensitiveContext(executor=next(self._lanes)):
-            await self.handle(scope, receive, send)
 
     def load_middleware(self, is_async: bool = False) -> None:
         self._view_middleware: list[Any] = []

@@ -18,11 +18,11 @@ from completions_site.threads import apply_thread_policy
 apply_thread_policy()  # before anything imports torch: libgomp reads it once, when it is loaded
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "completions_site.settings")
 
-from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402 - after the thread policy, before torch
-from django.core.asgi import get_asgi_application  # noqa: E402 - after the thread policy, before torch
+import django  # noqa: E402 - after the thread policy, before torch
+from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
 from api.access import AccessLog  # noqa: E402
-from api.handlers import APIHandler, route  # noqa: E402 - after the thread policy, before torch
+from api.handlers import APIHandler, LanedHandler, route  # noqa: E402
 from completions_site.http_status import add_reason_phrases  # noqa: E402
 from completions_site.logs import route_daphne_access_log  # noqa: E402
 
@@ -32,7 +32,8 @@ route_daphne_access_log()  # daphne's access lines through logging, where secret
 # The admin's CSS and JavaScript come from the apps' static folders through Django's own handler,
 # so a fresh checkout needs no collectstatic and no separate file server.  The API's paths skip
 # the browser middleware (api/handlers.py).
-site_application = ASGIStaticFilesHandler(get_asgi_application())
+django.setup(set_prefix=False)  # as get_asgi_application() does before it makes its handler
+site_application = ASGIStaticFilesHandler(LanedHandler())
 # One access-log line, one x-request-id and the gateway's metrics per request (api/access.py).
 http_application = AccessLog(route(APIHandler(), site_application))
 

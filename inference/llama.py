@@ -26,7 +26,6 @@ engine that fills a leaving row's place with the last row moves one row, and dec
 from __future__ import annotations
 
 import collections
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -172,8 +171,8 @@ class LlamaModelRunner:
     linear layer, :func:`make_linear` or another with its signature (a ``description`` attribute,
     if it has one, goes into :attr:`description`).  ``max_batch_size``: the batch sizes
     :meth:`warm_up` runs (1 to it).  ``prefix_cache_bytes``: the budget of the prefix cache
-    (:mod:`inference.prefix_cache`, see :meth:`reuse_prefix`), shared with the running batch's
-    cache: stored prompts keep only what the batch does not use; 0 turns it off.  Raises
+    (:mod:`inference.prefix_cache`, see :meth:`reuse_prefix`), shared with the running rows:
+    stored prompts keep only what the rows' positions do not use; 0 turns it off.  Raises
     ``ValueError`` when :func:`unsupported_reason` names a reason.  Not thread-safe: one worker thread calls it, under ``torch.inference_mode``.
     """
 
@@ -576,7 +575,7 @@ class LlamaModelRunner:
         """Keep a wholly prefilled prompt's cache in the prefix cache (its used columns, copied)."""
         if not self.prefix_cache_bytes or partial.length < 2:
             return
-        self._fit_prefix_cache(sum(t.numel() * t.element_size() for t in (*self._layer_keys, *self._layer_values)))
+        self._fit_prefix_cache()
         used = slice(0, partial.length)
         self._prefix_cache.store(
             partial.token_ids[: partial.length],
@@ -584,11 +583,12 @@ class LlamaModelRunner:
             partial.values[:, :, used].clone(),
         )
 
-    def _fit_prefix_cache(self, batch_bytes: int) -> None:
-        """Shrink the prefix cache to what a running batch cache of ``batch_bytes`` leaves of the
-        budget (as vLLM's cached blocks live in the KV blocks that running sequences do not hold)."""
+    def _fit_prefix_cache(self) -> None:
+        """Shrink the prefix cache to what the running rows' positions leave of the budget (as
+        vLLM's cached blocks live in the KV blocks that running sequences do not hold)."""
         if self.prefix_cache_bytes:
-            self._prefix_cache.shrink(max(0, self.prefix_cache_bytes - batch_bytes))
+            per_position = 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.kv_dtype.itemsize
+            self._prefix_cache.shrink(max(0, self.prefix_cache_bytes - sum(self._lengths) * per_position))
 
     def decode(self, input_ids: Sequence[int]) -> torch.Tensor:
         """One step for every running row: ``input_ids[b]`` goes at row ``b``'s next position.
@@ -750,8 +750,7 @@ class LlamaModelRunner:
         """
         shape = (row_capacity, self.num_kv_heads, column_capacity, self.head_dim)
         used = max((self._lengths[row] for row in sources), default=0)
-        # Stored prompts give way to the batch before it grows.
-        self._fit_prefix_cache(2 * self.num_layers * math.prod(shape) * self.kv_dtype.itemsize)
+        self._fit_prefix_cache()  # stored prompts give way to the running rows before the batch grows
         index = torch.tensor(sources, dtype=torch.long, device=self.device)
         for buffers in (self._layer_keys, self._layer_values):
             for layer in range(self.num_layers):
@@ -776,8 +775,8 @@ class LlamaModelRunner:
         if copies < 0:
             raise ValueError("copies must not be negative")
         partial = self._partials.pop(key)
-        self._store_prompt(partial)
         self._append_rows(partial, copies)
+        self._store_prompt(partial)
 
     def join_reused(self, key: int, copies: int) -> None:
         """Append ``copies`` rows holding the positions :meth:`reuse_prefix` found for ``key``

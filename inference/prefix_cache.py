@@ -56,17 +56,20 @@ class PrefixCache:
 
     :meth:`store` keeps a prompt's cache (the tensors as given: the caller must not write them
     afterwards); :meth:`lookup` finds the longest stored prefix of a prompt, verified token by
-    token (a hash collision is never taken for a match).  A prompt bigger than half the capacity
-    is not stored, so one long prompt does not evict every other.  Not thread-safe.
+    token (a hash collision is never taken for a match).  :meth:`shrink` lowers the capacity below
+    ``capacity_bytes`` for a while (the owner's other memory needs); a prompt bigger than half of
+    ``capacity_bytes`` is never stored, so one long prompt does not evict every other.  Not thread-safe.
     """
 
     def __init__(self, capacity_bytes: int) -> None:
         if capacity_bytes < 0:
             raise ValueError("capacity_bytes must not be negative")
-        self.capacity_bytes = capacity_bytes
+        self.budget_bytes = capacity_bytes  # the most it ever holds
+        self.capacity_bytes = capacity_bytes  # what it may hold now (shrink)
         self.nbytes = 0
         self._entries: collections.OrderedDict[tuple[int, ...], CachedPrompt] = collections.OrderedDict()
-        self._blocks: dict[int, CachedPrompt] = {}  # chained block hash -> the latest entry holding that prefix
+        # chained block hash -> the entries holding that prefix, the latest last
+        self._blocks: dict[int, list[CachedPrompt]] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -81,14 +84,14 @@ class PrefixCache:
             self._entries.move_to_end(tokens)
             return False
         entry = CachedPrompt(tokens, keys, values)
-        if not tokens or 2 * entry.nbytes > self.capacity_bytes:
+        if not tokens or 2 * entry.nbytes > self.budget_bytes or entry.nbytes > self.capacity_bytes:
             return False
         while self.nbytes + entry.nbytes > self.capacity_bytes:
             self._evict()
         self._entries[tokens] = entry
         self.nbytes += entry.nbytes
         for block_hash in block_hashes(tokens):
-            self._blocks[block_hash] = entry
+            self._blocks.setdefault(block_hash, []).append(entry)
         return True
 
     def lookup(self, token_ids: Sequence[int]) -> tuple[CachedPrompt, int] | None:
@@ -103,11 +106,11 @@ class PrefixCache:
             return entry, len(tokens)
         found, length = None, 0
         for index, block_hash in enumerate(block_hashes(tokens)):
-            candidate = self._blocks.get(block_hash)
+            holders = self._blocks.get(block_hash)
             end = (index + 1) * BLOCK_TOKENS
-            if candidate is None or candidate.token_ids[:end] != tokens[:end]:
+            if not holders or holders[-1].token_ids[:end] != tokens[:end]:
                 break
-            found, length = candidate, end
+            found, length = holders[-1], end
         if found is None:
             return None
         # The entry may agree past its last whole shared block (a conversation resent with one more turn).
@@ -118,9 +121,9 @@ class PrefixCache:
         return found, length
 
     def shrink(self, capacity_bytes: int) -> None:
-        """Set the capacity to ``capacity_bytes`` (>= 0), evicting the least recently used entries
-        until they fit."""
-        self.capacity_bytes = capacity_bytes
+        """Set the capacity to ``capacity_bytes`` (>= 0; at most the budget given at construction),
+        evicting the least recently used entries until they fit."""
+        self.capacity_bytes = min(capacity_bytes, self.budget_bytes)
         while self.nbytes > capacity_bytes:
             self._evict()
 
@@ -133,6 +136,9 @@ class PrefixCache:
     def _evict(self) -> None:
         tokens, entry = self._entries.popitem(last=False)
         self.nbytes -= entry.nbytes
-        for block_hash in block_hashes(tokens):
-            if self._blocks.get(block_hash) is entry:
-                del self._blocks[block_hash]
+        for block_hash in block_hashes(tokens):  # other entries holding a block still find it
+            holders = [holder for holder in self._blocks.get(block_hash, ()) if holder is not entry]
+            if holders:
+                self._blocks[block_hash] = holders
+            else:
+                self._blocks.pop(block_hash, None)

@@ -35,6 +35,18 @@ def test_lookup_finds_the_whole_prompt_or_the_longest_shared_run_of_whole_blocks
     assert not cache.store(stored, *entry(40))  # stored already
 
 
+def test_a_shared_prefix_is_still_found_when_the_latest_prompt_holding_it_is_evicted():
+    system = list(range(100, 164))  # 64 tokens, four blocks, shared by two conversations
+    per_prompt = 2 * 67 * 4 * 4
+    cache = PrefixCache(4 * per_prompt)
+    assert cache.store(system + [1, 2, 3], *entry(67)) and cache.store(system + [4, 5, 6], *entry(67))
+    cache.lookup(system + [1, 2, 3])  # the first is now the most recent: the second goes first
+    cache.shrink(per_prompt)
+    assert len(cache) == 1
+    found = cache.lookup(system + [7, 8, 9])
+    assert found is not None and found[1] == 64 and found[0].token_ids[-1] == 3
+
+
 def test_a_hash_collision_is_not_taken_for_a_match(monkeypatch):
     cache = PrefixCache(1 << 20)
     cache.store(list(range(16)), *entry(16))
@@ -112,16 +124,22 @@ def test_reuse_is_off_at_budget_zero_and_forgotten_on_release_and_reset(tiny):
         assert runner.reuse_prefix(3, ids) == 0 and runner.cache_bytes == 0
 
 
-def test_stored_prompts_give_way_to_the_running_batch(tiny):
-    """The budget is shared: a batch whose cache takes it all leaves no stored prompt."""
+def test_stored_prompts_give_way_to_the_running_rows(tiny):
+    """The budget is shared: running rows whose positions take it all leave no stored prompt, and
+    rows holding less leave the rest (a prompt joining the batch is stored beside its own row)."""
     runner = LlamaModelRunner(tiny, dtype=torch.float64, prefix_cache_bytes=1 << 20)
     with torch.inference_mode():
         prefill_whole(runner, 1, list(range(1, 40)))
         runner.join(1, 1)
         assert len(runner._prefix_cache) == 1
         runner.prefill([PrefillChunk(2, list(range(2, 40)), 0, False)])
-        runner.join(2, 40)  # 41 rows of 64 positions: more than the budget
+        runner.join(2, 40)  # 41 rows of about 38 positions, 1 KB each: more than the budget
     assert len(runner._prefix_cache) == 0
+    with torch.inference_mode():
+        runner.keep([0])
+        runner.prefill([PrefillChunk(3, list(range(3, 40)), 0, False)])
+        runner.join(3, 1)  # two rows: room again, and the new prompt is stored
+    assert len(runner._prefix_cache) == 1
 
 
 def test_the_engine_reuses_a_prompt_sent_again_and_generates_the_same_text():
