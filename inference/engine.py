@@ -398,9 +398,8 @@ class Engine:
         waiting = []
         for request in arrived:
             if request.prompt_logprobs is None:  # those need every position's logits
-                request.prefilled = request.cached_tokens = self.runner.reuse_prefix(request.key, request.prompt_ids)
                 m.prefix_cache_queries.inc(len(request.prompt_ids))
-                m.prefix_cache_hits.inc(request.cached_tokens)
+                self._reuse_prefix(request)
                 if self._join_reused(request):
                     continue
             waiting.append(request)
@@ -415,6 +414,22 @@ class Engine:
         m.finished("abort", len(removed) + len(stopped))
         if len(keep) != len(self._running):
             self._select_rows(keep)
+
+    def _reuse_prefix(self, request: Request) -> None:
+        """Take the runner's longest cached prefix of a not yet prefilled request's prompt (prefix
+        caching), noting which stored prompts it has seen (``runner.prefix_epoch``)."""
+        request.prefix_epoch = self.runner.prefix_epoch
+        request.prefilled = request.cached_tokens = self.runner.reuse_prefix(request.key, request.prompt_ids)
+        m.prefix_cache_hits.inc(request.cached_tokens)
+
+    def _look_again(self) -> None:
+        """Waiting requests not yet started look in the prefix cache again when it stored prompts
+        since they last looked (many requests sharing a prefix that arrive together: the first one's
+        prompt is stored once it is prefilled, and the others then reuse it)."""
+        epoch = self.runner.prefix_epoch
+        for request in self.scheduler:
+            if request.prefilled == 0 and request.prompt_logprobs is None and request.prefix_epoch != epoch:
+                self._reuse_prefix(request)
 
     def _join_reused(self, request: Request) -> bool:
         """Start a request whose prompt is cached but for its last token straight in the running
@@ -441,6 +456,7 @@ class Engine:
     def _prefill(self) -> None:
         """Run the scheduler's prefill chunks in one runner call; requests whose prompt is then
         complete start their candidates and join the batch."""
+        self._look_again()
         scheduled = self.scheduler.schedule(len(self._running))
         if not scheduled:
             return

@@ -232,6 +232,7 @@ class LlamaModelRunner:
         self._partials: dict[int, _Partial] = {}
         self.prefix_cache_bytes = prefix_cache_bytes
         self._prefix_cache = PrefixCache(prefix_cache_bytes)
+        self.prefix_epoch = 0  # prompts stored so far: a waiting request looks again when it changes
         self._reused: dict[int, tuple[CachedPrompt, int]] = {}  # key -> (stored prompt, positions to copy)
         # The whole-step tables (see _whole_step_table): per row count, and per set of weights.
         self._q4_1_at: dict[int, torch.Tensor | None] = {}
@@ -577,11 +578,12 @@ class LlamaModelRunner:
             return
         self._fit_prefix_cache()
         used = slice(0, partial.length)
-        self._prefix_cache.store(
+        if self._prefix_cache.store(
             partial.token_ids[: partial.length],
             partial.keys[:, :, used].clone(),
             partial.values[:, :, used].clone(),
-        )
+        ):
+            self.prefix_epoch += 1
 
     def _fit_prefix_cache(self) -> None:
         """Shrink the prefix cache to what the running rows' positions leave of the budget (as

@@ -54,6 +54,8 @@ class ModelRunner(Protocol):
         prompt-logprob requests, batched together). Returns per chunk float32 logits
         [len(token_ids), vocab] if all_logits else [1, vocab]."""
 
+    prefix_epoch: int  # changes whenever the prefix cache stores a prompt (never, where there is none)
+
     def reuse_prefix(self, key: int, token_ids: list[int]) -> int:
         """Take the longest cached prefix of a new request's prompt as `key`'s first positions (prefix
         caching), leaving its last token to compute; returns their count (0: none). Its first prefill
@@ -348,6 +350,8 @@ class HFModelRunner:
         return results
 
     # --- the running batch -----------------------------------------------------------------------
+
+    prefix_epoch = 0  # no prefix cache: never changes
 
     def reuse_prefix(self, key: int, token_ids: list[int]) -> int:
         """No prefix cache here (the Llama runner has one): always 0."""

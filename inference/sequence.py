@@ -49,6 +49,7 @@ class Request:
         self.queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         self.prefilled = 0
         self.cached_tokens = 0  # prompt tokens reused from the prefix cache
+        self.prefix_epoch = -1  # the runner's prefix_epoch when it last looked there
         self.prompt_logprobs: list[TokenLogprob] | None = (
             [TokenLogprob(prompt_ids[0], None)] if params.prompt_logprobs else None
         )

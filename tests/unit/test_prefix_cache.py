@@ -182,3 +182,30 @@ def test_the_engine_reuses_a_prompt_sent_again_and_generates_the_same_text():
         assert all(r.num_tokens == 6 for r in reused.values())
     finally:
         engine.stop()
+
+
+def test_requests_waiting_behind_a_shared_prefix_reuse_it_once_it_is_stored():
+    """Arrived together on an empty cache (one API request's prompts), requests that wait (here for
+    the one row of the batch) look again once the first one's prompt is stored, and reuse it."""
+    from inference import metrics as m
+    from inference.sampling import SamplingParams
+    from testing.tiny_engine import start_tiny_engine
+
+    engine = start_tiny_engine(prefix_caching="on", max_batch_size=1)
+    try:
+        shared = "A long shared instruction that every request begins with, word for word. " * 3
+        prompts = [
+            (f"r{i}", engine.encode(shared + ending)) for i, ending in enumerate(("First?", "Second?", "Third?"))
+        ]
+        before = m.prefix_cache_hits._value.get()
+
+        async def main():
+            streams = engine.submit_many(prompts, SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
+            return [[output async for output in stream] for stream in streams]
+
+        outputs = asyncio.run(main())
+        assert all(stream[-1].finished for stream in outputs)
+        shared_tokens = len(engine.encode(shared)) - 1
+        assert m.prefix_cache_hits._value.get() - before >= 2 * shared_tokens
+    finally:
+        engine.stop()
