@@ -36,7 +36,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from .model_runner import PrefillChunk
 from .packed import PACKED_BATCH_HINT, onednn_linear_available
-from .prefix_cache import CachedPrompt, PrefixCache
+from .prefix_cache import PrefixCache
 
 if TYPE_CHECKING:
     from .cpu_kernels import CPUKernels
@@ -145,12 +145,17 @@ class _Layer:
 
 @dataclass
 class _Partial:
-    """A waiting request's cache: ``length`` positions of ``keys``/``values`` ``[layers, kv_heads, capacity, head_dim]``."""
+    """A waiting request's cache: ``length`` positions of ``keys``/``values`` ``[layers, kv_heads, capacity, head_dim]``.
+
+    ``shared``: the tensors are a stored prompt's (:meth:`LlamaModelRunner.reuse_prefix`), read but
+    never written: the first chunk copies them into a cache of the request's own.
+    """
 
     length: int
     keys: torch.Tensor
     values: torch.Tensor
     token_ids: list[int] = field(default_factory=list)  # the ``length`` prompt tokens cached
+    shared: bool = False
 
 
 def _round_up(value: int, chunk: int) -> int:
@@ -232,8 +237,6 @@ class LlamaModelRunner:
         self._partials: dict[int, _Partial] = {}
         self.prefix_cache_bytes = prefix_cache_bytes
         self._prefix_cache = PrefixCache(prefix_cache_bytes)
-        self.prefix_epoch = 0  # prompts stored so far: a waiting request looks again when it changes
-        self._reused: dict[int, tuple[CachedPrompt, int]] = {}  # key -> (stored prompt, positions to copy)
         # The whole-step tables (see _whole_step_table): per row count, and per set of weights.
         self._q4_1_at: dict[int, torch.Tensor | None] = {}
         self._step_tables: dict[tuple[int, ...], torch.Tensor] = {}
@@ -403,7 +406,7 @@ class LlamaModelRunner:
         for chunk in chunks:
             if not chunk.token_ids:
                 raise ValueError("a prefill chunk has no tokens")
-            cached = self._cached_positions(chunk.key)
+            cached = self._partials[chunk.key].length if chunk.key in self._partials else 0
             if chunk.start != 0 and chunk.start != cached:
                 raise ValueError(f"chunk starts at {chunk.start} but {cached} positions are cached for it")
         end = max(chunk.start + len(chunk.token_ids) for chunk in chunks)
@@ -525,11 +528,7 @@ class LlamaModelRunner:
         """The key's cache with room for the chunk (a copy when it must grow; new at ``start == 0``)."""
         needed = chunk.start + len(chunk.token_ids)
         partial = self._partials.get(chunk.key) if chunk.start else None
-        reused = self._reused.pop(chunk.key, None) if chunk.start else None
-        if reused is not None:  # a stored prompt's first `start` positions (reuse_prefix)
-            stored, length = reused
-            partial = _Partial(length, stored.keys, stored.values, list(stored.token_ids[:length]))
-        elif partial is not None and needed <= partial.keys.shape[2]:
+        if partial is not None and not partial.shared and needed <= partial.keys.shape[2]:
             return partial
         capacity = _round_up(needed, COLUMN_CHUNK)
         shape = (self.num_layers, self.num_kv_heads, capacity, self.head_dim)
@@ -546,20 +545,15 @@ class LlamaModelRunner:
             grown.token_ids = partial.token_ids
         return grown
 
-    def _cached_positions(self, key: int) -> int:
-        """Positions of ``key``'s prompt already cached: prefilled, or to be copied from a stored prompt."""
-        if key in self._partials:
-            return self._partials[key].length
-        return self._reused[key][1] if key in self._reused else 0
-
     def reuse_prefix(self, key: int, token_ids: Sequence[int]) -> int:
         """Take the longest prefix of prompt ``token_ids`` that the prefix cache holds (a prompt
         prefilled before; :mod:`inference.prefix_cache`) as ``key``'s first positions, leaving at
         least the last token to compute (its logits give the first sampled token).
 
         Returns how many positions are reused (0: none, or the cache is off); the key's first
-        prefill chunk must then start there.  The positions are copied at that chunk, so a waiting
-        request holds no memory of its own.  For a request whose prompt log-probabilities are
+        prefill chunk must then start there, or :meth:`join` takes them as they are (a prompt cached
+        but for its last token, which the next decode step feeds).  The positions are copied at that
+        chunk or join, so a waiting request holds no memory of its own.  For a request whose prompt log-probabilities are
         wanted, do not call it: they need every position's logits (vLLM skips the cache for them too).
         """
         if not self.prefix_cache_bytes or len(token_ids) < 2 or key in self._partials:
@@ -569,21 +563,23 @@ class LlamaModelRunner:
             return 0
         stored, length = found
         length = min(length, len(token_ids) - 1)
-        self._reused[key] = (stored, length)
+        self._partials[key] = _Partial(length, stored.keys, stored.values, list(stored.token_ids[:length]), shared=True)
         return length
+
+    @property
+    def prefix_epoch(self) -> int:
+        """Changes whenever the prefix cache stores a prompt (a waiting request may then look again)."""
+        return self._prefix_cache.stores
 
     def _store_prompt(self, partial: _Partial) -> None:
         """Keep a wholly prefilled prompt's cache in the prefix cache (its used columns, copied)."""
-        if not self.prefix_cache_bytes or partial.length < 2:
+        if not self.prefix_cache_bytes or partial.length < 2 or partial.shared:
             return
         self._fit_prefix_cache()
         used = slice(0, partial.length)
-        if self._prefix_cache.store(
-            partial.token_ids[: partial.length],
-            partial.keys[:, :, used].clone(),
-            partial.values[:, :, used].clone(),
-        ):
-            self.prefix_epoch += 1
+        self._prefix_cache.store(
+            partial.token_ids[: partial.length], partial.keys[:, :, used].clone(), partial.values[:, :, used].clone()
+        )
 
     def _fit_prefix_cache(self) -> None:
         """Shrink the prefix cache to what the running rows' positions leave of the budget (as
@@ -768,7 +764,8 @@ class LlamaModelRunner:
             self._point_at_caches(table)
 
     def join(self, key: int, copies: int) -> None:
-        """Append ``copies`` rows holding the prefilled cache of ``key``, which is then forgotten.
+        """Append ``copies`` rows holding the prefilled cache of ``key`` (or the positions
+        :meth:`reuse_prefix` found for it), which is then forgotten.
 
         ``copies == 0`` (every candidate finished on its first token) only forgets ``key``, as the
         seam allows.  Raises ``KeyError`` for a key with no prefilled cache, ``ValueError`` for
@@ -779,16 +776,6 @@ class LlamaModelRunner:
         partial = self._partials.pop(key)
         self._append_rows(partial, copies)
         self._store_prompt(partial)
-
-    def join_reused(self, key: int, copies: int) -> None:
-        """Append ``copies`` rows holding the positions :meth:`reuse_prefix` found for ``key``
-        (all of its prompt but the last token), which is then forgotten: the engine's next decode
-        step feeds them the prompt's last token, whose logits give the first sampled token, with no
-        prefill pass.  Raises ``KeyError`` when ``reuse_prefix`` found nothing for ``key``."""
-        if copies < 0:
-            raise ValueError("copies must not be negative")
-        stored, length = self._reused.pop(key)
-        self._append_rows(_Partial(length, stored.keys, stored.values), copies)
 
     def _append_rows(self, partial: _Partial, copies: int) -> None:
         """Append ``copies`` rows holding ``partial``'s ``length`` positions."""
@@ -842,13 +829,11 @@ class LlamaModelRunner:
     def release(self, key: int) -> None:
         """Forget a waiting request's partial cache; harmless if unknown."""
         self._partials.pop(key, None)
-        self._reused.pop(key, None)
 
     def reset(self) -> None:
         """Drop every cache: the running batch's, the waiting requests' and the stored prompts'."""
         self.reset_batch()
         self._partials.clear()
-        self._reused.clear()
         self._prefix_cache.clear()
 
     def free_batch(self) -> None:
@@ -868,7 +853,7 @@ class LlamaModelRunner:
     def cache_bytes(self) -> int:
         """Bytes held by the running batch's cache, the waiting requests' and the stored prompts'."""
         tensors = [*self._layer_keys, *self._layer_values]
-        tensors += [t for partial in self._partials.values() for t in (partial.keys, partial.values)]
+        tensors += [t for p in self._partials.values() if not p.shared for t in (p.keys, p.values)]
         return sum(t.numel() * t.element_size() for t in tensors) + self._prefix_cache.nbytes
 
     @property

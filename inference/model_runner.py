@@ -59,11 +59,8 @@ class ModelRunner(Protocol):
     def reuse_prefix(self, key: int, token_ids: list[int]) -> int:
         """Take the longest cached prefix of a new request's prompt as `key`'s first positions (prefix
         caching), leaving its last token to compute; returns their count (0: none). Its first prefill
-        chunk then starts there."""
-
-    def join_reused(self, key: int, copies: int) -> None:
-        """Append `copies` rows holding the positions `reuse_prefix` found for `key` (its prompt but
-        the last token, which the next decode step feeds them); the runner forgets `key`."""
+        chunk then starts there, or, when only the last token is left, `join` takes them and the next
+        decode step feeds that token."""
 
     def free_batch(self) -> None:
         """Give an empty running batch's memory back (the engine calls it when it goes idle)."""
@@ -130,12 +127,14 @@ def build_runner(
         raise ValueError(f"ENGINE_KV_CACHE_DTYPE must be auto or one of {', '.join(DTYPES)}, not {kv_cache_dtype!r}")
     if prefix_caching not in ("auto", "on", "off"):
         raise ValueError(f"ENGINE_PREFIX_CACHING must be auto, on or off, not {prefix_caching!r}")
-    if prefix_caching == "off" or (prefix_caching == "auto" and weights == "float32"):
+    # float32 weights ask for the deterministic mode, which auto keeps exact: a float32 KV cache
+    # (float16's rounding turns the last-bit differences of a batch's products into flipped tokens)
+    # and every prompt computed from scratch.
+    deterministic = weights == "float32"
+    if prefix_caching == "off" or (prefix_caching == "auto" and deterministic):
         prefix_cache_bytes = 0
     kv_dtype: str | torch.dtype | None = kv_cache_dtype if kv_cache_dtype == "auto" else DTYPES[kv_cache_dtype]
-    if kv_cache_dtype == "auto" and weights == "float32":
-        # float32 weights ask for float32 throughout (the deterministic mode): float16's rounding of
-        # keys and values turns the last-bit differences of a batch's products into flipped tokens.
+    if kv_cache_dtype == "auto" and deterministic:
         kv_dtype = None
     if kind != "transformers":
         try:
@@ -356,10 +355,6 @@ class HFModelRunner:
     def reuse_prefix(self, key: int, token_ids: list[int]) -> int:
         """No prefix cache here (the Llama runner has one): always 0."""
         return 0
-
-    def join_reused(self, key: int, copies: int) -> None:
-        """Never called: :meth:`reuse_prefix` reuses nothing.  Raises ``KeyError``."""
-        raise KeyError(key)
 
     def free_batch(self) -> None:
         """Nothing to do: an emptied batch's cache is dropped as it empties."""

@@ -40,12 +40,11 @@ class CachedPrompt:
         return sum(t.numel() * t.element_size() for t in (self.keys, self.values))
 
 
-def block_hashes(token_ids: Sequence[int], blocks: int | None = None) -> list[int]:
-    """Chained hashes of the first ``blocks`` (default: all) whole blocks of :data:`BLOCK_TOKENS`
-    tokens: hash ``i`` names tokens ``0 .. (i + 1) * BLOCK_TOKENS - 1`` (vLLM's block hash chain)."""
-    count = len(token_ids) // BLOCK_TOKENS if blocks is None else blocks
+def block_hashes(token_ids: Sequence[int]) -> list[int]:
+    """Chained hashes of the whole blocks of :data:`BLOCK_TOKENS` tokens: hash ``i`` names tokens
+    ``0 .. (i + 1) * BLOCK_TOKENS - 1`` (vLLM's block hash chain)."""
     hashes, previous = [], 0
-    for index in range(count):
+    for index in range(len(token_ids) // BLOCK_TOKENS):
         previous = hash((previous, tuple(token_ids[index * BLOCK_TOKENS : (index + 1) * BLOCK_TOKENS])))
         hashes.append(previous)
     return hashes
@@ -67,6 +66,7 @@ class PrefixCache:
         self.budget_bytes = capacity_bytes  # the most it ever holds
         self.capacity_bytes = capacity_bytes  # what it may hold now (shrink)
         self.nbytes = 0
+        self.stores = 0  # prompts stored so far
         self._entries: collections.OrderedDict[tuple[int, ...], CachedPrompt] = collections.OrderedDict()
         # chained block hash -> the entries holding that prefix, the latest last
         self._blocks: dict[int, list[CachedPrompt]] = {}
@@ -92,6 +92,7 @@ class PrefixCache:
         self.nbytes += entry.nbytes
         for block_hash in block_hashes(tokens):
             self._blocks.setdefault(block_hash, []).append(entry)
+        self.stores += 1
         return True
 
     def lookup(self, token_ids: Sequence[int]) -> tuple[CachedPrompt, int] | None:
@@ -124,7 +125,7 @@ class PrefixCache:
         """Set the capacity to ``capacity_bytes`` (>= 0; at most the budget given at construction),
         evicting the least recently used entries until they fit."""
         self.capacity_bytes = min(capacity_bytes, self.budget_bytes)
-        while self.nbytes > capacity_bytes:
+        while self.nbytes > self.capacity_bytes:
             self._evict()
 
     def clear(self) -> None:

@@ -50,7 +50,7 @@ def test_a_shared_prefix_is_still_found_when_the_latest_prompt_holding_it_is_evi
 def test_a_hash_collision_is_not_taken_for_a_match(monkeypatch):
     cache = PrefixCache(1 << 20)
     cache.store(list(range(16)), *entry(16))
-    monkeypatch.setattr("inference.prefix_cache.block_hashes", lambda tokens, blocks=None: [1] * (len(tokens) // 16))
+    monkeypatch.setattr("inference.prefix_cache.block_hashes", lambda tokens: [1] * (len(tokens) // 16))
     cache.store(list(range(100, 116)), *entry(16))  # both entries' block now "hashes" alike
     assert cache.lookup(list(range(16)) + [5]) is None  # the block points at the other prompt
 
