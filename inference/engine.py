@@ -62,10 +62,10 @@ RATE_WINDOW_SECONDS = 10.0  # the window of stats()'s tokens_per_second
 # step of 8 rows then took 50 ms instead of about 10; 1 ms gave 12-14% more requests/s
 # (16 clients, max_tokens 1, on a 2-core Xeon).  Set only where nothing else changed the default.
 GIL_SWITCH_INTERVAL = 0.001
+PYTHON_SWITCH_INTERVAL = 0.005  # CPython's default
 # After this long with nothing to do the engine gives the batch's KV cache back (not at once: under
 # many one-token requests the batch empties and fills again at every step).
 IDLE_FREE_SECONDS = 0.5
-PYTHON_SWITCH_INTERVAL = 0.005
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ class EngineConfig:
     runner: str = "auto"  # auto | llama | transformers (inference.model_runner.build_runner)
     kv_cache_dtype: str = "auto"  # auto | float32 | float16 | bfloat16 (the Llama runner's KV cache)
     prefix_caching: str = "auto"  # auto | on | off (inference.prefix_cache; auto: off with MODEL_WEIGHTS=float32)
-    prefix_cache_mb: int = 128  # the prefix cache's budget, shared with the running batch's cache
+    prefix_cache_mb: int = 128  # the prefix cache's budget, shared with the running rows' positions
 
 
 class RequestStream:
@@ -145,6 +145,7 @@ class Engine:
         self._aborted: set[str] = set()
         self.scheduler = Scheduler(self.config.max_batch_size, self.config.prefill_chunk)
         self._running: list[SequenceState] = []
+        self._first_in_decode: list[Request] = []  # started by _join_reused: their first token comes from the next decode step
         self.runner: ModelRunner | None = None
         self._recent_tokens: collections.deque[tuple[float, int]] = collections.deque()
         self._thread: threading.Thread | None = None
@@ -414,6 +415,7 @@ class Engine:
         m.finished("abort", len(removed) + len(stopped))
         if len(keep) != len(self._running):
             self._select_rows(keep)
+        self._first_in_decode = [r for r in self._first_in_decode if r.request_id not in aborted]
 
     def _reuse_prefix(self, request: Request) -> None:
         """Take the runner's longest cached prefix of a not yet prefilled request's prompt (prefix
@@ -448,9 +450,10 @@ class Engine:
         for seq in sequences:
             seq.length = request.cached_tokens
             seq.next_token = request.prompt_ids[-1]
-        self.runner.join_reused(request.key, len(sequences))
+        self.runner.join(request.key, len(sequences))
         request.prefilled = len(request.prompt_ids)
         self._running.extend(sequences)
+        self._first_in_decode.append(request)
         return True
 
     def _prefill(self) -> None:
@@ -496,8 +499,7 @@ class Engine:
         sequences = self.output_processor.new_sequences(request)
         if request.params.max_tokens:
             self._sample(sequences, logits.expand(len(sequences), -1).clone())
-            request.first_token_at = time.monotonic()
-            m.time_to_first_token.observe(request.first_token_at - request.arrival)
+            _observe_first_token(request, time.monotonic())
         return [seq for seq in request.sequences if not seq.finished]
 
     def _decode_step(self) -> None:
@@ -509,10 +511,9 @@ class Engine:
             seq.length += 1
         self._sample(sequences, logits)
         now = time.monotonic()
-        for seq in sequences:  # a request started by _join_reused samples its first token here
-            if seq.request.first_token_at is None:
-                seq.request.first_token_at = now
-                m.time_to_first_token.observe(now - seq.request.arrival)
+        for request in self._first_in_decode:
+            _observe_first_token(request, now)
+        self._first_in_decode.clear()
         # Observed before publishing, so that a client who has its tokens finds the step counted.
         m.decode_step_duration.observe(time.monotonic() - started)
         self._publish(sequences)
@@ -557,8 +558,15 @@ class Engine:
         for request in requests.values():
             request.push(error)
         self._running = []
+        self._first_in_decode.clear()
         if self.runner is not None:
             self.runner.reset()
+
+
+def _observe_first_token(request: Request, now: float) -> None:
+    """Note that ``request`` sampled its first token at ``now`` (time to first token)."""
+    request.first_token_at = now
+    m.time_to_first_token.observe(now - request.arrival)
 
 
 def _observe_finished(request: Request, now: float) -> None:
