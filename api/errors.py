@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.http import JsonResponse
 from jsonschema import Draft202012Validator
@@ -17,6 +17,9 @@ from jsonschema.exceptions import ValidationError, relevance
 from referencing import Registry
 from referencing.exceptions import Unresolvable
 from referencing.jsonschema import DRAFT202012
+
+if TYPE_CHECKING:
+    from referencing._core import Resolver  # the type of Registry().resolver(); not exported elsewhere
 
 
 class APIError(Exception):
@@ -332,14 +335,15 @@ def _branch_error(error: ValidationError, root: Mapping[str, Any] | None = None)
     Stays at the combinator when no branch takes the type (an ``invalid_type`` listing them all),
     or when the chosen branches report nothing (``oneOf`` matched twice).
     """
+    resolver = Registry().resolver_with_root(DRAFT202012.create_resource(root)) if root is not None else None
     while error.validator in _COMBINATORS and error.context:
-        branches = [_resolve(branch, root) for branch in error.validator_value]
-        name = _discriminator(branches, error.instance, root)
+        branches = [_resolve(branch, resolver) for branch in error.validator_value]
+        name = _discriminator(branches, error.instance, resolver)
         if name is None:
             fitting = {i for i, branch in enumerate(error.validator_value) if _takes_type(branch, error.instance)}
         elif name in error.instance:
             value = error.instance[name]
-            pinned = [_pinned_values(branch, name, root) or [] for branch in branches]
+            pinned = [_pinned_values(branch, name, resolver) or [] for branch in branches]
             fitting = {i for i, values in enumerate(pinned) if any(_same_json(value, each) for each in values)}
             if not fitting:
                 supported = _distinct([each for values in pinned for each in values])
@@ -355,20 +359,20 @@ def _branch_error(error: ValidationError, root: Mapping[str, Any] | None = None)
     return error
 
 
-def _discriminator(branches: Sequence[Any], instance: Any, root: Mapping[str, Any] | None) -> str | None:
+def _discriminator(branches: Sequence[Any], instance: Any, resolver: Resolver | None) -> str | None:
     """The property every branch pins with ``const``/``enum`` (OpenAPI's ``discriminator``: ``role``
     for chat messages), the first in the first branch's order; None unless ``instance`` is an object
     and every branch is a known object schema."""
     if not isinstance(instance, dict) or not branches or not all(isinstance(b, Mapping) for b in branches):
         return None
     names = branches[0].get("properties", {})
-    return next((name for name in names if all(_pinned_values(b, name, root) is not None for b in branches)), None)
+    return next((name for name in names if all(_pinned_values(b, name, resolver) is not None for b in branches)), None)
 
 
-def _pinned_values(branch: Mapping[str, Any], name: str, root: Mapping[str, Any] | None) -> list[Any] | None:
+def _pinned_values(branch: Mapping[str, Any], name: str, resolver: Resolver | None) -> list[Any] | None:
     """The values ``branch`` allows for property ``name`` by ``const`` or ``enum``; None if it pins none."""
     properties = branch.get("properties")
-    schema = _resolve(properties.get(name), root) if isinstance(properties, Mapping) else None
+    schema = _resolve(properties.get(name), resolver) if isinstance(properties, Mapping) else None
     if not isinstance(schema, Mapping):
         return None
     if "const" in schema:
@@ -377,14 +381,14 @@ def _pinned_values(branch: Mapping[str, Any], name: str, root: Mapping[str, Any]
     return list(enum) if isinstance(enum, list) else None
 
 
-def _resolve(schema: Any, root: Mapping[str, Any] | None) -> Any:
-    """``schema``, or what its ``$ref`` names in ``root`` (followed to the end); None when that cannot
-    be found (no ``root``, or a reference outside it)."""
+def _resolve(schema: Any, resolver: Resolver | None) -> Any:
+    """``schema``, or what its ``$ref`` names through ``resolver`` (the root schema's, built once per
+    error; followed to the end); None when that cannot be found (no resolver, or a reference outside
+    the root)."""
     if not (isinstance(schema, Mapping) and "$ref" in schema):
         return schema
-    if root is None:
+    if resolver is None:
         return None
-    resolver = Registry().resolver_with_root(DRAFT202012.create_resource(root))
     for _ in range(32):  # a reference chain this long is a loop
         if not (isinstance(schema, Mapping) and "$ref" in schema):
             return schema
