@@ -180,7 +180,7 @@ ENGINE_RUNNER = env.str("ENGINE_RUNNER", default="auto")
 ENGINE_KV_CACHE_DTYPE = env.str("ENGINE_KV_CACHE_DTYPE", default="auto")
 # Prefix caching: a prompt that begins as one prefilled before reuses its keys and values:
 # auto (on unless MODEL_WEIGHTS=float32, the deterministic mode) | on | off; the stored prompts
-# take at most ENGINE_PREFIX_CACHE_MB, less what the running batch's cache holds.
+# take at most ENGINE_PREFIX_CACHE_MB, less what the running rows' positions hold.
 ENGINE_PREFIX_CACHING = env.str("ENGINE_PREFIX_CACHING", default="auto")
 ENGINE_PREFIX_CACHE_MB = env.int("ENGINE_PREFIX_CACHE_MB", default=128)
 
