@@ -26,6 +26,23 @@ from inference.weights import (
 KERNELS = cpu_kernels.load(None)
 needs_kernels = pytest.mark.skipif(KERNELS is None, reason=f"no CPU kernels here: {cpu_kernels.unavailable_reason()}")
 ROWS = [1, 2, 3, 5, 8, 11, 33, 70]  # 70: past weights.DENSE_ROWS, the dequantize-then-sgemm path
+# The block products' two versions: AVX2 everywhere the kernels load, AVX-512 where the CPU has it.
+ISAS = [
+    "avx2",
+    pytest.param(
+        "avx512",
+        marks=pytest.mark.skipif(not cpu_kernels.avx512_products(), reason="no AVX-512 (or torch below it) here"),
+    ),
+]
+
+
+@pytest.fixture(params=ISAS)
+def isa(request):
+    """Runs a test with the block products' AVX2 version, then with their AVX-512 one; restores the load's choice."""
+    chosen = KERNELS.avx512
+    KERNELS.set_avx512(request.param == "avx512")
+    yield request.param
+    KERNELS.set_avx512(chosen)
 
 
 def random_q4_1(out: int, inp: int, generator: torch.Generator) -> Q4_1Blocks:
@@ -48,16 +65,16 @@ def test_the_kernels_load_where_the_machine_can_build_them():
 
 @needs_kernels
 @pytest.mark.parametrize("rows", ROWS)
-def test_q4_1_product_is_the_float32_product_of_the_blocks_as_they_are(rows):
+def test_q4_1_product_is_the_float32_product_of_the_blocks_as_they_are(rows, isa):
     generator = torch.Generator().manual_seed(rows)
-    blocks = random_q4_1(40, 96, generator)
+    blocks = random_q4_1(46, 96, generator)  # 46: output features past whole blocks of 6 (AVX2) and 8 (AVX-512)
     layer = Q4_1Linear(blocks)
     x = torch.randn(rows, 96, generator=generator)
     with torch.inference_mode():
         expected = x @ blocks.dequantize().T
         assert torch.equal(layer.dequantized(), blocks.dequantize())  # no rounding of d or m
         assert relative_error(layer(x), expected) < 1e-6
-        residual = torch.randn(rows, 40, generator=generator)
+        residual = torch.randn(rows, 46, generator=generator)
         added = residual + expected
         layer.add_into(x, residual)
         assert relative_error(residual, added) < 1e-6
@@ -65,7 +82,7 @@ def test_q4_1_product_is_the_float32_product_of_the_blocks_as_they_are(rows):
 
 @needs_kernels
 @pytest.mark.parametrize("rows", ROWS)
-def test_q8_0_gives_q8_0_weights_back_and_computes_their_float32_product(rows):
+def test_q8_0_gives_q8_0_weights_back_and_computes_their_float32_product(rows, isa):
     generator = torch.Generator().manual_seed(rows)
     q = torch.randint(-127, 128, (24, 64), dtype=torch.int8, generator=generator)
     q[:, 0] = 127  # each group has its largest value, as ggml's quantizer makes them
