@@ -114,7 +114,7 @@ BATCH_SIZES = (1, 8, 32)
 # 538 MB, and a second copy next to it is not worth the memory unless it fits.
 DEFAULT_MEMORY_BUDGET = 600 * 2**20
 
-AUTOTUNE_VERSION = 2
+AUTOTUNE_VERSION = 3  # 3: plans prefer formats fast at more batch sizes (NEAR_FASTEST)
 
 
 # --- Support on this CPU -----------------------------------------------------------------------------
@@ -1042,18 +1042,35 @@ def _weight_bytes(name: str, shapes: Sequence[tuple[int, int]], count: int) -> i
     return int(count * sum(out * inp * per_value for out, inp in shapes))
 
 
+# How far behind the fastest format a format may time at a batch size and still count as fast there
+# (plan_from_timings).  One format's sweep varied by 25-45% between starts of the server on a 2-core
+# Xeon (q4_1 layers at 32 rows: 36 ms in a quiet process, 55 ms in a starting server), and a
+# bfloat16 output layer (57 MB beside the 32 MB of its q8_0 blocks) won by less than that.
+NEAR_FASTEST = 0.25
+
+
 def plan_from_timings(
     timings: dict[str, dict[int, float]], batch_sizes: Sequence[int], sizes: dict[str, int], memory_budget: int
 ) -> Plan:
     """The plan of the fastest format at each timed batch size, if its formats' memory fits ``memory_budget``.
 
     Each timed batch size covers rows up to the geometric middle between it and the next (1 and 8:
-    up to 2 rows; 8 and 32: up to 16).  When the fastest formats together do not fit, one format: the
-    one fitting the budget with the least total slowdown against the best at each batch size (or the
-    smallest, if none fits).  ``sizes``: bytes each format needs.
+    up to 2 rows; 8 and 32: up to 16).  A format within :data:`NEAR_FASTEST` of the fastest at a
+    batch size counts as fast there; each batch size takes the fast format that is fast at the most
+    batch sizes, then the smallest: each more format in a plan is one more copy of the weights in
+    memory, kept only for a gain larger than the autotune's own noise.  When the chosen formats
+    together do not fit, one format: the one fitting the budget with the least total slowdown
+    against the best at each batch size (or the smallest, if none fits).  ``sizes``: bytes each
+    format needs.
     """
     batch_sizes = sorted(batch_sizes)
-    best = [min(timings, key=lambda name: timings[name].get(b, math.inf)) for b in batch_sizes]
+    fastest = {b: min(t.get(b, math.inf) for t in timings.values()) for b in batch_sizes}
+    fast_at = {
+        name: {b for b in batch_sizes if by_batch.get(b, math.inf) <= fastest[b] * (1 + NEAR_FASTEST)}
+        for name, by_batch in timings.items()
+    }
+    ranked = sorted(timings, key=lambda name: (-len(fast_at[name]), sizes[name], name))
+    best = [next(name for name in ranked if b in fast_at[name]) for b in batch_sizes]
     if sum(sizes[name] for name in set(best)) <= memory_budget:
         steps: list[tuple[int | None, str]] = []
         for i, (batch, name) in enumerate(zip(batch_sizes, best)):
