@@ -385,6 +385,20 @@ class LlamaModelRunner:
         gate, up = gate_up.split(self.intermediate_size, dim=-1)
         return layer.down(F.silu(gate) * up)
 
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """RMSNorm of ``x`` ``[tokens, hidden]`` with scales ``weight``: our kernel's one call where
+        the fused decode ops run (float32), else torch's."""
+        if self._kernels is not None:
+            return self._kernels.rms_norm(x, weight, self.eps)
+        return F.rms_norm(x, (self.hidden_size,), weight, self.eps)
+
+    def _mlp_add(self, layer: _Layer, x: torch.Tensor) -> None:
+        """``x += _mlp(layer, x)`` in place, with our SiLU-times-up kernel where the fused decode ops run."""
+        if self._kernels is None:
+            x += self._mlp(layer, x)
+            return
+        layer.down_add(self._kernels.silu_mul(layer.gate_up(self._norm(x, layer.post_norm))), x)
+
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits ``[tokens, vocab]`` of final hidden states ``[tokens, hidden]``."""
         return self._lm_head(F.rms_norm(hidden, (self.hidden_size,), self._final_norm, self.eps)).float()
@@ -431,7 +445,7 @@ class LlamaModelRunner:
         x = self._embed(ids)  # [tokens, hidden]
         tokens = x.shape[0]
         for index, layer in enumerate(self._layers):
-            qkv = layer.qkv(F.rms_norm(x, (self.hidden_size,), layer.input_norm, self.eps))
+            qkv = layer.qkv(self._norm(x, layer.input_norm))
             qk = self._rotate(qkv[:, :qk_width].view(tokens, heads + kv_heads, dim), cos, sin)
             values = qkv[:, qk_width:].view(tokens, kv_heads, dim)
             attended = torch.empty(tokens, heads * dim, dtype=x.dtype, device=x.device)
@@ -469,8 +483,8 @@ class LlamaModelRunner:
                 )  # [1, heads, size, dim]
                 attended[rows] = output[0].transpose(0, 1).reshape(size, heads * dim)
                 offset += size
-            x += layer.o(attended)
-            x += self._mlp(layer, x)
+            layer.o_add(attended, x)
+            self._mlp_add(layer, x)
         wanted, offset = [], 0
         for chunk in chunks:
             size = len(chunk.token_ids)
@@ -647,7 +661,7 @@ class LlamaModelRunner:
         qk_width = (heads + kv_heads) * dim
         x = self._embed(ids)  # [rows, hidden]
         for index, layer in enumerate(self._layers):
-            qkv = layer.qkv(F.rms_norm(x, (self.hidden_size,), layer.input_norm, self.eps))
+            qkv = layer.qkv(self._norm(x, layer.input_norm))
             qk = self._rotate(qkv[:, :qk_width].view(rows, heads + kv_heads, dim), cos, sin)
             cache_keys, cache_values = (
                 self._layer_keys[index],
