@@ -75,6 +75,9 @@ class CPUKernels:
         self.set_avx512(avx512_products())
         self._rms_norm = function("rms_norm", pointer, size, size, pointer, real, pointer)
         self._silu_mul = function("silu_mul", pointer, size, size, pointer)
+        self._copy_cache_rows = function(
+            "copy_cache_rows", pointer, size, size, size, size, size, size, pointer, pointer, pointer, size, size
+        )
         layers_types = (pointer, size, size, pointer, size, size, size, size, size, real, pointer, pointer, pointer)
         self._decode_layers = {
             torch.float32: function("decode_layers_q4_1", *layers_types, size, size, real, integer),
@@ -154,6 +157,37 @@ class CPUKernels:
         out = torch.empty(rows, width, dtype=torch.float32)
         self._silu_mul(gate_up.data_ptr(), rows, width, out.data_ptr())
         return out
+
+    def copy_cache_rows(
+        self,
+        targets: torch.Tensor,
+        capacity: int,
+        row: int,
+        copies: int,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        length: int,
+    ) -> bool:
+        """Copy positions ``[0, length)`` of a prefilled cache into rows ``row .. row + copies - 1`` of
+        the running batch's caches; returns False (nothing copied) where the layouts do not allow it.
+
+        ``targets``: int64 ``[2 * layers]``, the addresses of each layer's key buffer, then each
+        layer's value buffer, all ``[row capacity, kv_heads, capacity, dim]`` contiguous, of
+        ``keys``' dtype (float16 or float32), with room for those rows and ``length`` columns (the caller's).
+        ``keys``/``values``: ``[layers, kv_heads, positions, dim]``, the same strides, ``dim``
+        contiguous.  Releases the GIL while it copies.
+        """
+        if keys.dtype not in (torch.float16, torch.float32) or keys.stride() != values.stride() or keys.stride(3) != 1:
+            return False
+        layers, kv_heads, _, dim = keys.shape
+        if targets.numel() != 2 * layers:
+            return False
+        strides = torch.tensor(keys.stride()[:3], dtype=torch.int64)
+        self._copy_cache_rows(
+            targets.data_ptr(), layers, row, copies, kv_heads, capacity, dim, keys.data_ptr(), values.data_ptr(),
+            strides.data_ptr(), length, keys.element_size(),
+        )  # fmt: skip
+        return True
 
     def decode_attention(
         self,

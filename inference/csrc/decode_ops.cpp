@@ -12,6 +12,7 @@
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #include <vector>
 
@@ -189,6 +190,34 @@ KERNEL_EXPORT void rms_norm(const float* x, int64_t rows, int64_t width, const f
     for (; i + 8 <= width; i += 8)
       _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_loadu_ps(weight + i), _mm256_mul_ps(_mm256_loadu_ps(xr + i), s)));
     for (; i < width; ++i) o[i] = weight[i] * (xr[i] * scale);
+  }
+}
+
+// A prefilled cache into rows [row0, row0 + copies) of the running batch's caches: targets holds the
+// addresses of every layer's key buffer, then every layer's value buffer, each [row capacity,
+// kv_heads, capacity, dim]; keys/values are [layers, kv_heads, positions, dim] with strides (in
+// elements) strides[0..2] and dim contiguous; positions [0, length) are copied.  element_size: bytes
+// per value (2 for float16, 4 for float32).  One call where torch's copy takes two views per layer.
+KERNEL_EXPORT void copy_cache_rows(const int64_t* targets, int64_t layers, int64_t row0, int64_t copies, int64_t kv_heads,
+                                   int64_t capacity, int64_t dim, const char* keys, const char* values,
+                                   const int64_t* strides, int64_t length, int64_t element_size) {
+  const int64_t run = dim * element_size;  // bytes of one position
+  for (int half = 0; half < 2; ++half) {
+    const char* source = half ? values : keys;
+    for (int64_t layer = 0; layer < layers; ++layer) {
+      char* target = reinterpret_cast<char*>(targets[half * layers + layer]);
+      for (int64_t copy = 0; copy < copies; ++copy)
+        for (int64_t head = 0; head < kv_heads; ++head) {
+          char* to = target + ((row0 + copy) * kv_heads + head) * capacity * run;
+          const char* from = source + (layer * strides[0] + head * strides[1]) * element_size;
+          if (strides[2] == dim) {
+            memcpy(to, from, static_cast<size_t>(length * run));
+          } else {
+            for (int64_t position = 0; position < length; ++position)
+              memcpy(to + position * run, from + position * strides[2] * element_size, static_cast<size_t>(run));
+          }
+        }
+    }
   }
 }
 

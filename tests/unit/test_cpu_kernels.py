@@ -188,3 +188,32 @@ def test_decode_attention_rotates_writes_the_cache_and_attends_over_each_rows_ow
         keys.float(), expected_keys.float(), rtol=1e-6 if cache_dtype == torch.float32 else 1e-3, atol=1e-6
     )
     assert torch.equal(values, expected_values)  # the row past the batch and every other column untouched
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("every_other_position", [False, True])
+def test_copy_cache_rows_puts_a_prefilled_cache_into_batch_rows_as_torch_does(dtype, every_other_position):
+    generator = torch.Generator().manual_seed(0)
+    layers, kv_heads, dim, capacity, length = 3, 2, 8, 16, 5
+    # The running batch's buffers: 4 rows, the first of which runs already (it must stay as it is).
+    keys = [torch.randn(4, kv_heads, capacity, dim, generator=generator).to(dtype) for _ in range(layers)]
+    values = [torch.randn(4, kv_heads, capacity, dim, generator=generator).to(dtype) for _ in range(layers)]
+    expected_keys, expected_values = [k.clone() for k in keys], [v.clone() for v in values]
+    source = torch.randn(2, layers, kv_heads, 2 * length, dim, generator=generator).to(dtype)
+    if every_other_position:  # a cache whose positions are not adjacent: copied position by position
+        source_keys, source_values = source[0, :, :, ::2], source[1, :, :, ::2]
+    else:
+        source_keys, source_values = source[0, :, :, :length], source[1, :, :, :length]
+    for layer in range(layers):
+        expected_keys[layer][1:3, :, :length] = source_keys[layer, None, :, :length]
+        expected_values[layer][1:3, :, :length] = source_values[layer, None, :, :length]
+    targets = torch.tensor([t.data_ptr() for t in (*keys, *values)], dtype=torch.int64)
+    assert KERNELS.copy_cache_rows(targets, capacity, 1, 2, source_keys, source_values, length)
+    for got, expected in zip((*keys, *values), (*expected_keys, *expected_values)):
+        assert torch.equal(got, expected)
+    # Layouts it does not take are refused, nothing copied: the caller copies with torch instead.
+    assert not KERNELS.copy_cache_rows(
+        targets, capacity, 1, 2, source_keys.bfloat16(), source_values.bfloat16(), length
+    )
+    assert not KERNELS.copy_cache_rows(targets[:2], capacity, 1, 2, source_keys, source_values, length)

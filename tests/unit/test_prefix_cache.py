@@ -104,6 +104,36 @@ def test_a_reused_prefix_gives_the_logits_of_a_prefill_from_scratch(tiny, new_to
         torch.testing.assert_close(runner.decode([3, 4])[1:], reference.decode([4]), atol=1e-10, rtol=2**-24)
 
 
+@pytest.mark.parametrize("kv_cache_dtype", [torch.float16, torch.float32])
+def test_a_prefix_stored_and_joined_by_our_kernels_copy_gives_the_logits_of_a_prefill_from_scratch(kv_cache_dtype):
+    # Float32 activations: our CPU kernels copy a joined prompt's cache into the batch and into the
+    # prefix cache (where they run); the copies must hold the very values the prefill wrote.
+    from inference import cpu_kernels
+
+    if cpu_kernels.load(None) is None:
+        pytest.skip(f"no CPU kernels here: {cpu_kernels.unavailable_reason()}")
+    model = tiny_model(vocab_size=VOCAB)
+    generator = torch.Generator().manual_seed(4)
+    first = torch.randint(0, VOCAB, (37,), generator=generator).tolist()
+    second = first + torch.randint(0, VOCAB, (5,), generator=generator).tolist()
+    runner = LlamaModelRunner(model, dtype=torch.float32, kv_cache_dtype=kv_cache_dtype, prefix_cache_bytes=64 << 20)
+    # The reference copies with torch (no kernels): a wrong copy must not be compared with itself.
+    reference = LlamaModelRunner(model, dtype=torch.float32, kv_cache_dtype=kv_cache_dtype, kernels=None)
+    assert runner._kernels is not None and reference._kernels is None
+    with torch.inference_mode():
+        prefill_whole(runner, 1, first)
+        runner.join(1, 2)  # two rows (n=2) of one prompt
+        reused = runner.reuse_prefix(2, second)
+        assert reused == 37
+        (logits,) = runner.prefill([PrefillChunk(2, second[reused:], reused, False)])
+        runner.join(2, 1)
+        torch.testing.assert_close(logits, prefill_whole(reference, 2, second), atol=1e-4, rtol=1e-4)
+        prefill_whole(reference, 1, first)
+        reference.join(1, 2)
+        reference.join(2, 1)
+        torch.testing.assert_close(runner.decode([3, 4, 5]), reference.decode([3, 4, 5]), atol=1e-4, rtol=1e-4)
+
+
 def test_reuse_is_off_at_budget_zero_and_forgotten_on_release_and_reset(tiny):
     ids = list(range(1, 30))
     with torch.inference_mode():
