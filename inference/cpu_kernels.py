@@ -15,8 +15,9 @@ whose layers are all Q4_1 is one call in all (:meth:`CPUKernels.decode_layers_q4
 
 The C++ sources are compiled once per source text, compiler and flags with the C++ compiler
 (``$CXX``, else ``c++``/``g++``), ``-O3 -mavx2 -mfma -mf16c``, into ``<cache_dir>/kernels/`` (about 6 s),
-and loaded with ctypes.  The block products also have AVX-512 versions (16-float vectors: a
-batch-1 step's products about 1.5 times as fast on a Xeon), used where :func:`avx512_products` says.  Their threads are their own (``csrc/pool.h``: a worker spins 100 us after
+and loaded with ctypes.  The block products also have AVX-512 versions (16-float vectors: the
+embedded model's layers 1.35-1.45 times as fast at 1 to 32 rows on a 2-core Xeon), used where
+:func:`avx512_products` says.  Their threads are their own (``csrc/pool.h``: a worker spins 100 us after
 a kernel, then sleeps), not libgomp's: with the server's ``OMP_WAIT_POLICY=PASSIVE`` each OpenMP
 region paid a wake-up, about 150 per decode step.  :func:`load` returns None where the CPU lacks
 AVX2, FMA or F16C, torch's capability is below AVX2 (``ATEN_CPU_CAPABILITY=default``), no compiler is
