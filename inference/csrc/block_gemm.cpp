@@ -278,8 +278,13 @@ void dequantize(const W& w, int64_t N, int64_t K, float* out, int threads) {
 // and the bytes shifted right by 4): a third of the AVX2 version's shuffles, half its conversions
 // and multiply-adds.  Chosen at run time (set_avx512, from torch's own CPU capability, so that
 // ATEN_CPU_CAPABILITY=avx2 makes these kernels act as on an AVX2 CPU too).
+// GCC takes the target from its pragma; clang, which ignores that pragma, from its attribute pragma.
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl")
+#endif
 namespace wide {
 
 // From this many rows on, gemm_many_rows: below it, dot_rows' blocks of 8 rows were faster on a
@@ -446,7 +451,11 @@ void gemm(const Blocks& w, const float* x, int64_t M, int64_t K, int64_t N, floa
 }
 
 }  // namespace wide
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 
 bool use_avx512 = false;
 
