@@ -28,6 +28,7 @@ from typing import Any
 import llguidance
 import llguidance.hf
 import llguidance.torch
+import numpy as np
 import torch
 
 CACHE_SIZE = 64  # compiled grammars kept; a compile costs ~10 ms, a cached one a deep copy
@@ -35,6 +36,32 @@ ANY_JSON_OBJECT: dict[str, Any] = {"type": "object"}  # ``json_object``: any JSO
 # Compact JSON (``{"a":1,"b":[2]}``, as OpenAI's structured outputs look): with free whitespace a
 # small model can emit blank lines until max_tokens, and the output is never whole.
 JSON_OPTIONS: Any = {"whitespace_flexible": False}  # llguidance's JsonCompileOptions, a TypedDict
+
+
+_BITS = torch.arange(32, dtype=torch.int32)
+
+
+def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
+    """Set ``logits`` ``[vocab]`` to ``-inf`` where ``bitmask`` (int32 ``[ceil(vocab / 32)]``, bit ``i % 32``
+    of word ``i // 32`` set: token ``i`` allowed, llguidance's layout) forbids them, in place.
+
+    On the CPU with numpy's ``unpackbits`` (tens of microseconds for 49152 tokens), elsewhere with
+    torch operations.  Not llguidance's ``apply_token_bitmask_inplace``: a ``torch.compile`` function,
+    whose first call compiled it with Inductor for 3-5 s in the middle of the first structured
+    request after a start, and which took 8 ms a call with two torch threads on a busy 2-core machine
+    (88 us with one).
+    """
+    vocab = logits.shape[0]
+    if logits.device.type == "cpu" and bitmask.device.type == "cpu" and logits.is_contiguous():
+        words = bitmask.numpy().astype("<i4", copy=False)  # little-endian words: byte j holds bits 8j..8j+7
+        allowed = np.unpackbits(words.view(np.uint8), bitorder="little")[:vocab]
+        values = logits.numpy()
+        np.copyto(values[: allowed.shape[0]], -np.inf, where=allowed == 0)
+        values[allowed.shape[0] :] = -np.inf  # tokens past the mask's words (none for a well-sized mask)
+        return
+    allowed_bits = ((bitmask[:, None] >> _BITS.to(bitmask.device)) & 1).reshape(-1)[:vocab]
+    logits[: allowed_bits.shape[0]].masked_fill_(allowed_bits == 0, float("-inf"))
+    logits[allowed_bits.shape[0] :] = float("-inf")
 
 
 class GrammarError(ValueError):
@@ -61,8 +88,7 @@ class GrammarMatcher:
             logits[self._eos_token_id] = keep
             return
         llguidance.torch.fill_next_token_bitmask(self._matcher, self._bitmask, 0)
-        bitmask = self._bitmask.to(logits.device, non_blocking=True)
-        llguidance.torch.apply_token_bitmask_inplace(logits.unsqueeze(0), bitmask)
+        apply_bitmask(logits, self._bitmask[0].to(logits.device, non_blocking=True))
 
     def accept(self, token_id: int) -> bool:
         """Advance past the sampled ``token_id``; True when the grammar is complete (the value is whole)."""

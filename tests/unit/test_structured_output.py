@@ -14,7 +14,7 @@ import jsonschema
 import pytest
 import torch
 
-from inference.structured import GrammarError, compile_json_grammar
+from inference.structured import GrammarError, apply_bitmask, compile_json_grammar
 
 SCHEMA = {
     "type": "object",
@@ -119,3 +119,20 @@ def test_a_schema_is_compiled_once():
 def test_a_schema_the_library_cannot_compile_is_a_grammar_error(schema):
     with pytest.raises(GrammarError):
         grammar(schema)
+
+
+@pytest.mark.parametrize("vocab", [31, 32, 100, 49152])
+@pytest.mark.parametrize("contiguous", [True, False], ids=["numpy", "torch"])
+def test_apply_bitmask_forbids_exactly_the_tokens_whose_bit_is_clear(vocab, contiguous):
+    generator = torch.Generator().manual_seed(vocab)
+    bitmask = torch.randint(-(2**31), 2**31 - 1, ((vocab + 31) // 32,), dtype=torch.int32, generator=generator)
+    bitmask[0] = -2  # every bit set but token 0's, the sign bit (token 31) too
+    storage = torch.randn(vocab, 2, generator=generator)
+    logits = storage[:, 0].contiguous() if contiguous else storage[:, 0]  # a strided view takes torch's path
+    before = logits.clone()
+    apply_bitmask(logits, bitmask)
+    words = bitmask.tolist()
+    allowed = torch.tensor([(words[i // 32] >> (i % 32)) & 1 == 1 for i in range(vocab)])
+    assert torch.equal(logits[allowed], before[allowed])
+    assert torch.isneginf(logits[~allowed]).all()
+    assert allowed[1 : min(vocab, 32)].all() and not allowed[0]
