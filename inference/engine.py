@@ -324,6 +324,7 @@ class Engine:
             self.load_error = error
             return
         self.ready = True
+        logger.info("Ready: %s answers requests (GET /healthz says 200)", self.model_id)
         with torch.inference_mode():
             while not self._stopping:
                 self._loop_once()

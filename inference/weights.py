@@ -876,14 +876,14 @@ def load_q4_1_blocks(path: Path, num_heads: int, num_kv_heads: int, cache_dir: P
 
     GGUFReader parses the whole file's metadata (the tokenizer's 49152 strings and merges) in Python,
     8 to 20 s on the 2-core CPU; the cached blocks load in well under a second.  The file name
-    carries a digest of the GGUF's path, size and mtime and the head counts, so a new file reads anew.
+    carries a digest of the GGUF's contents and the head counts, so a new file reads anew and the
+    same file elsewhere (a new virtual environment) does not.
     """
     from safetensors.torch import load_file, save_file
 
-    stat = Path(path).stat()
-    digest = hashlib.sha256(
-        f"{Path(path).resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{num_heads}:{num_kv_heads}".encode()
-    )
+    from .model_loader import file_digest
+
+    digest = hashlib.sha256(f"{file_digest(Path(path))}:{num_heads}:{num_kv_heads}".encode())
     target = Path(cache_dir) / f"{Path(path).stem}-q4_1-{digest.hexdigest()[:12]}.safetensors"
     try:
         tensors = load_file(target)

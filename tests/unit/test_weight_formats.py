@@ -255,6 +255,16 @@ def test_gguf_q4_1_blocks_read_back_in_transformers_order_and_from_the_cache(tmp
         ):
             assert torch.equal(got.q, expected.q) and torch.equal(got.d, expected.d) and torch.equal(got.m, expected.m)
         assert len(list((tmp_path / "cache").glob("*.safetensors"))) == 1
+    # The cache is keyed by the file's contents: the same file elsewhere (a new virtual environment)
+    # is read from it, a changed file is read anew.
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "tiny.gguf").write_bytes((tmp_path / "tiny.gguf").read_bytes())
+    weights.load_q4_1_blocks(tmp_path / "elsewhere" / "tiny.gguf", 4, 2, tmp_path / "cache")
+    assert len(list((tmp_path / "cache").glob("*.safetensors"))) == 1
+    write_gguf(tmp_path / "elsewhere" / "tiny.gguf", {"blk.0.attn_v.weight": v_proj})
+    changed = weights.load_q4_1_blocks(tmp_path / "elsewhere" / "tiny.gguf", 4, 2, tmp_path / "cache")
+    assert set(changed) == {"model.layers.0.self_attn.v_proj.weight"}
+    assert len(list((tmp_path / "cache").glob("*.safetensors"))) == 2
 
 
 def test_auto_picks_only_formats_measured_no_worse_than_what_shipped(tmp_path):
