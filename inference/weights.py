@@ -454,7 +454,9 @@ class _BlockLinear(WeightLinear):
         return out if x.dim() == 2 else out.reshape(*x.shape[:-1], self.out_features)
 
     def add_into(self, x: torch.Tensor, residual: torch.Tensor) -> None:
-        if x.shape[0] >= DENSE_ROWS:
+        # Our kernels add float32 into a contiguous float32 buffer: another residual (bfloat16
+        # activations) takes the product through torch's conversion instead.
+        if x.shape[0] >= DENSE_ROWS or residual.dtype != torch.float32 or not residual.is_contiguous():
             residual += self.compute(x)
             return
         self._check_width(x)

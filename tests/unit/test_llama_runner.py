@@ -441,3 +441,38 @@ def test_float32_weights_keep_a_float32_kv_cache_under_auto(tiny32):
     assert build_runner(tiny32, "llama", 2, weights="float32").kv_dtype == torch.float32
     assert build_runner(tiny32, "llama", 2, weights="q8_0").kv_dtype == torch.float16
     assert build_runner(tiny32, "llama", 2, weights="q8_0", kv_cache_dtype="float32").kv_dtype == torch.float32
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("weights", ["q4_1", "q8_0"])
+def test_our_kernels_formats_under_half_precision_activations_add_into_the_residual_in_its_dtype(
+    tiny32, dtype, weights
+):
+    """A runner computing in bfloat16 or float16 with q4_1 or q8_0 layers (``MODEL_DTYPE=bfloat16
+    MODEL_WEIGHTS=q4_1``): the kernels add float32 only into a float32 residual; this residual is
+    ``dtype``, and writing float32 into it overran the buffer (a heap corruption at warm-up). The
+    logits follow the float32 runner's within the half precision's rounding."""
+    if cpu_kernels.load(None) is None:
+        pytest.skip(f"no CPU kernels here: {cpu_kernels.unavailable_reason()}")
+    from inference.weights import make_linear as make_format
+
+    def factory(weight, activation_dtype, names):
+        return make_format(weight.float(), None, weights)
+
+    half = LlamaModelRunner(tiny32, dtype=dtype, linear_factory=factory)
+    full = LlamaModelRunner(tiny32, dtype=torch.float32, linear_factory=factory)
+    prompt = random_ids(torch.Generator().manual_seed(5), 70)  # 70 rows: the dense path too, then 1 row
+    with torch.inference_mode():
+        for runner in (half, full):
+            (logits,) = runner.prefill([PrefillChunk(1, prompt[:9], 0, False)])
+            runner.prefill([PrefillChunk(2, prompt, 0, False)])
+            runner.join(1, 1)
+            runner.join(2, 1)
+            runner.logits = (logits, runner.decode([3, 4]))
+    for got, expected in zip(half.logits, full.logits):
+        assert got.dtype == torch.float32 and torch.isfinite(got).all()
+        # bfloat16 keeps 8 bits of mantissa: within 10% of the logits' range (measured up to 4.5%).
+        assert (got - expected).abs().max() <= 0.1 * expected.abs().max(), (
+            (got - expected).abs().max(),
+            expected.abs().max(),
+        )
