@@ -1060,28 +1060,34 @@ def plan_from_timings(
     up to 2 rows; 8 and 32: up to 16).  A format within :data:`NEAR_FASTEST` of the fastest at a
     batch size counts as fast there; each batch size takes the fast format that is fast at the most
     batch sizes, then the smallest: each more format in a plan is one more copy of the weights in
-    memory, kept only for a gain larger than the autotune's own noise.  When the chosen formats
-    together do not fit, one format: the one fitting the budget with the least total slowdown
-    against the best at each batch size (or the smallest, if none fits).  ``sizes``: bytes each
-    format needs.
+    memory, kept only for a gain larger than the autotune's own noise.  When those formats together
+    do not fit ``memory_budget``, the fastest format at each batch size, if they fit; else one
+    format: the one fitting the budget with the least total slowdown against the best at each batch
+    size (or the smallest, if none fits).  ``sizes``: bytes each format needs; a missing or NaN
+    timing counts as infinitely slow.
     """
     batch_sizes = sorted(batch_sizes)
+    # A missing or NaN timing counts as never fast.
+    timings = {name: {b: ms for b, ms in by_batch.items() if not math.isnan(ms)} for name, by_batch in timings.items()}
     fastest = {b: min(t.get(b, math.inf) for t in timings.values()) for b in batch_sizes}
     fast_at = {
         name: {b for b in batch_sizes if by_batch.get(b, math.inf) <= fastest[b] * (1 + NEAR_FASTEST)}
         for name, by_batch in timings.items()
     }
     ranked = sorted(timings, key=lambda name: (-len(fast_at[name]), sizes[name], name))
-    best = [next(name for name in ranked if b in fast_at[name]) for b in batch_sizes]
-    if sum(sizes[name] for name in set(best)) <= memory_budget:
-        steps: list[tuple[int | None, str]] = []
-        for i, (batch, name) in enumerate(zip(batch_sizes, best)):
-            bound = None if i == len(batch_sizes) - 1 else int(math.sqrt(batch * batch_sizes[i + 1]))
-            if steps and steps[-1][1] == name:
-                steps[-1] = (bound, name)
-            else:
-                steps.append((bound, name))
-        return Plan(tuple(steps))
+    near = [next(name for name in ranked if b in fast_at[name]) for b in batch_sizes]
+    strict = [min(timings, key=lambda name: timings[name].get(b, math.inf)) for b in batch_sizes]
+    # The plan of fast formats; if it does not fit, the fastest format at each batch size, if that does.
+    for best in (near, strict):
+        if sum(sizes[name] for name in set(best)) <= memory_budget:
+            steps: list[tuple[int | None, str]] = []
+            for i, (batch, name) in enumerate(zip(batch_sizes, best)):
+                bound = None if i == len(batch_sizes) - 1 else int(math.sqrt(batch * batch_sizes[i + 1]))
+                if steps and steps[-1][1] == name:
+                    steps[-1] = (bound, name)
+                else:
+                    steps.append((bound, name))
+            return Plan(tuple(steps))
     fitting = [name for name in timings if sizes[name] <= memory_budget] or [min(timings, key=sizes.__getitem__)]
 
     def slowdown(name: str) -> float:

@@ -7,6 +7,7 @@ Tiny random matrices; nothing here is timed (bench/weight_formats.py measures sp
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -197,6 +198,18 @@ def test_a_second_format_is_kept_only_for_a_gain_beyond_the_autotunes_noise():
     # Where two formats are fast at as many batch sizes, the smaller.
     timings = {"float32": {1: 10.0, 32: 10.0}, "bfloat16": {1: 11.0, 32: 11.0}}
     assert weights.plan_from_timings(timings, (1, 32), sizes, 1000) == Plan.single("bfloat16")
+    # When the fast formats together pass the budget, the fastest at each batch size, if they fit
+    # (the embedded layers' sizes in MB; found by the adversary: the rule fell back to one format).
+    timings = {
+        "q4_1": {1: 10.0, 8: 50.0, 32: 200.0},
+        "bfloat16": {1: 12.0, 8: 24.0, 32: 80.0},
+        "float32": {1: 15.0, 8: 20.0, 32: 40.0},
+    }
+    sizes = {"q4_1": 76, "bfloat16": 202, "float32": 405}
+    assert weights.plan_from_timings(timings, (1, 8, 32), sizes, 600) == Plan(((2, "q4_1"), (None, "float32")))
+    # A NaN timing counts as never fast.
+    timings = {"a": {1: math.nan, 32: 5.0}, "b": {1: 4.0, 32: 6.0}}
+    assert weights.plan_from_timings(timings, (1, 32), {"a": 1, "b": 1}, 10) == Plan.single("b")
 
 
 def test_model_weights_setting_reaches_the_model_config(settings):
