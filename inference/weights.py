@@ -114,7 +114,7 @@ BATCH_SIZES = (1, 8, 32)
 # 538 MB, and a second copy next to it is not worth the memory unless it fits.
 DEFAULT_MEMORY_BUDGET = 600 * 2**20
 
-AUTOTUNE_VERSION = 3  # 3: plans prefer formats fast at more batch sizes (NEAR_FASTEST)
+AUTOTUNE_VERSION = 4  # 3: plans prefer formats fast at more batch sizes (NEAR_FASTEST); 4: within the budget
 
 
 # --- Support on this CPU -----------------------------------------------------------------------------
