@@ -217,3 +217,18 @@ def test_copy_cache_rows_puts_a_prefilled_cache_into_batch_rows_as_torch_does(dt
         targets, capacity, 1, 2, source_keys.bfloat16(), source_values.bfloat16(), length
     )
     assert not KERNELS.copy_cache_rows(targets[:2], capacity, 1, 2, source_keys, source_values, length)
+
+
+@needs_kernels
+def test_q4_1_at_one_row_keeps_float32_precision_when_the_activations_have_a_mean(isa):
+    # Symmetric groups (m = -7.5 d, as Q4_1 makes of zero-centred weights) and x with a mean of 100:
+    # the one-row product's group sums must not cancel (uncentred nibbles lost two digits here).
+    generator = torch.Generator().manual_seed(3)
+    q = torch.randint(0, 16, (64, 1024), dtype=torch.uint8, generator=generator)
+    d = (torch.rand(64, 32, generator=generator) * 0.01 + 0.001).half()
+    blocks = Q4_1Blocks(q, d, (-7.5 * d.float()).half())
+    layer = Q4_1Linear(blocks)
+    x = torch.randn(1, 1024, generator=generator) + 100
+    expected = x.double() @ blocks.dequantize().double().T
+    with torch.inference_mode():
+        assert relative_error(layer(x).double(), expected) < 3e-6
