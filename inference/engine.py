@@ -317,7 +317,6 @@ class Engine:
             started = time.perf_counter()
             with torch.inference_mode():
                 self.runner.warm_up()
-                self._warm_up_grammars()
             logger.info("Model runner: %s; warmed up in %.1f s", self.runner.description, time.perf_counter() - started)
         except BaseException as error:  # noqa: BLE001 - reported through /healthz and the log
             logger.exception("The model failed to load")
@@ -329,16 +328,6 @@ class Engine:
             while not self._stopping:
                 self._loop_once()
         self._fail_all(EngineShuttingDown("The server is shutting down."))
-
-    def _warm_up_grammars(self) -> None:
-        """Build the grammar library's view of the tokenizer (about 0.5 s for the embedded model's
-        49152 tokens) and mask one row, so the first structured request after a start waits for
-        neither.  A failure is logged: unconstrained requests do not need the library."""
-        try:
-            matcher = self.compile_grammar(None).matcher()
-            matcher.mask_logits(torch.zeros(self.vocab_size))
-        except Exception:  # noqa: BLE001 - structured output then fails per request, with its own error
-            logger.warning("Structured output could not be warmed up", exc_info=True)
 
     def _install(self, model, tokenizer, loaded: bool = False) -> None:
         self.model = model
