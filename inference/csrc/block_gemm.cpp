@@ -153,13 +153,19 @@ inline void outer_any(int features, const float* weights, const float* xt, int64
   }
 }
 
+// x [M, K] transposed into [K, padded], rows M..padded zero: the outer-product kernels' layout.
+inline std::vector<float> transposed(const float* x, int64_t M, int64_t K, int64_t padded) {
+  std::vector<float> xt(static_cast<size_t>(K * padded), 0.0f);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k) xt[k * padded + m] = x[m * K + k];
+  return xt;
+}
+
 template <typename W>
 void gemm_many_rows(const W& w, const float* x, int64_t M, int64_t K, int64_t N, float* y, bool add, int threads) {
   constexpr int FEATURES = 6;
   const int64_t padded = (M + 7) / 8 * 8;
-  std::vector<float> xt(static_cast<size_t>(K * padded), 0.0f);
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t k = 0; k < K; ++k) xt[k * padded + m] = x[m * K + k];
+  const std::vector<float> xt = transposed(x, M, K, padded);
   const int64_t blocks = (N + FEATURES - 1) / FEATURES;
   const int64_t groups = K / GROUP;
   kernels::parallel_for(blocks, threads, [&](int64_t first, int64_t last) {
@@ -421,9 +427,7 @@ inline void outer_block(const float* weights, const float* xt, int64_t K, int64_
 template <int FEATURES, typename W, typename Blocks>
 void gemm_many_rows(const Blocks& w, const float* x, int64_t M, int64_t K, int64_t N, float* y, bool add, int threads) {
   const int64_t padded = (M + 15) / 16 * 16;
-  std::vector<float> xt(static_cast<size_t>(K * padded), 0.0f);
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t k = 0; k < K; ++k) xt[k * padded + m] = x[m * K + k];
+  const std::vector<float> xt = transposed(x, M, K, padded);
   const int64_t blocks = (N + FEATURES - 1) / FEATURES;
   const int64_t groups = K / GROUP;
   kernels::parallel_for(blocks, threads, [&](int64_t first, int64_t last) {
@@ -438,7 +442,6 @@ void gemm_many_rows(const Blocks& w, const float* x, int64_t M, int64_t K, int64
           _mm512_storeu_ps(&weights[f * K + g * GROUP], dequantized[0]);
           _mm512_storeu_ps(&weights[f * K + g * GROUP + 16], dequantized[1]);
         }
-      if (features < FEATURES) std::fill(weights.begin() + features * K, weights.end(), 0.0f);
       int64_t m0 = 0;
       for (; m0 + 32 <= padded; m0 += 32) outer_block<FEATURES, 2>(weights.data(), xt.data(), K, padded, N, n0, features, m0, M, y, add);
       if (m0 < padded) outer_block<FEATURES, 1>(weights.data(), xt.data(), K, padded, N, n0, features, m0, M, y, add);
