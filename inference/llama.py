@@ -318,7 +318,7 @@ class LlamaModelRunner:
         it has one (:meth:`inference.weights.WeightLinear.add_into`: our kernels accumulate without a
         temporary)."""
         add_into = getattr(linear, "add_into", None)
-        if add_into is not None and self.dtype == torch.float32:
+        if add_into is not None:
             return add_into
         compute = self._residual_linear(linear)
 
