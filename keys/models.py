@@ -13,6 +13,7 @@ Each key may carry its own limits (requests and tokens per minute, concurrent re
 calendar month) and a list of the models it may use; an empty limit means the global default
 (``API_DEFAULT_*`` settings), and 0 means no limit.  ``keys.limits`` enforces them.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -26,8 +27,8 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import RegexValidator
-from django.db import IntegrityError, models, transaction
-from django.db.models import F, Q
+from django.db import IntegrityError, connections, models, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from .periods import usage_day
@@ -266,9 +267,7 @@ class UsageRecord(models.Model):
     accounting survives deletions.
     """
 
-    api_key = models.ForeignKey(
-        APIKey, on_delete=models.SET_NULL, null=True, blank=True, related_name="usage_records"
-    )
+    api_key = models.ForeignKey(APIKey, on_delete=models.SET_NULL, null=True, blank=True, related_name="usage_records")
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="usage_records"
     )
@@ -312,14 +311,32 @@ class DailyUsageQuerySet(models.QuerySet):
             return
         row = {"api_key_id": record.api_key_id, "model": record.model, "day": usage_day(record.created_at)}
         increments = rollup_increments(record)
-        changes = {name: F(name) + value for name, value in increments.items()}
-        if self.filter(**row).update(**changes):
+        if self._increment(row, increments):
             return
         try:
             with transaction.atomic(using=self.db):
                 self.create(**row, **increments)
         except IntegrityError:
-            self.filter(**row).update(**changes)
+            self._increment(row, increments)
+
+    def _increment(self, row: dict[str, Any], increments: dict[str, int]) -> int:
+        """``UPDATE ... SET f = f + %s ... WHERE`` the ``row``; returns the rows changed (0 or 1).
+
+        The statement is written here, not by ``update(f=F(f) + n)``: Django compiles that anew per
+        call, 0.4 ms of the 1 ms a usage record took on SQLite, once per API request."""
+        connection = connections[self.db]
+        quote = connection.ops.quote_name
+        fields = {field.attname: field for field in self.model._meta.concrete_fields}
+        column = {name: quote(field.column) for name, field in fields.items()}
+        assignments = ", ".join(f"{column[name]} = {column[name]} + %s" for name in increments)
+        where = " AND ".join(f"{column[name]} = %s" for name in row)
+        values = [
+            *increments.values(),
+            *(fields[name].get_db_prep_value(value, connection) for name, value in row.items()),
+        ]
+        with connection.cursor() as cursor:
+            cursor.execute(f"UPDATE {quote(self.model._meta.db_table)} SET {assignments} WHERE {where}", values)
+            return cursor.rowcount
 
 
 class DailyUsage(models.Model):
