@@ -27,7 +27,7 @@ from typing import Any
 
 import llguidance
 import llguidance.hf
-import llguidance.torch
+import llguidance.numpy  # not llguidance.torch: importing it loads torch.compile's machinery (48 MB RSS)
 import numpy as np
 import torch
 
@@ -73,7 +73,7 @@ class GrammarMatcher:
 
     def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int, eos_token_id: int) -> None:
         self._matcher = matcher
-        self._bitmask = llguidance.torch.allocate_token_bitmask(1, vocab_size)  # [1, ceil(vocab/32)] int32
+        self._bitmask = llguidance.numpy.allocate_token_bitmask(1, vocab_size)  # [1, ceil(vocab/32)] int32
         self._eos_token_id = eos_token_id
 
     def mask_logits(self, logits: torch.Tensor) -> None:
@@ -87,8 +87,8 @@ class GrammarMatcher:
             logits.fill_(float("-inf"))
             logits[self._eos_token_id] = keep
             return
-        llguidance.torch.fill_next_token_bitmask(self._matcher, self._bitmask, 0)
-        apply_bitmask(logits, self._bitmask[0].to(logits.device, non_blocking=True))
+        llguidance.numpy.fill_next_token_bitmask(self._matcher, self._bitmask, 0)
+        apply_bitmask(logits, torch.from_numpy(self._bitmask[0]).to(logits.device))
 
     def accept(self, token_id: int) -> bool:
         """Advance past the sampled ``token_id``; True when the grammar is complete (the value is whole)."""
