@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from . import memory, sampling, structured
+from . import cpu_kernels, memory, sampling, structured
 from . import metrics as m
 from .model_loader import ModelConfig, embedded_gguf_path, load_model, model_fingerprint
 from .model_runner import ModelRunner, PrefillChunk, build_runner
@@ -82,6 +82,7 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"  # auto | float32 | float16 | bfloat16 (the Llama runner's KV cache)
     prefix_caching: str = "auto"  # auto | on | off (inference.prefix_cache; auto: off with MODEL_WEIGHTS=float32)
     prefix_cache_mb: int = 128  # the prefix cache's budget, shared with the running rows' positions
+    q8_activations: bool = False  # one-row Q4_1 products on the AVX2 code round x to 8 bits (cpu_kernels.set_q8_activations)
 
 
 class RequestStream:
@@ -319,6 +320,8 @@ class Engine:
             else:
                 self.device = next(model.parameters()).device
             self._install(model, tokenizer, loaded)
+            if self.config.q8_activations and (kernels := cpu_kernels.load(None)) is not None:
+                kernels.set_q8_activations(True)
             # Before ready: the first request after /healthz says 200 finds kernels chosen and
             # buffers grown, and is as fast as later ones (issue 12).
             started = time.perf_counter()

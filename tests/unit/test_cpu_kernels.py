@@ -232,3 +232,54 @@ def test_q4_1_at_one_row_keeps_float32_precision_when_the_activations_have_a_mea
     expected = x.double() @ blocks.dequantize().double().T
     with torch.inference_mode():
         assert relative_error(layer(x).double(), expected) < 3e-6
+
+
+@needs_kernels
+def test_q4_1_one_row_with_8_bit_activations_is_llama_cpps_integer_product():
+    # The AVX2 one-row product with set_q8_activations (ENGINE_Q8_ACTIVATIONS=on): x rounded to 8 bits per group of 32 (scale
+    # max|x| / 127), the centred nibbles' integer dot product, then d * dx and (m + 8 d) * sum(x).
+    generator = torch.Generator().manual_seed(5)
+    blocks = random_q4_1(46, 96, generator)
+    layer = Q4_1Linear(blocks)
+    x = torch.randn(1, 96, generator=generator) * 3
+    x[0, 40] = 0.0
+    x[0, 64:] = 0.0  # an all-zero group: scale 0, no division by it
+    chosen = KERNELS.avx512
+    assert not KERNELS.q8_activations  # off unless asked for
+    try:
+        KERNELS.set_avx512(False)
+        KERNELS.set_q8_activations(True)
+        with torch.inference_mode():
+            got = layer(x).double()
+            residual = torch.randn(1, 46, generator=generator)
+            added = residual.double() + got
+            layer.add_into(x, residual)
+    finally:
+        KERNELS.set_q8_activations(False)
+        KERNELS.set_avx512(chosen)
+    groups = x.view(3, 32)  # the rounding in float32, as the kernel does it
+    scale = groups.abs().amax(dim=1) / 127
+    inverse = torch.where(scale > 0, 1 / torch.where(scale > 0, scale, 1), 0)
+    rounded = torch.round(groups * inverse[:, None]).double()  # to nearest, ties to even
+    groups, scale = groups.double(), scale.double()
+    q = blocks.q.double().view(46, 3, 32) - 8
+    d, m = blocks.d.double(), blocks.m.double()
+    expected = ((q * rounded).sum(-1) * d * scale + (m + 8 * d) * groups.sum(-1)).sum(-1)
+    assert relative_error(got[0], expected) < 1e-6
+    assert relative_error(residual.double(), added) < 1e-6
+    # ... and within the rounding's reach of the float32 product.
+    exact = x.double() @ blocks.dequantize().double().T
+    assert 1e-7 < relative_error(got, exact) < 3e-2
+
+
+@needs_kernels
+def test_engine_q8_activations_setting_turns_the_rounding_on():
+    from testing.tiny_engine import start_tiny_engine
+
+    assert not KERNELS.q8_activations
+    engine = start_tiny_engine(q8_activations=True)
+    try:
+        assert KERNELS.q8_activations
+    finally:
+        engine.stop()
+        KERNELS.set_q8_activations(False)

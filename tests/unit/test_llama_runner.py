@@ -91,9 +91,11 @@ def random_ids(generator: torch.Generator, size: int, vocab: int = VOCAB) -> lis
 
 
 # (atol, rtol).  Float64: the same computation, up to the rounding of the returned logits to
-# float32 (a relative 2**-24).  Float32: just above transformers' own disagreement with itself.
+# float32 (a relative 2**-24).  Float32: just above transformers' own disagreement with itself; for
+# the embedded model (logits up to about 20) 2e-4: on the AVX2 code (ATEN_CPU_CAPABILITY=avx2, as on
+# a Zen 3) 13 of 442,368 logits differed by up to 1.27e-4, on the AVX-512 code by less than 1e-4.
 EXACT = (1e-10, 2**-24)
-FLOAT32 = {"tiny": (3e-5, 0.0), "embedded": (1e-4, 0.0)}
+FLOAT32 = {"tiny": (3e-5, 0.0), "embedded": (2e-4, 0.0)}
 BFLOAT16 = (1.5, 0.0)
 FLOAT16_KV = (0.1, 0.0)  # float16 keys and values (11 significant bits), logits up to 9: measured 0.034
 
