@@ -76,6 +76,7 @@ class CPUKernels:
         self.avx512 = False
         self.set_avx512(avx512_products())
         self.q8_activations = False  # the library's own default
+        self.q8_available = True  # until the load's self-check says otherwise
         self._rms_norm = function("rms_norm", pointer, size, size, pointer, real, pointer)
         self._silu_mul = function("silu_mul", pointer, size, size, pointer)
         self._copy_cache_rows = function(
@@ -103,11 +104,16 @@ class CPUKernels:
         """Whether a one-row Q4_1 product (a one-stream decode step) on the AVX2 code rounds its
         activations to 8 bits per group of 32 and multiplies with integer instructions, as
         llama.cpp's AVX2 q4_1 dot product does (``on``), or stays in float32 (the default), in every
-        thread from the next call on.  ``ENGINE_Q8_ACTIVATIONS=on`` turns it on: on a 2-core Xeon's
+        thread from the next call on.  Any one-row product: a one-stream decode step, or a prefill
+        chunk of one token (so a request's tokens may differ alone and in a batch).  Where the load's
+        self-check found the integer product wrong, it stays off (logged).  ``ENGINE_Q8_ACTIVATIONS=on`` turns it on: on a 2-core Xeon's
         AVX2 code the embedded model's layers at one row took 8.9 -> 4.2 ms, at a product's relative
         error of about 1e-2 against 1e-7 (greedy text diverges sooner: the README).  The AVX-512
         products never round.
         """
+        if on and not self.q8_available:
+            logger.warning("The 8-bit activations' product gives wrong results here; keeping float32")
+            on = False
         self.q8_activations = bool(on)
         self._set_q8_activations(int(self.q8_activations))
 
@@ -321,6 +327,12 @@ def _build(compiler: str, target: Path) -> None:
 DEFAULT_CACHE_DIR = Path(".cache/models")
 
 
+def loaded() -> CPUKernels | None:
+    """The kernels an earlier :func:`load` of this process loaded, without loading them."""
+    with _lock:
+        return next((kernels for kernels in _loaded.values() if kernels is not None), None)
+
+
 def load(cache_dir: Path | None = DEFAULT_CACHE_DIR) -> CPUKernels | None:
     """The kernels, built into ``cache_dir/kernels`` at the first call of a process (a cached build
     is reused); None, with the reason logged once, where they cannot run or be built.
@@ -382,16 +394,16 @@ def _works(kernels: CPUKernels) -> bool:
     q8 = torch.randint(-127, 128, (24, 64), dtype=torch.int8, generator=generator)
     weight8 = (q8.float().reshape(24, 2, GROUP) * d[..., None]).reshape(24, 64)
     close = True
-    rounding = kernels.q8_activations
-    kernels.set_q8_activations(False)
-    try:
-        for rows in (1, 2, 3, 8, 11, 12, 20):
-            close &= torch.allclose(kernels.q4_1(x[:rows], qs, d, m), x[:rows] @ weight.T, rtol=1e-4, atol=1e-4)
-            close &= torch.allclose(kernels.q8_0(x[:rows], q8, d), x[:rows] @ weight8.T, rtol=1e-4, atol=1e-4)
-        # The one-row product with 8-bit activations: within their rounding of the float32 product.
-        kernels.set_q8_activations(True)
-        expected = x[:1] @ weight.T
-        close &= bool((kernels.q4_1(x[:1], qs, d, m) - expected).abs().max() <= 3e-2 * expected.abs().max())
-    finally:
-        kernels.set_q8_activations(rounding)
+    for rows in (1, 2, 3, 8, 11, 12, 20):
+        close &= torch.allclose(kernels.q4_1(x[:rows], qs, d, m), x[:rows] @ weight.T, rtol=1e-4, atol=1e-4)
+        close &= torch.allclose(kernels.q8_0(x[:rows], q8, d), x[:rows] @ weight8.T, rtol=1e-4, atol=1e-4)
+    # The AVX2 one-row product with 8-bit activations (off by default): within their rounding of the
+    # float32 product, or it stays unavailable (the rest of the kernels are still used).
+    avx512 = kernels.avx512
+    kernels.set_avx512(False)
+    kernels._set_q8_activations(1)
+    expected = x[:1] @ weight.T
+    kernels.q8_available = bool((kernels.q4_1(x[:1], qs, d, m) - expected).abs().max() <= 3e-2 * expected.abs().max())
+    kernels._set_q8_activations(0)
+    kernels.set_avx512(avx512)
     return bool(close)

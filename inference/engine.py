@@ -320,8 +320,8 @@ class Engine:
             else:
                 self.device = next(model.parameters()).device
             self._install(model, tokenizer, loaded)
-            if self.config.q8_activations and (kernels := cpu_kernels.load(None)) is not None:
-                kernels.set_q8_activations(True)
+            if (kernels := cpu_kernels.loaded()) is not None:  # loaded by the model's formats, if they use them
+                kernels.set_q8_activations(self.config.q8_activations)
             # Before ready: the first request after /healthz says 200 finds kernels chosen and
             # buffers grown, and is as fast as later ones (issue 12).
             started = time.perf_counter()

@@ -16,6 +16,7 @@ are not counted.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -25,17 +26,25 @@ BUSY = 0.5  # the other Python threads' share of one core above which the engine
 QUIET = 0.25  # ... below which it takes the core back
 
 
+def thread_cpu_clock(native_id: int) -> int:
+    """The CPU-time clock id of this process's thread ``native_id`` (Linux's encoding of a
+    per-thread CPU clock: the kernel refuses it, EINVAL, for a thread that is gone or not ours).
+    Built from the kernel's thread id, not with ``pthread_getcpuclockid``, which reads the thread's
+    glibc structure and could read freed memory for a thread that just ended."""
+    return ((~native_id) << 3) | 6  # CPUCLOCK_PERTHREAD_MASK | CPUCLOCK_SCHED
+
+
 def python_thread_cpu_times(exclude: int) -> dict[int, float]:
-    """CPU seconds used so far by each live Python thread of the process but ``exclude`` (an ident),
-    keyed by ident.  Threads that end while they are read are left out."""
+    """CPU seconds used so far by each live Python thread of the process but ``exclude`` (a native
+    thread id), keyed by native id.  Threads that end while they are read are left out."""
     times = {}
     for thread in threading.enumerate():
-        ident = thread.ident
-        if ident is None or ident == exclude:
+        native_id = thread.native_id
+        if native_id is None or native_id == exclude:
             continue
         try:
-            times[ident] = time.clock_gettime(time.pthread_getcpuclockid(ident))
-        except (OSError, OverflowError):  # it ended meanwhile
+            times[native_id] = time.clock_gettime(thread_cpu_clock(native_id))
+        except OSError:  # it ended meanwhile
             continue
     return times
 
@@ -45,7 +54,7 @@ class ThreadBudget:
 
     Call :meth:`update` from the engine's thread once per loop; it returns the count to set when it
     changes, else None.  ``threads`` below 2 never changes.  ``clock`` and ``cpu_times`` are for
-    tests (``cpu_times()`` returns ``{ident: cpu seconds}`` as :func:`python_thread_cpu_times`).
+    tests (``cpu_times()`` returns ``{thread id: cpu seconds}`` as :func:`python_thread_cpu_times`).
     """
 
     def __init__(
@@ -59,7 +68,7 @@ class ThreadBudget:
         self.current = threads
         self.share = 0.0  # the other threads' share of one core over the last interval
         self._clock = clock
-        engine = threading.get_ident()
+        engine = threading.get_native_id()
         self._cpu_times = cpu_times or (lambda: python_thread_cpu_times(engine))
         self._last_time = clock()
         self._last_cpu = self._cpu_times()
@@ -72,8 +81,12 @@ class ThreadBudget:
         if now - self._last_time < INTERVAL:
             return None
         cpu = self._cpu_times()
-        # Threads seen both times; a new one counts from its start, an ended one drops out.
-        used = sum(seconds - self._last_cpu.get(ident, 0.0) for ident, seconds in cpu.items())
+        # Threads seen both times; a new one counts from its start, an ended one drops out.  A new
+        # thread may reuse an ended one's id: a reading below the last one is such a thread's own.
+        used = sum(
+            seconds - self._last_cpu[ident] if seconds >= self._last_cpu.get(ident, math.inf) else seconds
+            for ident, seconds in cpu.items()
+        )
         self.share = max(0.0, used) / (now - self._last_time)
         self._last_time, self._last_cpu = now, cpu
         wanted = self.current

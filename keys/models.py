@@ -27,7 +27,7 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import RegexValidator
-from django.db import IntegrityError, connections, models, transaction
+from django.db import IntegrityError, connections, models, router, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -324,7 +324,7 @@ class DailyUsageQuerySet(models.QuerySet):
 
         The statement is written here, not by ``update(f=F(f) + n)``: Django compiles that anew per
         call, 0.4 ms of the 1 ms a usage record took on SQLite, once per API request."""
-        connection = connections[self.db]
+        connection = connections[self._db or router.db_for_write(self.model)]  # a write, as update() routes it
         quote = connection.ops.quote_name
         fields = {field.attname: field for field in self.model._meta.concrete_fields}
         column = {name: quote(field.column) for name, field in fields.items()}

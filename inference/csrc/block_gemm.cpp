@@ -41,11 +41,12 @@ using kernels::horizontal_sum;
 // 1, 2 and 8 rows (17.8 -> 16.4 ms at 1), 0.93-0.95 on the AVX-512 code.
 constexpr int64_t PREFETCH_ROWS = 2;
 
-// Asks for `bytes` bytes from `offset` bytes after `base`.  The address is integer arithmetic and a
+// Asks for the cache lines holding `bytes` bytes from `offset` bytes after `base`.  The address is integer arithmetic and a
 // prefetch never faults, so a row past the weight's last one is harmless.
 inline void prefetch_bytes(const void* base, int64_t offset, int64_t bytes) {
   const uintptr_t start = reinterpret_cast<uintptr_t>(base) + static_cast<uintptr_t>(offset);
-  for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(reinterpret_cast<const char*>(start + b), _MM_HINT_T0);
+  const uintptr_t end = start + static_cast<uintptr_t>(bytes);
+  for (uintptr_t line = start & ~uintptr_t(63); line < end; line += 64) _mm_prefetch(reinterpret_cast<const char*>(line), _MM_HINT_T0);
 }
 
 // The 32 weights of one group as four vectors of 8 floats, in order.
@@ -255,7 +256,8 @@ inline void q4_1_one_row(const Q4_1& w, const float* x, const float* sx, int64_t
 }
 
 // Q4_1 against one row of x quantized to 8 bits per group of 32 (scale dx = max |x| / 127, rounded to
-// nearest), multiplied with integer instructions as llama.cpp's AVX2 q4_1 x q8_1 dot product does: per
+// nearest), multiplied with integer instructions as llama.cpp's AVX2 q4_1 x q8_1 dot product does
+// (which also rounds dx and the group sums to float16, where these stay float32): per
 // group one maddubs and one madd on the centred nibbles (q - 8, made unsigned by moving their sign
 // onto x), then d * dx times that integer sum, plus (m + 8 d) times the group's float sum of x.  A
 // third of the float loop's instructions per group: the embedded model's 120 layer products at one

@@ -245,7 +245,7 @@ def test_q4_1_one_row_with_8_bit_activations_is_llama_cpps_integer_product():
     x[0, 40] = 0.0
     x[0, 64:] = 0.0  # an all-zero group: scale 0, no division by it
     chosen = KERNELS.avx512
-    assert not KERNELS.q8_activations  # off unless asked for
+    assert not KERNELS.q8_activations and KERNELS.q8_available  # off unless asked for; its self-check passed
     try:
         KERNELS.set_avx512(False)
         KERNELS.set_q8_activations(True)

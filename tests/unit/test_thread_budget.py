@@ -65,6 +65,17 @@ def test_sums_every_thread_and_survives_threads_that_start_and_end(process):
     assert budget.share == pytest.approx(0.05)
 
 
+def test_a_new_thread_reusing_an_ended_ones_id_counts_from_its_start(process):
+    process.cpu[2] = 5.0  # a long-lived thread...
+    budget = budget_for(process)
+    process.run(thread_budget.INTERVAL, 0.1, ident=1)
+    assert budget.update() is None
+    process.cpu[2] = 0.2  # ...ended, and a new one with its id has used 0.2 s since
+    process.now += thread_budget.INTERVAL
+    assert budget.update() == 1  # 0.2 s in 0.25 s: busy, not a negative share
+    assert budget.share == pytest.approx(0.8)  # thread 1 did nothing this time
+
+
 def test_one_thread_never_changes(process):
     budget = budget_for(process, threads=1)
     process.run(thread_budget.INTERVAL, 1.0)
@@ -81,11 +92,12 @@ def test_reads_the_real_threads_cpu_time_without_the_callers():
     busy = threading.Thread(target=spin)
     busy.start()
     try:
-        before = python_thread_cpu_times(threading.get_ident())
+        before = python_thread_cpu_times(threading.get_native_id())
         time.sleep(0.2)
-        after = python_thread_cpu_times(threading.get_ident())
+        after = python_thread_cpu_times(threading.get_native_id())
     finally:
         stop.set()
         busy.join()
-    assert threading.get_ident() not in after
-    assert after[busy.ident] - before[busy.ident] > 0.02  # it ran (the GIL shares it with others)
+    assert threading.get_native_id() not in after
+    assert after[busy.native_id] - before[busy.native_id] > 0.02  # it ran (the GIL shares it with others)
+    assert busy.native_id not in python_thread_cpu_times(0)  # ended: no longer read
