@@ -1,0 +1,116 @@
+"""What ``ENGINE_Q8_ACTIVATIONS`` costs in likelihood: the embedded model's log-likelihood of a few
+English passages, one token at a time (every product then has one row, the products that setting
+changes), with the AVX2 one-row Q4_1 product in float32 and with 8-bit activations, and with the
+AVX-512 products where the CPU has them (the float32 loops' own spread, from summation order).
+
+    .venv/bin/python bench/q8_activations_quality.py
+
+Prints per variant: the mean negative log-likelihood per token (nats) and its perplexity, the
+largest and mean absolute change of a token's log-probability against the AVX2 float32 loop, and
+how often the most likely next token is the same as that loop's.  Runs on any CPU with AVX2
+(the AVX2 products are chosen directly, whatever torch's capability).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from inference import cpu_kernels  # noqa: E402
+from inference.model_loader import converted_gguf_dir, embedded_gguf_path, resolve_dtype  # noqa: E402
+from inference.model_runner import PrefillChunk, build_runner  # noqa: E402
+
+PASSAGES = [
+    "The river runs through the middle of the town, and on summer evenings families walk along its "
+    "banks to watch the boats come in. The old stone bridge was built more than two hundred years ago, "
+    "and it still carries the market traffic every morning.",
+    "To make bread, mix the flour, water, salt and yeast into a rough dough, then knead it for ten "
+    "minutes until it is smooth. Leave it in a warm place to rise for an hour, shape it into a loaf, "
+    "and bake it until the crust is golden and sounds hollow when tapped.",
+    "Photosynthesis turns light into chemical energy. In the leaves of a plant, chlorophyll absorbs "
+    "sunlight, and the plant uses that energy to combine carbon dioxide from the air with water from "
+    "the soil, making sugar and releasing oxygen.",
+    "def mean(values):\n    if not values:\n        raise ValueError('mean of an empty list')\n"
+    "    return sum(values) / len(values)\n\nprint(mean([1, 2, 3, 4]))\n",
+    "When the train finally arrived, it was forty minutes late and completely full. We stood in the "
+    "corridor all the way to the coast, watching fields and small villages pass by the window, and "
+    "by the time we reached the sea the sun had already started to set.",
+    "A computer program is a list of instructions that a machine can follow. Programmers write these "
+    "instructions in a programming language, which a compiler or an interpreter then translates into "
+    "the simple operations that the processor actually performs.",
+    "Regular exercise has many benefits. It strengthens the heart and lungs, helps to control weight, "
+    "improves sleep, and can lift the mood. Even a short walk every day is better than no exercise "
+    "at all, and it is never too late to start.",
+    "The committee met on Tuesday to review the budget for the coming year. Most members agreed that "
+    "the library needed new computers, but there was a long discussion about whether the park or the "
+    "swimming pool should be repaired first.",
+]
+
+
+def load_runner():
+    folder = converted_gguf_dir(embedded_gguf_path(), ROOT / ".cache/models")
+    kernels = cpu_kernels.load(ROOT / ".cache/models")
+    if kernels is None:
+        sys.exit(f"no CPU kernels here: {cpu_kernels.unavailable_reason()}")
+    dtype = resolve_dtype("auto", torch.device("cpu"), fused_decode=True)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
+    runner = build_runner(
+        model, "llama", 1, weights="auto", cache_dir=ROOT / ".cache", gguf=embedded_gguf_path(), drop_model_layers=True
+    )
+    return runner, kernels, AutoTokenizer.from_pretrained(folder)
+
+
+def token_logprobs(runner, ids: list[int]) -> tuple[list[float], list[int]]:
+    """Log-probabilities of ids[1:] and the most likely token at each position, one token a pass."""
+    runner.reset()
+    chosen, best = [], []
+    for position, token in enumerate(ids[:-1]):
+        logits = runner.prefill([PrefillChunk(0, [token], position, True)])[0][-1].double()
+        logprobs = torch.log_softmax(logits, dim=-1)
+        chosen.append(logprobs[ids[position + 1]].item())
+        best.append(int(logprobs.argmax()))
+    runner.release(0)
+    return chosen, best
+
+
+def main() -> None:
+    runner, kernels, tokenizer = load_runner()
+    texts = [tokenizer.encode(passage) for passage in PASSAGES]
+    print(f"{runner.description}; {len(texts)} passages, {sum(len(t) - 1 for t in texts)} scored tokens")
+    variants = [("AVX2 float32", False, False), ("AVX2 8-bit activations", False, True)]
+    if cpu_kernels.avx512_products():
+        variants.append(("AVX-512 float32", True, False))
+    results = {}
+    with torch.inference_mode():
+        for name, avx512, q8 in variants:
+            kernels.set_avx512(avx512)
+            kernels.set_q8_activations(q8)
+            logprobs, best = [], []
+            for ids in texts:
+                lp, top = token_logprobs(runner, ids)
+                logprobs += lp
+                best += top
+            results[name] = (logprobs, best)
+    kernels.set_q8_activations(False)
+    kernels.set_avx512(cpu_kernels.avx512_products())
+    reference, reference_best = results["AVX2 float32"]
+    for name, (logprobs, best) in results.items():
+        nll = -sum(logprobs) / len(logprobs)
+        changes = [abs(a - b) for a, b in zip(logprobs, reference)]
+        same = sum(a == b for a, b in zip(best, reference_best)) / len(best)
+        print(
+            f"{name:24s} NLL {nll:.4f} nats/token (perplexity {math.exp(nll):.3f}); "
+            f"|change of a token's logprob| max {max(changes):.4f}, mean {sum(changes) / len(changes):.5f}; "
+            f"same most likely token {same:.1%}"
+        )
+
+
+if __name__ == "__main__":
+    main()
