@@ -20,7 +20,6 @@ a :class:`RequestStream` (an async iterator of :class:`RequestOutput`) fed from 
 The worker updates the Prometheus metrics of :mod:`inference.metrics` (vLLM's names) once per step
 and once per request, never per token.
 """
-
 from __future__ import annotations
 
 import asyncio
@@ -77,7 +76,7 @@ class EngineConfig:
     max_batch_size: int = 32
     max_queue: int = 256
     prefill_chunk: int = 256
-    num_threads: int = 0  # 0: every core, one fewer while other Python threads keep one busy (thread_budget.py)
+    num_threads: int = 0  # 0: torch's count (one per core), one fewer while other Python threads keep one busy (thread_budget.py)
     runner: str = "auto"  # auto | llama | transformers (inference.model_runner.build_runner)
     kv_cache_dtype: str = "auto"  # auto | float32 | float16 | bfloat16 (the Llama runner's KV cache)
     prefix_caching: str = "auto"  # auto | on | off (inference.prefix_cache; auto: off with MODEL_WEIGHTS=float32)
@@ -148,9 +147,7 @@ class Engine:
         self._aborted: set[str] = set()
         self.scheduler = Scheduler(self.config.max_batch_size, self.config.prefill_chunk)
         self._running: list[SequenceState] = []
-        self._first_in_decode: list[
-            Request
-        ] = []  # started by _join_reused: their first token comes from the next decode step
+        self._first_in_decode: list[Request] = []  # started by _join_reused: their first token comes from the next decode step
         self.runner: ModelRunner | None = None
         self._recent_tokens: collections.deque[tuple[float, int]] = collections.deque()
         self._thread: threading.Thread | None = None
@@ -262,9 +259,7 @@ class Engine:
                 return [token_id]
         return [0]
 
-    def submit(
-        self, request_id: str, prompt_ids: list[int], params: SamplingParams, group: str | None = None
-    ) -> RequestStream:
+    def submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams, group: str | None = None) -> RequestStream:
         """Queue ``params.best_of`` candidates for ``prompt_ids``; iterate the result for each step's outputs.
 
         ``group`` names the API request the prompt belongs to (default: ``request_id``): prefill
@@ -374,9 +369,7 @@ class Engine:
         self.system_fingerprint = model_fingerprint(model, self.runner.weight_formats)
         if not self.has_chat_template:
             logger.warning("%s has no chat template: /v1/chat/completions will refuse it", self.model_id)
-        self.output_processor = OutputProcessor(
-            tokenizer, self.eos_token_ids, self.vocab_size, self.max_context, self.device
-        )
+        self.output_processor = OutputProcessor(tokenizer, self.eos_token_ids, self.vocab_size, self.max_context, self.device)
 
     def _loop_once(self) -> None:
         self._take_inbox()
@@ -486,12 +479,7 @@ class Engine:
             return
         started = time.monotonic()
         chunks = [
-            PrefillChunk(
-                item.request.key,
-                item.request.prompt_ids[item.start : item.end],
-                item.start,
-                item.request.prompt_logprobs is not None,
-            )
+            PrefillChunk(item.request.key, item.request.prompt_ids[item.start : item.end], item.start, item.request.prompt_logprobs is not None)
             for item in scheduled
         ]
         for item in scheduled:
@@ -503,9 +491,7 @@ class Engine:
             request = item.request
             request.prefilled = item.end
             if request.prompt_logprobs is not None:
-                self.output_processor.add_prompt_logprobs(
-                    request, logits, request.prompt_ids[item.start + 1 : item.end + 1]
-                )
+                self.output_processor.add_prompt_logprobs(request, logits, request.prompt_ids[item.start + 1 : item.end + 1])
             if not item.final:
                 continue
             alive = self._start_sequences(request, logits[-1:])
