@@ -213,6 +213,28 @@ void gemm_many_rows(const W& w, const float* x, int64_t M, int64_t K, int64_t N,
   });
 }
 
+// Output row n of a one-row Q4_1 product: group(qs, g, d, acc) adds group g's centred-nibble product
+// with x (qs its 16 bytes) times its scale d to acc; two accumulators, then the minimums' term
+// (m + 8 d) times the groups' sums of x (sx); into y[n], or added to it.
+template <typename Group>
+inline void q4_1_row(const Q4_1& w, const float* sx, int64_t groups, int64_t n, float* y, bool add, const Group& group) {
+  const uint8_t* qs = w.qs + n * groups * 16;
+  const float* d = w.d + n * groups;
+  const float* m = w.m + n * groups;
+  Q4_1::prefetch_row(w, n + PREFETCH_ROWS, groups);
+  __m256 even = _mm256_setzero_ps(), odd = _mm256_setzero_ps();
+  int64_t g = 0;
+  for (; g + 2 <= groups; g += 2) {
+    even = group(qs + g * 16, g, d[g], even);
+    odd = group(qs + (g + 1) * 16, g + 1, d[g + 1], odd);
+  }
+  if (g < groups) even = group(qs + g * 16, g, d[g], even);
+  float minimums = 0.0f;
+  for (g = 0; g < groups; ++g) minimums += (m[g] + 8.0f * d[g]) * sx[g];
+  const float total = horizontal_sum(_mm256_add_ps(even, odd)) + minimums;
+  y[n] = add ? y[n] + total : total;
+}
+
 // Q4_1 against one row of x (a decode step of one stream), without dequantizing first:
 // sum_k (d q_k + m) x_k = d sum_k (q_k - 8) x_k + (m + 8 d) sum_k x_k per group, the groups' sums of
 // x (sx) computed once for every output row, as ggml's q4_1 dot product uses its activations' block
@@ -224,35 +246,19 @@ void gemm_many_rows(const W& w, const float* x, int64_t M, int64_t K, int64_t N,
 // The embedded model's layers at one row, interleaved A/B on a Xeon's AVX2 code: 6.5-7.2 ms against
 // 7.4-7.8 dequantizing first.  (The AVX-512 version gained nothing from it: it is not kept.)
 inline void q4_1_one_row(const Q4_1& w, const float* x, const float* sx, int64_t K, int64_t n, float* y, bool add) {
-  const int64_t groups = K / GROUP;
-  const uint8_t* qs = w.qs + n * groups * 16;
-  const float* d = w.d + n * groups;
-  const float* m = w.m + n * groups;
-  Q4_1::prefetch_row(w, n + PREFETCH_ROWS, groups);
   const __m256i mask = _mm256_set1_epi32(0x0F);
   const __m256i eight = _mm256_set1_epi32(8);
-  const auto group = [&](int64_t g, __m256 acc) {
-    const __m256i first = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs + g * 16)));
-    const __m256i second = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs + g * 16 + 8)));
+  q4_1_row(w, sx, K / GROUP, n, y, add, [&](const uint8_t* qs, int64_t g, float d, __m256 acc) {
+    const __m256i first = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs)));
+    const __m256i second = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs + 8)));
     const float* xg = x + g * GROUP;
     const auto centred = [&](__m256i nibbles) { return _mm256_cvtepi32_ps(_mm256_sub_epi32(nibbles, eight)); };
     __m256 sum = _mm256_mul_ps(centred(_mm256_and_si256(first, mask)), _mm256_loadu_ps(xg));
     sum = _mm256_fmadd_ps(centred(_mm256_and_si256(second, mask)), _mm256_loadu_ps(xg + 8), sum);
     sum = _mm256_fmadd_ps(centred(_mm256_srli_epi32(first, 4)), _mm256_loadu_ps(xg + 16), sum);
     sum = _mm256_fmadd_ps(centred(_mm256_srli_epi32(second, 4)), _mm256_loadu_ps(xg + 24), sum);
-    return _mm256_fmadd_ps(sum, _mm256_set1_ps(d[g]), acc);
-  };
-  __m256 even = _mm256_setzero_ps(), odd = _mm256_setzero_ps();
-  int64_t g = 0;
-  for (; g + 2 <= groups; g += 2) {
-    even = group(g, even);
-    odd = group(g + 1, odd);
-  }
-  if (g < groups) even = group(g, even);
-  float minimums = 0.0f;
-  for (g = 0; g < groups; ++g) minimums += (m[g] + 8.0f * d[g]) * sx[g];
-  const float total = horizontal_sum(_mm256_add_ps(even, odd)) + minimums;
-  y[n] = add ? y[n] + total : total;
+    return _mm256_fmadd_ps(sum, _mm256_set1_ps(d), acc);
+  });
 }
 
 // Q4_1 against one row of x quantized to 8 bits per group of 32 (scale dx = max |x| / 127, rounded to
@@ -299,51 +305,35 @@ inline void quantize_row_q8(const float* x, int64_t K, int8_t* xq, float* dx, fl
 
 inline void q4_1_one_row_q8(const Q4_1& w, const int8_t* xq, const float* dx, const float* sx, int64_t K, int64_t n, float* y,
                             bool add) {
-  const int64_t groups = K / GROUP;
-  Q4_1::prefetch_row(w, n + PREFETCH_ROWS, groups);
-  const uint8_t* qs = w.qs + n * groups * 16;
-  const float* d = w.d + n * groups;
-  const float* m = w.m + n * groups;
   const __m256i low = _mm256_set1_epi8(0x0F);
   const __m256i eight = _mm256_set1_epi8(8);
   const __m256i ones = _mm256_set1_epi16(1);
-  __m256 even = _mm256_setzero_ps(), odd = _mm256_setzero_ps();
-  const auto group = [&](int64_t g, __m256 acc) {
-    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + g * 16));
+  q4_1_row(w, sx, K / GROUP, n, y, add, [&](const uint8_t* qs, int64_t g, float d, __m256 acc) {
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
     // Bytes 0-15: the low nibbles (weights 0-15); 16-31: the high ones (weights 16-31).
     const __m256i q = _mm256_sub_epi8(_mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(bytes, 4), bytes), low), eight);
     const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + g * GROUP));
     // maddubs multiplies unsigned by signed bytes: |q - 8| by x with q - 8's sign.
     const __m256i sums = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(xv, q)), ones);
-    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_set1_ps(d[g] * dx[g]), acc);
-  };
-  int64_t g = 0;
-  for (; g + 2 <= groups; g += 2) {
-    even = group(g, even);
-    odd = group(g + 1, odd);
-  }
-  if (g < groups) even = group(g, even);
-  float minimums = 0.0f;
-  for (g = 0; g < groups; ++g) minimums += (m[g] + 8.0f * d[g]) * sx[g];
-  const float total = horizontal_sum(_mm256_add_ps(even, odd)) + minimums;
-  y[n] = add ? y[n] + total : total;
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_set1_ps(d * dx[g]), acc);
+  });
 }
 
 template <typename W>
 void gemm(const W& w, const float* x, int64_t M, int64_t K, int64_t N, float* y, bool add, int threads) {
   if (M * N * K < SMALL_WORK) threads = 1;
   if constexpr (std::is_same_v<W, Q4_1>) {
-    if (M == 1 && use_q8_activations) {
-      std::vector<int8_t> xq(static_cast<size_t>(K));
-      std::vector<float> dx(static_cast<size_t>(K / GROUP)), sx(static_cast<size_t>(K / GROUP));
-      quantize_row_q8(x, K, xq.data(), dx.data(), sx.data());
-      kernels::parallel_for(N, threads, [&](int64_t first, int64_t last) {
-        for (int64_t n = first; n < last; ++n) q4_1_one_row_q8(w, xq.data(), dx.data(), sx.data(), K, n, y, add);
-      });
-      return;
-    }
-    if (M == 1) {
+    if (M == 1) {  // the groups' sums of x (sx) once for every output row
       std::vector<float> sx(static_cast<size_t>(K / GROUP));
+      if (use_q8_activations) {
+        std::vector<int8_t> xq(static_cast<size_t>(K));
+        std::vector<float> dx(static_cast<size_t>(K / GROUP));
+        quantize_row_q8(x, K, xq.data(), dx.data(), sx.data());
+        kernels::parallel_for(N, threads, [&](int64_t first, int64_t last) {
+          for (int64_t n = first; n < last; ++n) q4_1_one_row_q8(w, xq.data(), dx.data(), sx.data(), K, n, y, add);
+        });
+        return;
+      }
       for (int64_t g = 0; g < K / GROUP; ++g) {
         float total = 0.0f;
         for (int i = 0; i < GROUP; ++i) total += x[g * GROUP + i];
