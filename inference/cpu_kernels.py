@@ -101,15 +101,14 @@ class CPUKernels:
         self._set_avx512(int(self.avx512))
 
     def set_q8_activations(self, on: bool) -> None:
-        """Whether a one-row Q4_1 product (a one-stream decode step) on the AVX2 code rounds its
-        activations to 8 bits per group of 32 and multiplies with integer instructions, as
-        llama.cpp's AVX2 q4_1 dot product does (``on``), or stays in float32 (the default), in every
-        thread from the next call on.  Any one-row product: a one-stream decode step, or a prefill
-        chunk of one token (so a request's tokens may differ alone and in a batch).  Where the load's
-        self-check found the integer product wrong, it stays off (logged).  ``ENGINE_Q8_ACTIVATIONS=on`` turns it on: on a 2-core Xeon's
-        AVX2 code the embedded model's layers at one row took 8.9 -> 4.2 ms, at a product's relative
-        error of about 1e-2 against 1e-7 (greedy text diverges sooner: the README).  The AVX-512
-        products never round.
+        """Whether a one-row Q4_1 product on the AVX2 code (a one-stream decode step, or a prefill
+        chunk of one token: a request's tokens may differ alone and in a batch) rounds its
+        activations to 8 bits per group of 32 and multiplies with integer instructions, as llama.cpp's
+        AVX2 q4_1 dot product does (``on``, ``ENGINE_Q8_ACTIVATIONS=on``), or stays in float32 (the
+        default), in every thread from the next call on.  On a 2-core Xeon's AVX2 code the embedded
+        model's layers at one row took 8.9 -> 4.2 ms, at a product's relative error of about 1e-2
+        against 1e-7 (greedy text diverges sooner: the README).  The AVX-512 products never round.
+        Where the load's self-check found the integer product wrong, it stays off (logged).
         """
         if on and not self.q8_available:
             logger.warning("The 8-bit activations' product gives wrong results here; keeping float32")

@@ -16,7 +16,6 @@ are not counted.
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections.abc import Callable
@@ -81,13 +80,13 @@ class ThreadBudget:
         if now - self._last_time < INTERVAL:
             return None
         cpu = self._cpu_times()
-        # Threads seen both times; a new one counts from its start, an ended one drops out.  A new
-        # thread may reuse an ended one's id: a reading below the last one is such a thread's own.
-        used = sum(
-            seconds - self._last_cpu[ident] if seconds >= self._last_cpu.get(ident, math.inf) else seconds
-            for ident, seconds in cpu.items()
-        )
-        self.share = max(0.0, used) / (now - self._last_time)
+        # A new thread counts from its start, an ended one drops out; a reading below the last one is
+        # a new thread's that reuses an ended one's id.
+        used = 0.0
+        for ident, seconds in cpu.items():
+            last = self._last_cpu.get(ident, 0.0)
+            used += seconds - last if seconds >= last else seconds
+        self.share = used / (now - self._last_time)
         self._last_time, self._last_cpu = now, cpu
         wanted = self.current
         if self.share > BUSY:
