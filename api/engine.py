@@ -42,7 +42,7 @@ def engine_configs() -> tuple[ModelConfig, EngineConfig]:
         kv_cache_dtype=settings.ENGINE_KV_CACHE_DTYPE,
         prefix_caching=settings.ENGINE_PREFIX_CACHING,
         prefix_cache_mb=settings.ENGINE_PREFIX_CACHE_MB,
-        q8_activations=settings.ENGINE_Q8_ACTIVATIONS,
+        activation_bits=8 if settings.ENGINE_Q8_ACTIVATIONS else 16,
     )
     return model, engine
 

@@ -44,6 +44,7 @@ SOURCES = (CSRC / "block_gemm.cpp", CSRC / "decode_ops.cpp")
 HEADERS = (CSRC / "pool.h", CSRC / "simd.h")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-pthread", "-shared", "-fPIC", "-fvisibility=hidden", "-std=c++17")
 GROUP = 32
+ACTIVATION_BITS = (32, 16, 8)  # what a one-row AVX2 Q4_1 product may round x to (set_activation_bits)
 REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
 AVX512_CPU_FLAGS = ("avx512f", "avx512bw", "avx512dq", "avx512vl")
 
@@ -72,11 +73,11 @@ class CPUKernels:
         self._q4_1_dequantize = function("q4_1_dequantize", pointer, pointer, pointer, size, size, pointer, integer)
         self._q8_0_dequantize = function("q8_0_dequantize", pointer, pointer, size, size, pointer, integer)
         self._set_avx512 = function("set_avx512", integer)
-        self._set_q8_activations = function("set_q8_activations", integer)
+        self._set_activation_bits = function("set_activation_bits", integer)
         self.avx512 = False
         self.set_avx512(avx512_products())
-        self.q8_activations = False  # the library's own default
-        self.q8_available = True  # until the load's self-check says otherwise
+        self.activation_bits = 32  # the library's own default
+        self.activation_bits_available = set(ACTIVATION_BITS)  # until the load's self-check says otherwise
         self._rms_norm = function("rms_norm", pointer, size, size, pointer, real, pointer)
         self._silu_mul = function("silu_mul", pointer, size, size, pointer)
         self._copy_cache_rows = function(
@@ -100,21 +101,25 @@ class CPUKernels:
         self.avx512 = bool(on)
         self._set_avx512(int(self.avx512))
 
-    def set_q8_activations(self, on: bool) -> None:
-        """Whether a one-row Q4_1 product on the AVX2 code (a one-stream decode step, or a prefill
-        chunk of one token: a request's tokens may differ alone and in a batch) rounds its
-        activations to 8 bits per group of 32 and multiplies with integer instructions, as llama.cpp's
-        AVX2 q4_1 dot product does (``on``, ``ENGINE_Q8_ACTIVATIONS=on``), or stays in float32 (the
-        default), in every thread from the next call on.  On a 2-core Xeon's AVX2 code the embedded
-        model's layers at one row took 8.9 -> 4.2 ms, at a product's relative error of about 1e-2
-        against 1e-7 (greedy text diverges sooner: the README).  The AVX-512 products never round.
-        Where the load's self-check found the integer product wrong, it stays off (logged).
+    def set_activation_bits(self, bits: int) -> None:
+        """What a one-row Q4_1 product on the AVX2 code (a one-stream decode step, or a prefill chunk
+        of one token: a request's tokens may differ alone and in a batch) rounds its activations to,
+        in every thread from the next call on: ``32`` keeps them float32 (the library's default), ``16``
+        and ``8`` round them per group of 32 and multiply with integer instructions (16: the engine's
+        default, a product's relative error about 1e-5 and the likelihood of text unchanged; 8: as
+        llama.cpp's AVX2 q4_1 dot product, ``ENGINE_Q8_ACTIVATIONS=on``, about 1e-2, greedy text
+        diverges sooner: the README).  On a 2-core Zen 4's AVX2 code the embedded model's layers at
+        one row took 3.95 ms in float32, 3.19 with 16 bits, 3.25 with 8.  The AVX-512 products never
+        round.  Raises ``ValueError`` for other values; a width whose product failed the load's
+        self-check falls back to float32 (logged).
         """
-        if on and not self.q8_available:
-            logger.warning("The 8-bit activations' product gives wrong results here; keeping float32")
-            on = False
-        self.q8_activations = bool(on)
-        self._set_q8_activations(int(self.q8_activations))
+        if bits not in ACTIVATION_BITS:
+            raise ValueError(f"activation bits must be one of {ACTIVATION_BITS}, not {bits!r}")
+        if bits not in self.activation_bits_available:
+            logger.warning("The %d-bit activations' product gives wrong results here; keeping float32", bits)
+            bits = 32
+        self.activation_bits = bits
+        self._set_activation_bits(bits)
 
     def q4_1(
         self, x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor, out: torch.Tensor | None = None
@@ -396,13 +401,16 @@ def _works(kernels: CPUKernels) -> bool:
     for rows in (1, 2, 3, 8, 11, 12, 20):
         close &= torch.allclose(kernels.q4_1(x[:rows], qs, d, m), x[:rows] @ weight.T, rtol=1e-4, atol=1e-4)
         close &= torch.allclose(kernels.q8_0(x[:rows], q8, d), x[:rows] @ weight8.T, rtol=1e-4, atol=1e-4)
-    # The AVX2 one-row product with 8-bit activations (off by default): within their rounding of the
-    # float32 product, or it stays unavailable (the rest of the kernels are still used).
+    # The AVX2 one-row product with 16- and 8-bit activations: within their rounding of the float32
+    # product, or that width stays unavailable (the rest of the kernels are still used).
     avx512 = kernels.avx512
     kernels.set_avx512(False)
-    kernels._set_q8_activations(1)
     expected = x[:1] @ weight.T
-    kernels.q8_available = bool((kernels.q4_1(x[:1], qs, d, m) - expected).abs().max() <= 3e-2 * expected.abs().max())
-    kernels._set_q8_activations(0)
+    for bits, tolerance in ((16, 1e-3), (8, 3e-2)):
+        kernels._set_activation_bits(bits)
+        error = (kernels.q4_1(x[:1], qs, d, m) - expected).abs().max()
+        if not error <= tolerance * expected.abs().max():
+            kernels.activation_bits_available.discard(bits)
+    kernels._set_activation_bits(kernels.activation_bits)
     kernels.set_avx512(avx512)
     return bool(close)

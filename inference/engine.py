@@ -81,7 +81,7 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"  # auto | float32 | float16 | bfloat16 (the Llama runner's KV cache)
     prefix_caching: str = "auto"  # auto | on | off (inference.prefix_cache; auto: off with MODEL_WEIGHTS=float32)
     prefix_cache_mb: int = 128  # the prefix cache's budget, shared with the running rows' positions
-    q8_activations: bool = False  # one-row Q4_1 products on the AVX2 code round x to 8 bits (cpu_kernels.set_q8_activations)
+    activation_bits: int = 16  # what one-row Q4_1 products on the AVX2 code round x to: 32, 16 or 8 (cpu_kernels.set_activation_bits)
 
 
 class RequestStream:
@@ -316,7 +316,7 @@ class Engine:
                 self.device = next(model.parameters()).device
             self._install(model, tokenizer, loaded)
             if (kernels := cpu_kernels.loaded()) is not None:  # loaded by the model's formats, if they use them
-                kernels.set_q8_activations(self.config.q8_activations)
+                kernels.set_activation_bits(self.config.activation_bits)
             # Before ready: the first request after /healthz says 200 finds kernels chosen and
             # buffers grown, and is as fast as later ones (issue 12).
             started = time.perf_counter()

@@ -38,11 +38,14 @@ ISAS = [
 
 @pytest.fixture(params=ISAS)
 def isa(request):
-    """Runs a test with the block products' AVX2 version, then with their AVX-512 one; restores the load's choice."""
-    chosen = KERNELS.avx512
+    """Runs a test with the block products' AVX2 version, then with their AVX-512 one, with float32
+    activations (an engine started earlier in the process sets 16 bits); restores both choices."""
+    chosen, bits = KERNELS.avx512, KERNELS.activation_bits
     KERNELS.set_avx512(request.param == "avx512")
+    KERNELS.set_activation_bits(32)
     yield request.param
     KERNELS.set_avx512(chosen)
+    KERNELS.set_activation_bits(bits)
 
 
 def random_q4_1(out: int, inp: int, generator: torch.Generator) -> Q4_1Blocks:
@@ -235,30 +238,32 @@ def test_q4_1_at_one_row_keeps_float32_precision_when_the_activations_have_a_mea
 
 
 @needs_kernels
-def test_q4_1_one_row_with_8_bit_activations_is_llama_cpps_integer_product():
-    # The AVX2 one-row product with set_q8_activations (ENGINE_Q8_ACTIVATIONS=on): x rounded to 8 bits per group of 32 (scale
-    # max|x| / 127), the centred nibbles' integer dot product, then d * dx and (m + 8 d) * sum(x).
+@pytest.mark.parametrize("bits", [16, 8])
+def test_q4_1_one_row_with_rounded_activations_is_the_integer_product_of_the_rounding(bits):
+    # The AVX2 one-row product with set_activation_bits(16) (the engine's default) or (8)
+    # (ENGINE_Q8_ACTIVATIONS=on, llama.cpp's q4_1 x q8_1): x rounded per group of 32 (scale
+    # max|x| / (2^(bits-1) - 1)), the centred nibbles' integer dot product, then d * dx and (m + 8 d) * sum(x).
     generator = torch.Generator().manual_seed(5)
     blocks = random_q4_1(46, 96, generator)
     layer = Q4_1Linear(blocks)
     x = torch.randn(1, 96, generator=generator) * 3
     x[0, 40] = 0.0
     x[0, 64:] = 0.0  # an all-zero group: scale 0, no division by it
-    chosen = KERNELS.avx512
-    assert not KERNELS.q8_activations and KERNELS.q8_available  # off unless asked for; its self-check passed
+    chosen, before = KERNELS.avx512, KERNELS.activation_bits
+    assert bits in KERNELS.activation_bits_available  # its load-time self-check passed
     try:
         KERNELS.set_avx512(False)
-        KERNELS.set_q8_activations(True)
+        KERNELS.set_activation_bits(bits)
         with torch.inference_mode():
             got = layer(x).double()
             residual = torch.randn(1, 46, generator=generator)
             added = residual.double() + got
             layer.add_into(x, residual)
     finally:
-        KERNELS.set_q8_activations(False)
+        KERNELS.set_activation_bits(before)
         KERNELS.set_avx512(chosen)
     groups = x.view(3, 32)  # the rounding in float32, as the kernel does it
-    scale = groups.abs().amax(dim=1) / 127
+    scale = groups.abs().amax(dim=1) / (2 ** (bits - 1) - 1)
     inverse = torch.where(scale > 0, 1 / torch.where(scale > 0, scale, 1), 0)
     rounded = torch.round(groups * inverse[:, None]).double()  # to nearest, ties to even
     groups, scale = groups.double(), scale.double()
@@ -267,19 +272,29 @@ def test_q4_1_one_row_with_8_bit_activations_is_llama_cpps_integer_product():
     expected = ((q * rounded).sum(-1) * d * scale + (m + 8 * d) * groups.sum(-1)).sum(-1)
     assert relative_error(got[0], expected) < 1e-6
     assert relative_error(residual.double(), added) < 1e-6
-    # ... and within the rounding's reach of the float32 product.
+    # ... and within the rounding's reach of the float32 product (and past the float32 loop's own error).
     exact = x.double() @ blocks.dequantize().double().T
-    assert 1e-7 < relative_error(got, exact) < 3e-2
+    assert {16: 1e-6, 8: 1e-4}[bits] < relative_error(got, exact) < {16: 1e-4, 8: 3e-2}[bits]
 
 
 @needs_kernels
-def test_engine_q8_activations_setting_turns_the_rounding_on():
+def test_set_activation_bits_takes_32_16_or_8_only():
+    with pytest.raises(ValueError):
+        KERNELS.set_activation_bits(4)
+
+
+@needs_kernels
+@pytest.mark.parametrize(("q8", "bits"), [(False, 16), (True, 8)])
+def test_the_engine_sets_the_activation_bits_from_the_q8_setting(settings, q8, bits):
+    from api.engine import engine_configs
     from testing.tiny_engine import start_tiny_engine
 
-    assert not KERNELS.q8_activations
-    engine = start_tiny_engine(q8_activations=True)
+    settings.ENGINE_Q8_ACTIVATIONS = q8
+    before = KERNELS.activation_bits
+    KERNELS.set_activation_bits(32)
+    engine = start_tiny_engine(activation_bits=engine_configs()[1].activation_bits)
     try:
-        assert KERNELS.q8_activations
+        assert KERNELS.activation_bits == bits
     finally:
         engine.stop()
-        KERNELS.set_q8_activations(False)
+        KERNELS.set_activation_bits(before)

@@ -1,18 +1,23 @@
-"""What ``ENGINE_Q8_ACTIVATIONS`` costs in likelihood: the embedded model's log-likelihood of a few
-English passages, one token at a time (every product then has one row, the products that setting
-changes), with the AVX2 one-row Q4_1 product in float32 and with 8-bit activations, and with the
-AVX-512 products where the CPU has them (the float32 loops' own spread, from summation order).
+"""What the AVX2 one-row Q4_1 product's activation widths cost in likelihood (``set_activation_bits``:
+float32, 16 bits, the engine's default, and 8 bits, ``ENGINE_Q8_ACTIVATIONS``): the embedded model's
+log-likelihood of English passages, one token at a time (every product then has one row, the products
+that setting changes), and with the AVX-512 float32 products where the CPU has them (the float32
+loops' own spread, from summation order).
 
-    .venv/bin/python bench/q8_activations_quality.py
+    .venv/bin/python bench/activation_bits_quality.py [--topics 30 --tokens 160]
 
-Prints per variant: the mean negative log-likelihood per token (nats) and its perplexity, the
-largest and mean absolute change of a token's log-probability against the AVX2 float32 loop, and
-how often the most likely next token is the same as that loop's.  Runs on any CPU with AVX2
-(the AVX2 products are chosen directly, whatever torch's capability).
+``--topics N`` adds the first ``--tokens`` tokens of N help topics of Python's own documentation
+(``pydoc_data.topics``, on every Python install: technical English with code) to the passages.
+Prints per variant: the mean negative log-likelihood per token (nats), its perplexity and its
+paired change against the AVX2 float32 loop with the standard error of that change, the largest and
+mean absolute change of a token's log-probability, and how often the most likely next token is the
+same as that loop's.  Runs on any CPU with AVX2 (the AVX2 products are chosen directly, whatever
+torch's capability).
 """
 
 from __future__ import annotations
 
+import argparse
 import math
 import sys
 from pathlib import Path
@@ -81,32 +86,49 @@ def token_logprobs(runner, ids: list[int]) -> tuple[list[float], list[int]]:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--topics", type=int, default=0, help="help topics of pydoc_data to add (0-79)")
+    parser.add_argument("--tokens", type=int, default=160, help="tokens scored from each topic's start")
+    args = parser.parse_args()
     runner, kernels, tokenizer = load_runner()
     texts = [tokenizer.encode(passage) for passage in PASSAGES]
+    if args.topics:
+        from pydoc_data.topics import topics
+
+        texts += [tokenizer.encode(topics[key])[: args.tokens + 1] for key in sorted(topics)[: args.topics]]
     print(f"{runner.description}; {len(texts)} passages, {sum(len(t) - 1 for t in texts)} scored tokens")
-    variants = [("AVX2 float32", False, False), ("AVX2 8-bit activations", False, True)]
+    variants = [
+        ("AVX2 float32", False, 32),
+        ("AVX2 16-bit activations", False, 16),
+        ("AVX2 8-bit activations", False, 8),
+    ]
     if cpu_kernels.avx512_products():
-        variants.append(("AVX-512 float32", True, False))
+        variants.append(("AVX-512 float32", True, 32))
     results = {}
     with torch.inference_mode():
-        for name, avx512, q8 in variants:
+        for name, avx512, bits in variants:
             kernels.set_avx512(avx512)
-            kernels.set_q8_activations(q8)
+            kernels.set_activation_bits(bits)
             logprobs, best = [], []
             for ids in texts:
                 lp, top = token_logprobs(runner, ids)
                 logprobs += lp
                 best += top
             results[name] = (logprobs, best)
-    kernels.set_q8_activations(False)
+    kernels.set_activation_bits(32)
     kernels.set_avx512(cpu_kernels.avx512_products())
     reference, reference_best = results["AVX2 float32"]
     for name, (logprobs, best) in results.items():
         nll = -sum(logprobs) / len(logprobs)
         changes = [abs(a - b) for a, b in zip(logprobs, reference)]
         same = sum(a == b for a, b in zip(best, reference_best)) / len(best)
+        # The paired change of the NLL and its standard error over tokens.
+        deltas = [b - a for a, b in zip(logprobs, reference)]
+        mean = sum(deltas) / len(deltas)
+        error = math.sqrt(sum((d - mean) ** 2 for d in deltas) / (len(deltas) - 1) / len(deltas))
         print(
-            f"{name:24s} NLL {nll:.4f} nats/token (perplexity {math.exp(nll):.3f}); "
+            f"{name:24s} NLL {nll:.4f} nats/token (perplexity {math.exp(nll):.3f}; "
+            f"change {mean:+.4f} +- {error:.4f}); "
             f"|change of a token's logprob| max {max(changes):.4f}, mean {sum(changes) / len(changes):.5f}; "
             f"same most likely token {same:.1%}"
         )
