@@ -417,25 +417,18 @@ class Int4Linear(WeightLinear):
         return (self.packed, self.scales_and_zeros, self.bias)
 
 
-# From this many rows on (a prompt's prefill), q4_1 and q8_0 layers dequantize their weight into a
-# temporary float32 copy and run one dense product (torch's, MKL's sgemm): measured faster than our
-# kernel from about 64 rows on the Zen 3, where our kernel wins below (it reads 4-bit weights).
-DENSE_ROWS = 64
-
-
 class _BlockLinear(WeightLinear):
     """What the block formats of our kernels share: float32 products, ``x``'s dtype from ``__call__``,
-    a dense product for :data:`DENSE_ROWS` rows or more, and accumulation into a residual in place.
-    A subclass gives ``_product(x, out=None)`` (the kernel; ``out`` given: added into) and
-    ``_dense_weight()`` (the float32 weight, for the dense product)."""
+    and accumulation into a residual in place.  A subclass gives ``_product(x, out=None)`` (the
+    kernel; ``out`` given: added into).  Every row count runs the kernel: a prompt's prefill too (it
+    was faster than dequantizing into a float32 weight for MKL's sgemm at 64 to 256 rows, on the
+    AVX2 and the AVX-512 code of a Zen 4: 270 / 287 ms and 174 / 304 ms for the embedded model's
+    layers at 256 rows)."""
 
     kernels: CPUKernels
     bias: torch.Tensor | None
 
     def _product(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:  # pragma: no cover
-        raise NotImplementedError
-
-    def _dense_weight(self) -> torch.Tensor:  # pragma: no cover
         raise NotImplementedError
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -445,10 +438,7 @@ class _BlockLinear(WeightLinear):
     def compute(self, x: torch.Tensor) -> torch.Tensor:
         self._check_width(x)
         flat = x if x.dim() == 2 else x.reshape(-1, self.in_features)
-        if flat.shape[0] >= DENSE_ROWS:  # a long prompt: dequantize, then one dense product
-            out = F.linear(flat.float(), self._dense_weight())
-        else:
-            out = self._product(flat)
+        out = self._product(flat)
         if self.bias is not None:
             out += self.bias
         return out if x.dim() == 2 else out.reshape(*x.shape[:-1], self.out_features)
@@ -456,7 +446,7 @@ class _BlockLinear(WeightLinear):
     def add_into(self, x: torch.Tensor, residual: torch.Tensor) -> None:
         # Our kernels add float32 into a contiguous float32 buffer: another residual (bfloat16
         # activations) takes the product through torch's conversion instead.
-        if x.shape[0] >= DENSE_ROWS or residual.dtype != torch.float32 or not residual.is_contiguous():
+        if residual.dtype != torch.float32 or not residual.is_contiguous():
             residual += self.compute(x)
             return
         self._check_width(x)
@@ -499,14 +489,11 @@ class Q4_1Linear(_BlockLinear):
     def _product(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         return self.kernels.q4_1(x, self.qs, self.d, self.m, out=out)
 
-    def _dense_weight(self) -> torch.Tensor:
-        return self.kernels.q4_1_dequantize(self.qs, self.d, self.m)
-
     def q4_1_for(self, rows: int) -> Q4_1Linear | None:
         """This layer where a product of ``rows`` rows runs our Q4_1 kernel on its blocks as they are
         (no bias), else None: what a caller that runs the kernel itself (the Llama runner's
         whole-step call, :meth:`inference.cpu_kernels.CPUKernels.decode_layers_q4_1`) needs."""
-        return self if self.bias is None and rows < DENSE_ROWS else None
+        return self if self.bias is None else None
 
     def dequantized(self) -> torch.Tensor:
         """The float32 weight ``[out, in]`` this layer computes with."""
@@ -555,9 +542,6 @@ class Q8_0Linear(_BlockLinear):
 
     def _product(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         return self.kernels.q8_0(x, self.q, self.d, out=out)
-
-    def _dense_weight(self) -> torch.Tensor:
-        return self.kernels.q8_0_dequantize(self.q, self.d)
 
     def embedding_rows(self, ids: torch.Tensor) -> torch.Tensor | None:
         if not self.lossless:

@@ -6,8 +6,10 @@
 //   Q8_0 (ggml's block_q8_0): 32 signed bytes and a scale d: w = d * q.
 // The scales are float32 here (the GGUF's float16 values converted exactly), so a group's weights
 // are dequantized exactly as gguf-py does, and the products accumulate in float32: the result equals
-// x @ dequantized(W)^T up to float32 summation order.  Weights are read once per 8 rows of x, as
-// 4-bit or 8-bit values: a batch-1 decode step reads 1/6 or 1/3.5 of a float32 weight's bytes.
+// x @ dequantized(W)^T up to float32 summation order (but for the AVX2 one-row Q4_1 product, which
+// rounds x to 16 bits unless set_activation_bits says otherwise: see q4_1_one_row_i16).  Weights
+// are read from memory once per product, as 4-bit or 8-bit values (a batch-1 decode step reads 1/6
+// or 1/3.5 of a float32 weight's bytes), and dequantized once per 8 rows of x.
 //
 // Threads: pool.h's workers over blocks of output rows; the caller passes the count (torch's).
 // Built by inference/cpu_kernels.py with -O3 -mavx2 -mfma (the AVX-512 versions below with their own
@@ -29,7 +31,6 @@ constexpr int ROW_BLOCK = 8;  // rows of x sharing one dequantized group (8 accu
 // Products smaller than this (multiply-adds) run on the calling thread alone: handing a slice to a
 // worker (pool.h) costs more than it saves on them.
 constexpr int64_t SMALL_WORK = int64_t(1) << 16;
-constexpr int64_t MANY_ROWS = 12;  // from this many rows on, gemm_many_rows (measured on Zen 3)
 
 using kernels::horizontal_sum;
 
@@ -123,94 +124,32 @@ inline void dot_rows(const W& w, const float* x, int64_t K, int64_t N, int64_t n
   }
 }
 
-// Many rows (M >= MANY_ROWS): x transposed into [K, M rounded up to 8] (rows of x side by side in a vector),
-// and FEATURES output rows at a time, dequantized once into a float buffer [FEATURES, K]; then each
-// weight, broadcast, multiplies VECTORS * 8 rows of x.  An outer-product micro-kernel as in BLIS
-// (Van Zee & van de Geijn 2015): FEATURES * VECTORS accumulators stay in registers and a load feeds
-// about 1.5 FMAs instead of one.  (Dequantizing a group just before reading it back scalar by scalar
-// was twice as slow on Zen 3: the loads wait on the stores.)
-template <int FEATURES, int VECTORS>
-inline void outer_block(const float* weights, const float* xt, int64_t K, int64_t padded, int64_t N, int64_t n0,
-                        int64_t m0, int64_t M, float* y, bool add) {
-  __m256 acc[FEATURES][VECTORS];
-  #pragma GCC unroll 16
-  for (int f = 0; f < FEATURES; ++f)
-    #pragma GCC unroll 16
-    for (int v = 0; v < VECTORS; ++v) acc[f][v] = _mm256_setzero_ps();
-  const float* column = xt + m0;
-  for (int64_t k = 0; k < K; ++k, column += padded) {
-    __m256 xs[VECTORS];
-    #pragma GCC unroll 16
-    for (int v = 0; v < VECTORS; ++v) xs[v] = _mm256_loadu_ps(column + 8 * v);
-    #pragma GCC unroll 16
-    for (int f = 0; f < FEATURES; ++f) {
-      const __m256 weight = _mm256_broadcast_ss(weights + f * K + k);
-      #pragma GCC unroll 16
-      for (int v = 0; v < VECTORS; ++v) acc[f][v] = _mm256_fmadd_ps(weight, xs[v], acc[f][v]);
+// Rows of x in blocks of ROW_BLOCK (then the rest), each block against every output row of
+// [first, last) before the next block: a block of x (8 rows, 18-49 KB for the embedded model's
+// widths) stays in L1 while the chunk's weights come from L2, where taking every block for one output
+// row before the next read all of x for each row and spilled L1 from 16 rows on.  dot(n, r0, rows)
+// computes output row n against rows [r0, r0 + rows) of x (rows a std::integral_constant).
+// The embedded model's 120 layer products on a 2-core Zen 4 (ms, before / after; that order's outer-
+// product kernel for 12 rows and more, gone now): AVX2 code 16 rows 20.9 / 19.0 (outer product 23.5),
+// 32 rows 59.4 / 35.9 (39.2), 256 rows: 270 where the dense sgemm took 287; AVX-512 code 32 rows
+// 57.3 / 24.0 (29.7), 256 rows 174 where the dense sgemm took 304.
+template <typename Dot>
+inline void row_blocks(int64_t M, int64_t first, int64_t last, const Dot& dot) {
+  int64_t r0 = 0;
+  for (; r0 + ROW_BLOCK <= M; r0 += ROW_BLOCK)
+    for (int64_t n = first; n < last; ++n) dot(n, r0, std::integral_constant<int, ROW_BLOCK>{});
+  for (int64_t n = first; n < last; ++n) {
+    switch (M - r0) {
+      case 7: dot(n, r0, std::integral_constant<int, 7>{}); break;
+      case 6: dot(n, r0, std::integral_constant<int, 6>{}); break;
+      case 5: dot(n, r0, std::integral_constant<int, 5>{}); break;
+      case 4: dot(n, r0, std::integral_constant<int, 4>{}); break;
+      case 3: dot(n, r0, std::integral_constant<int, 3>{}); break;
+      case 2: dot(n, r0, std::integral_constant<int, 2>{}); break;
+      case 1: dot(n, r0, std::integral_constant<int, 1>{}); break;
+      default: return;  // no rest
     }
   }
-  alignas(32) float lanes[8];
-  #pragma GCC unroll 16
-  for (int f = 0; f < FEATURES; ++f)
-    #pragma GCC unroll 16
-    for (int v = 0; v < VECTORS; ++v) {
-      _mm256_store_ps(lanes, acc[f][v]);
-      #pragma GCC unroll 16
-      for (int lane = 0; lane < 8; ++lane) {
-        const int64_t m = m0 + 8 * v + lane;
-        if (m >= M) break;
-        float& target = y[m * N + n0 + f];
-        target = add ? target + lanes[lane] : lanes[lane];
-      }
-    }
-}
-
-template <int VECTORS>
-inline void outer_any(int features, const float* weights, const float* xt, int64_t K, int64_t padded, int64_t N,
-                      int64_t n0, int64_t m0, int64_t M, float* y, bool add) {
-  switch (features) {
-    case 6: outer_block<6, VECTORS>(weights, xt, K, padded, N, n0, m0, M, y, add); break;
-    case 5: outer_block<5, VECTORS>(weights, xt, K, padded, N, n0, m0, M, y, add); break;
-    case 4: outer_block<4, VECTORS>(weights, xt, K, padded, N, n0, m0, M, y, add); break;
-    case 3: outer_block<3, VECTORS>(weights, xt, K, padded, N, n0, m0, M, y, add); break;
-    case 2: outer_block<2, VECTORS>(weights, xt, K, padded, N, n0, m0, M, y, add); break;
-    case 1: outer_block<1, VECTORS>(weights, xt, K, padded, N, n0, m0, M, y, add); break;
-    default: break;
-  }
-}
-
-// x [M, K] transposed into [K, padded], rows M..padded zero: the outer-product kernels' layout.
-inline std::vector<float> transposed(const float* x, int64_t M, int64_t K, int64_t padded) {
-  std::vector<float> xt(static_cast<size_t>(K * padded), 0.0f);
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t k = 0; k < K; ++k) xt[k * padded + m] = x[m * K + k];
-  return xt;
-}
-
-template <typename W>
-void gemm_many_rows(const W& w, const float* x, int64_t M, int64_t K, int64_t N, float* y, bool add, int threads) {
-  constexpr int FEATURES = 6;
-  const int64_t padded = (M + 7) / 8 * 8;
-  const std::vector<float> xt = transposed(x, M, K, padded);
-  const int64_t blocks = (N + FEATURES - 1) / FEATURES;
-  const int64_t groups = K / GROUP;
-  kernels::parallel_for(blocks, threads, [&](int64_t first, int64_t last) {
-    std::vector<float> weights(static_cast<size_t>(FEATURES * K));
-    for (int64_t block = first; block < last; ++block) {
-      const int64_t n0 = block * FEATURES;
-      const int features = static_cast<int>(N - n0 < FEATURES ? N - n0 : FEATURES);
-      for (int f = 0; f < features; ++f)
-        for (int64_t g = 0; g < groups; ++g) {
-          __m256 dequantized[4];
-          W::group(w, (n0 + f) * groups + g, dequantized);
-          #pragma GCC unroll 16
-          for (int i = 0; i < 4; ++i) _mm256_storeu_ps(&weights[f * K + g * GROUP + 8 * i], dequantized[i]);
-        }
-      int64_t m0 = 0;
-      for (; m0 + 16 <= padded; m0 += 16) outer_any<2>(features, weights.data(), xt.data(), K, padded, N, n0, m0, M, y, add);
-      if (m0 < padded) outer_any<1>(features, weights.data(), xt.data(), K, padded, N, n0, m0, M, y, add);
-    }
-  });
 }
 
 // Output row n of a one-row Q4_1 product: group(qs, g, d, acc) adds group g's centred-nibble product
@@ -409,44 +348,10 @@ void gemm(const W& w, const float* x, int64_t M, int64_t K, int64_t N, float* y,
       return;
     }
   }
-  if (M >= MANY_ROWS) {
-    gemm_many_rows(w, x, M, K, N, y, add, threads);
-    return;
-  }
   kernels::parallel_for(N, threads, [&](int64_t first, int64_t last) {
-    for (int64_t n = first; n < last; ++n) {
-    int64_t r0 = 0;
-    for (; r0 + ROW_BLOCK <= M; r0 += ROW_BLOCK) dot_rows<W, ROW_BLOCK>(w, x, K, N, n, r0, y, add);
-    switch (M - r0) {
-      case 7: dot_rows<W, 7>(w, x, K, N, n, r0, y, add); break;
-      case 6: dot_rows<W, 6>(w, x, K, N, n, r0, y, add); break;
-      case 5: dot_rows<W, 5>(w, x, K, N, n, r0, y, add); break;
-      case 4: dot_rows<W, 4>(w, x, K, N, n, r0, y, add); break;
-      case 3: dot_rows<W, 3>(w, x, K, N, n, r0, y, add); break;
-      case 2: dot_rows<W, 2>(w, x, K, N, n, r0, y, add); break;
-      case 1: dot_rows<W, 1>(w, x, K, N, n, r0, y, add); break;
-      default: break;
-    }
-    }
+    row_blocks(M, first, last, [&](int64_t n, int64_t r0, auto rows) { dot_rows<W, decltype(rows)::value>(w, x, K, N, n, r0, y, add); });
   });
 }
-
-// The float32 weight [N, K] of the blocks, into out (for a caller that multiplies many rows at once
-// with a dense product, e.g. a long prompt's prefill).
-template <typename W>
-void dequantize(const W& w, int64_t N, int64_t K, float* out, int threads) {
-  const int64_t groups = K / GROUP;
-  kernels::parallel_for(N, threads, [&](int64_t first, int64_t last) {
-    for (int64_t n = first; n < last; ++n)
-      for (int64_t g = 0; g < groups; ++g) {
-        __m256 values[4];
-        W::group(w, n * groups + g, values);
-#pragma GCC unroll 4
-        for (int i = 0; i < 4; ++i) _mm256_storeu_ps(out + n * K + g * GROUP + 8 * i, values[i]);
-      }
-  });
-}
-
 
 // --- AVX-512 (F, BW, DQ): the same products with 16-float vectors, for CPUs that have them ---------------
 // A group's 32 weights are two vectors here (a zero-extension of its 16 bytes, then the low nibbles
@@ -461,11 +366,6 @@ void dequantize(const W& w, int64_t N, int64_t K, float* out, int threads) {
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl")
 #endif
 namespace wide {
-
-// From this many rows on, gemm_many_rows: below it, dot_rows' blocks of 8 rows were faster on a
-// 2-core Xeon (Emerald Rapids), the embedded model's layers in turn (ms, dot / outer product):
-// 16.6 / 24.6 at 12 rows, 24.0 / 31.1 at 20, 37.7 / 32.4 at 24, 51.1 / 36.6 at 32.
-constexpr int64_t WIDE_MANY_ROWS = 22;
 
 struct Q4_1 {
   static inline void group(const ::Q4_1& w, int64_t block, __m512 out[2]) {
@@ -534,93 +434,13 @@ inline void dot_rows(const Blocks& w, const float* x, int64_t K, int64_t N, int6
 }
 
 template <typename W, typename Blocks>
-void gemm_few_rows(const Blocks& w, const float* x, int64_t M, int64_t K, int64_t N, float* y, bool add, int threads) {
-  kernels::parallel_for(N, threads, [&](int64_t first, int64_t last) {
-    for (int64_t n = first; n < last; ++n) {
-      int64_t r0 = 0;
-      for (; r0 + ROW_BLOCK <= M; r0 += ROW_BLOCK) dot_rows<W, Blocks, ROW_BLOCK>(w, x, K, N, n, r0, y, add);
-      switch (M - r0) {
-        case 7: dot_rows<W, Blocks, 7>(w, x, K, N, n, r0, y, add); break;
-        case 6: dot_rows<W, Blocks, 6>(w, x, K, N, n, r0, y, add); break;
-        case 5: dot_rows<W, Blocks, 5>(w, x, K, N, n, r0, y, add); break;
-        case 4: dot_rows<W, Blocks, 4>(w, x, K, N, n, r0, y, add); break;
-        case 3: dot_rows<W, Blocks, 3>(w, x, K, N, n, r0, y, add); break;
-        case 2: dot_rows<W, Blocks, 2>(w, x, K, N, n, r0, y, add); break;
-        case 1: dot_rows<W, Blocks, 1>(w, x, K, N, n, r0, y, add); break;
-        default: break;
-      }
-    }
-  });
-}
-
-// As outer_block above, with 16 rows of x per vector.
-template <int FEATURES, int VECTORS>
-inline void outer_block(const float* weights, const float* xt, int64_t K, int64_t padded, int64_t N, int64_t n0,
-                        int features, int64_t m0, int64_t M, float* y, bool add) {
-  __m512 acc[FEATURES][VECTORS];
-  #pragma GCC unroll 16
-  for (int f = 0; f < FEATURES; ++f)
-    #pragma GCC unroll 16
-    for (int v = 0; v < VECTORS; ++v) acc[f][v] = _mm512_setzero_ps();
-  const float* column = xt + m0;
-  for (int64_t k = 0; k < K; ++k, column += padded) {
-    __m512 xs[VECTORS];
-    #pragma GCC unroll 16
-    for (int v = 0; v < VECTORS; ++v) xs[v] = _mm512_loadu_ps(column + 16 * v);
-    #pragma GCC unroll 16
-    for (int f = 0; f < FEATURES; ++f) {
-      const __m512 weight = _mm512_set1_ps(weights[f * K + k]);
-      #pragma GCC unroll 16
-      for (int v = 0; v < VECTORS; ++v) acc[f][v] = _mm512_fmadd_ps(weight, xs[v], acc[f][v]);
-    }
-  }
-  alignas(64) float lanes[16];
-  #pragma GCC unroll 16
-  for (int f = 0; f < features; ++f)
-    #pragma GCC unroll 16
-    for (int v = 0; v < VECTORS; ++v) {
-      _mm512_store_ps(lanes, acc[f][v]);
-      for (int lane = 0; lane < 16; ++lane) {
-        const int64_t m = m0 + 16 * v + lane;
-        if (m >= M) break;
-        float& target = y[m * N + n0 + f];
-        target = add ? target + lanes[lane] : lanes[lane];
-      }
-    }
-}
-
-template <int FEATURES, typename W, typename Blocks>
-void gemm_many_rows(const Blocks& w, const float* x, int64_t M, int64_t K, int64_t N, float* y, bool add, int threads) {
-  const int64_t padded = (M + 15) / 16 * 16;
-  const std::vector<float> xt = transposed(x, M, K, padded);
-  const int64_t blocks = (N + FEATURES - 1) / FEATURES;
-  const int64_t groups = K / GROUP;
-  kernels::parallel_for(blocks, threads, [&](int64_t first, int64_t last) {
-    std::vector<float> weights(static_cast<size_t>(FEATURES * K));
-    for (int64_t block = first; block < last; ++block) {
-      const int64_t n0 = block * FEATURES;
-      const int features = static_cast<int>(N - n0 < FEATURES ? N - n0 : FEATURES);
-      for (int f = 0; f < features; ++f)
-        for (int64_t g = 0; g < groups; ++g) {
-          __m512 dequantized[2];
-          W::group(w, (n0 + f) * groups + g, dequantized);
-          _mm512_storeu_ps(&weights[f * K + g * GROUP], dequantized[0]);
-          _mm512_storeu_ps(&weights[f * K + g * GROUP + 16], dequantized[1]);
-        }
-      int64_t m0 = 0;
-      for (; m0 + 32 <= padded; m0 += 32) outer_block<FEATURES, 2>(weights.data(), xt.data(), K, padded, N, n0, features, m0, M, y, add);
-      if (m0 < padded) outer_block<FEATURES, 1>(weights.data(), xt.data(), K, padded, N, n0, features, m0, M, y, add);
-    }
-  });
-}
-
-template <typename W, typename Blocks>
 void gemm(const Blocks& w, const float* x, int64_t M, int64_t K, int64_t N, float* y, bool add, int threads) {
   if (M * N * K < SMALL_WORK) threads = 1;
-  if (M >= WIDE_MANY_ROWS)
-    gemm_many_rows<8, W>(w, x, M, K, N, y, add, threads);
-  else
-    gemm_few_rows<W>(w, x, M, K, N, y, add, threads);
+  kernels::parallel_for(N, threads, [&](int64_t first, int64_t last) {
+    row_blocks(M, first, last, [&](int64_t n, int64_t r0, auto rows) {
+      dot_rows<W, Blocks, decltype(rows)::value>(w, x, K, N, n, r0, y, add);
+    });
+  });
 }
 
 }  // namespace wide
@@ -635,15 +455,6 @@ bool use_avx512 = false;
 }  // namespace
 
 extern "C" {
-
-KERNEL_EXPORT void q4_1_dequantize(const uint8_t* qs, const float* d, const float* m, int64_t N, int64_t K, float* out,
-                                   int threads) {
-  dequantize(Q4_1{qs, d, m}, N, K, out, threads);
-}
-
-KERNEL_EXPORT void q8_0_dequantize(const int8_t* qs, const float* d, int64_t N, int64_t K, float* out, int threads) {
-  dequantize(Q8_0{qs, d}, N, K, out, threads);
-}
 
 // x: [M, K] float32 contiguous; K a multiple of 32; y: [M, N] float32 contiguous, overwritten
 // (add == 0) or added to (add != 0: a residual stream).
