@@ -70,6 +70,7 @@ class CPUKernels:
             "q4_1_gemm", pointer, size, size, pointer, pointer, pointer, size, pointer, integer, integer
         )
         self._q8_0 = function("q8_0_gemm", pointer, size, size, pointer, pointer, size, pointer, integer, integer)
+        self._q4_1_to_bfloat16 = function("q4_1_to_bfloat16", pointer, pointer, pointer, size, size, pointer, integer)
         self._set_avx512 = function("set_avx512", integer)
         self._set_activation_bits = function("set_activation_bits", integer)
         self.avx512 = False
@@ -148,6 +149,19 @@ class CPUKernels:
             x.data_ptr(), rows, width, qs.data_ptr(), d.data_ptr(), d.shape[0], out.data_ptr(), add,
             torch.get_num_threads(),
         )  # fmt: skip
+        return out
+
+    def q4_1_to_bfloat16(self, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        """The Q4_1 weight ``[N, K]`` (``qs``, ``d``, ``m`` as for :meth:`q4_1`) as a new bfloat16 tensor,
+        each ``d q + m`` rounded to nearest even as torch's cast does.  Raises ``RuntimeError`` on a
+        CPU without the AVX-512 products (:func:`avx512_products`), where the kernel cannot run."""
+        if not avx512_products():
+            raise RuntimeError("q4_1_to_bfloat16 needs the AVX-512 products")
+        rows, width = d.shape[0], d.shape[1] * GROUP
+        out = torch.empty(rows, width, dtype=torch.bfloat16)
+        self._q4_1_to_bfloat16(
+            qs.data_ptr(), d.data_ptr(), m.data_ptr(), rows, width, out.data_ptr(), torch.get_num_threads()
+        )
         return out
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

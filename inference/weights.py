@@ -427,9 +427,18 @@ class _BlockLinear(WeightLinear):
 
     kernels: CPUKernels
     bias: torch.Tensor | None
+    # From this many rows on (a long prefill chunk), the product runs in bfloat16 on a bfloat16 copy
+    # of the weight made for that call (:meth:`_bfloat16_weight`): None, never (see Q4_1Linear).
+    bfloat16_rows: int | None = None
 
     def _product(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:  # pragma: no cover
         raise NotImplementedError
+
+    def _bfloat16_weight(self) -> torch.Tensor:  # pragma: no cover
+        raise NotImplementedError
+
+    def _in_bfloat16(self, rows: int) -> bool:
+        return self.bfloat16_rows is not None and rows >= self.bfloat16_rows
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         out = self.compute(x)
@@ -438,7 +447,10 @@ class _BlockLinear(WeightLinear):
     def compute(self, x: torch.Tensor) -> torch.Tensor:
         self._check_width(x)
         flat = x if x.dim() == 2 else x.reshape(-1, self.in_features)
-        out = self._product(flat)
+        if self._in_bfloat16(flat.shape[0]):
+            out = F.linear(flat.to(torch.bfloat16), self._bfloat16_weight()).float()
+        else:
+            out = self._product(flat)
         if self.bias is not None:
             out += self.bias
         return out if x.dim() == 2 else out.reshape(*x.shape[:-1], self.out_features)
@@ -446,7 +458,7 @@ class _BlockLinear(WeightLinear):
     def add_into(self, x: torch.Tensor, residual: torch.Tensor) -> None:
         # Our kernels add float32 into a contiguous float32 buffer: another residual (bfloat16
         # activations) takes the product through torch's conversion instead.
-        if residual.dtype != torch.float32 or not residual.is_contiguous():
+        if residual.dtype != torch.float32 or not residual.is_contiguous() or self._in_bfloat16(x.shape[0]):
             residual += self.compute(x)
             return
         self._check_width(x)
@@ -489,11 +501,14 @@ class Q4_1Linear(_BlockLinear):
     def _product(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         return self.kernels.q4_1(x, self.qs, self.d, self.m, out=out)
 
+    def _bfloat16_weight(self) -> torch.Tensor:
+        return self.kernels.q4_1_to_bfloat16(self.qs, self.d, self.m)
+
     def q4_1_for(self, rows: int) -> Q4_1Linear | None:
         """This layer where a product of ``rows`` rows runs our Q4_1 kernel on its blocks as they are
         (no bias), else None: what a caller that runs the kernel itself (the Llama runner's
         whole-step call, :meth:`inference.cpu_kernels.CPUKernels.decode_layers_q4_1`) needs."""
-        return self if self.bias is None else None
+        return self if self.bias is None and not self._in_bfloat16(rows) else None
 
     def dequantized(self) -> torch.Tensor:
         """The float32 weight ``[out, in]`` this layer computes with."""
@@ -747,8 +762,20 @@ class Choice:
     def make_layer(
         self, weight: torch.Tensor, bias: torch.Tensor | None = None, *, q4_1: Q4_1Blocks | None = None
     ) -> WeightLinear:
-        """A decoder layer's projection in ``layers``' formats (see :func:`make_linear`)."""
-        return make_linear(weight, bias, self.layers, q4_1=q4_1)
+        """A decoder layer's projection in ``layers``' formats (see :func:`make_linear`).
+
+        Chosen by ``auto`` where the CPU runs bfloat16 natively (oneDNN's bf16 code, our AVX-512
+        products), its ``q4_1`` layers run prefill chunks of :data:`BFLOAT16_PREFILL_ROWS` rows or
+        more in bfloat16, from a bfloat16 copy of the blocks made for each such call, as a
+        ``bfloat16`` layer computes (``auto`` takes that format where it is native) but without
+        keeping a second copy of the weights (212 MB for the embedded model).
+        """
+        layer = make_linear(weight, bias, self.layers, q4_1=q4_1)
+        if self.source != "requested" and bfloat16_prefill_available():
+            for linear in layer.layers.values() if isinstance(layer, PlannedLinear) else [layer]:
+                if isinstance(linear, Q4_1Linear):
+                    linear.bfloat16_rows = BFLOAT16_PREFILL_ROWS
+        return layer
 
     def make_output(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> WeightLinear:
         """The output layer (``[vocab, hidden]``, tied to the embedding) in ``output``'s formats."""
@@ -758,13 +785,23 @@ class Choice:
         return f"layers: {self.layers.describe()}; output layer: {self.output.describe()} ({self.source})"
 
 
-# Up to this many rows the output layer goes with the layers' q4_1 kernel (see output_beside_kernels).
-BESIDE_KERNELS_MAX_ROWS = 4
+# From this many rows on, auto's q4_1 layers multiply in bfloat16 where the CPU runs it natively
+# (Choice.make_layer).  The embedded model's layers on a 2-core Zen 4 (ms, our kernel / bfloat16
+# copy made per call + oneDNN's product): 50.3 / 68.4 at 64 rows, 91.2 / 83.6 at 128, 171.3 / 110.6
+# at 256 (making the copies 27.6 ms of that).
+BFLOAT16_PREFILL_ROWS = 128
+
+
+def bfloat16_prefill_available() -> bool:
+    """Whether q4_1 layers may run long prefill chunks in bfloat16 here: oneDNN's bfloat16 product
+    runs (the ``bfloat16`` format is supported) and our kernels have their AVX-512 products."""
+    from . import cpu_kernels
+
+    return "bfloat16" in supported_formats() and cpu_kernels.avx512_products() and cpu_kernels.load(None) is not None
 
 
 def output_beside_kernels(choice: Choice) -> Choice:
-    """``choice`` with the output layer in ``q8_0`` at the row counts (up to
-    :data:`BESIDE_KERNELS_MAX_ROWS`) where the layers run ``q4_1``.
+    """``choice`` with the output layer in ``q8_0`` at the row counts where the layers run ``q4_1``.
 
     Our AVX2 kernels and oneDNN's AVX-512/AMX code do not mix well within a decode step: on a 2-core
     Intel Xeon (AVX-512, AMX), with a bfloat16 output layer after the layers' one q4_1 kernel call,
@@ -772,13 +809,16 @@ def output_beside_kernels(choice: Choice) -> Choice:
     steps with the output layer in q8_0 against bfloat16, interleaved in one process (ms): 11.6 /
     15.9 at 1 row, 14.4 / 19.6 at 2, 17.8 / 19.1 at 4, 23.4 / 21.7 at 8.  Only for an output layer
     whose ``q8_0`` blocks are exact (the caller's check): the GGUF's own values, so nothing is lost.
+    At more rows a bfloat16 copy of the output layer (57 MB for the embedded model) bought little
+    beside q4_1 layers that keep no copy of their own: a 32-row product 6.95 ms in q8_0 against
+    5.09 in bfloat16 on a 2-core Zen 4 (a step's 4%), where the issue bounds a server's peak RSS
+    (< 1.2 GB with 32 streams of 512-token contexts).
     """
-    bounds = {rows for rows, _ in (*choice.layers.steps, *choice.output.steps) if rows is not None}
-    bounds = sorted(bounds | {BESIDE_KERNELS_MAX_ROWS})
+    bounds = sorted({rows for rows, _ in (*choice.layers.steps, *choice.output.steps) if rows is not None}) or [1]
     steps: list[tuple[int | None, str]] = []
     for bound in [*bounds, None]:
         rows = bound if bound is not None else bounds[-1] + 1
-        beside = rows <= BESIDE_KERNELS_MAX_ROWS and choice.layers.format_for(rows) == "q4_1"
+        beside = choice.layers.format_for(rows) == "q4_1"
         name = "q8_0" if beside else choice.output.format_for(rows)
         if steps and steps[-1][1] == name:
             steps[-1] = (bound, name)

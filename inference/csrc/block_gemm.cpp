@@ -443,6 +443,27 @@ void gemm(const Blocks& w, const float* x, int64_t M, int64_t K, int64_t N, floa
   });
 }
 
+// Q4_1 blocks [N, K] as a bfloat16 weight [N, K] (each d * q + m rounded to nearest even, as torch
+// casts float32), into out: a long prefill's product then runs in oneDNN's bfloat16 code without a
+// stored bfloat16 copy of the weights (LlamaModelRunner's q4_1 layers, weights.Q4_1Linear).
+void q4_1_to_bfloat16(const ::Q4_1& w, int64_t N, int64_t K, uint16_t* out, int threads) {
+  const int64_t groups = K / GROUP;
+  kernels::parallel_for(N, threads, [&](int64_t first, int64_t last) {
+    const __m512i one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7FFF);
+    for (int64_t n = first; n < last; ++n)
+      for (int64_t g = 0; g < groups; ++g) {
+        __m512 values[2];
+        Q4_1::group(w, n * groups + g, values);
+        for (int i = 0; i < 2; ++i) {
+          const __m512i bits = _mm512_castps_si512(values[i]);
+          const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), one);
+          const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(half, odd)), 16);
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + n * K + g * GROUP + 16 * i), _mm512_cvtepi32_epi16(rounded));
+        }
+      }
+  });
+}
+
 }  // namespace wide
 #if defined(__clang__)
 #pragma clang attribute pop
@@ -464,6 +485,12 @@ KERNEL_EXPORT void q4_1_gemm(const float* x, int64_t M, int64_t K, const uint8_t
     wide::gemm<wide::Q4_1>(Q4_1{qs, d, m}, x, M, K, N, y, add != 0, threads);
   else
     gemm(Q4_1{qs, d, m}, x, M, K, N, y, add != 0, threads);
+}
+
+// Only on a CPU with AVX-512 F and BW (cpu_kernels.avx512_products).
+KERNEL_EXPORT void q4_1_to_bfloat16(const uint8_t* qs, const float* d, const float* m, int64_t N, int64_t K, uint16_t* out,
+                                    int threads) {
+  wide::q4_1_to_bfloat16(Q4_1{qs, d, m}, N, K, out, threads);
 }
 
 KERNEL_EXPORT void q8_0_gemm(const float* x, int64_t M, int64_t K, const int8_t* qs, const float* d, int64_t N, float* y, int add,

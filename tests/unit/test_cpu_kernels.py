@@ -298,3 +298,46 @@ def test_the_engine_sets_the_activation_bits_from_the_q8_setting(settings, q8, b
     finally:
         engine.stop()
         KERNELS.set_activation_bits(before)
+
+
+needs_avx512 = pytest.mark.skipif(
+    KERNELS is None or not cpu_kernels.avx512_products(), reason="no AVX-512 products (or torch below it) here"
+)
+
+
+@needs_avx512
+def test_q4_1_to_bfloat16_is_torchs_cast_of_the_blocks():
+    blocks = random_q4_1(46, 96, torch.Generator().manual_seed(8))
+    layer = Q4_1Linear(blocks)
+    assert torch.equal(KERNELS.q4_1_to_bfloat16(layer.qs, layer.d, layer.m), blocks.dequantize().bfloat16())
+
+
+@needs_avx512
+def test_a_q4_1_layer_runs_long_prefill_chunks_in_bfloat16_from_its_blocks():
+    generator = torch.Generator().manual_seed(9)
+    blocks = random_q4_1(46, 96, generator)
+    layer = Q4_1Linear(blocks)
+    layer.bfloat16_rows = 12
+    weight = blocks.dequantize()
+    with torch.inference_mode():
+        short, long = torch.randn(11, 96, generator=generator), torch.randn(12, 96, generator=generator)
+        assert relative_error(layer(short), short @ weight.T) < 1e-6  # our kernel, float32
+        in_bfloat16 = F.linear(long.bfloat16(), weight.bfloat16()).float()
+        assert torch.equal(layer(long), in_bfloat16)
+        residual = torch.randn(12, 46, generator=generator)
+        expected = residual + in_bfloat16
+        layer.add_into(long, residual)
+        assert torch.equal(residual, expected)
+    assert layer.q4_1_for(11) is layer and layer.q4_1_for(12) is None  # the whole-step kernel is float32
+
+
+@needs_kernels
+def test_auto_q4_1_layers_take_bfloat16_prefill_where_it_is_native_and_requested_ones_never():
+    from inference.weights import BFLOAT16_PREFILL_ROWS, Choice, Plan, bfloat16_prefill_available
+
+    blocks = random_q4_1(46, 96, torch.Generator().manual_seed(10))
+    weight = blocks.dequantize()
+    auto = Choice(Plan.single("q4_1"), Plan.single("q4_1"), "autotune").make_layer(weight, q4_1=blocks)
+    requested = Choice(Plan.single("q4_1"), Plan.single("q4_1"), "requested").make_layer(weight, q4_1=blocks)
+    assert auto.bfloat16_rows == (BFLOAT16_PREFILL_ROWS if bfloat16_prefill_available() else None)
+    assert requested.bfloat16_rows is None

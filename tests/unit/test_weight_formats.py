@@ -300,13 +300,13 @@ def test_auto_dtype_is_float32_where_the_fused_decode_step_runs(monkeypatch):
     assert model_loader.resolve_dtype("auto", cpu) == torch.float32
 
 
-def test_the_output_layer_goes_with_the_layers_q4_1_kernel_at_few_rows():
-    """output_beside_kernels: q8_0 where the layers run q4_1 at up to 4 rows; the tuned format elsewhere."""
+def test_the_output_layer_goes_with_the_layers_q4_1_kernel():
+    """output_beside_kernels: q8_0 where the layers run q4_1; the tuned format elsewhere."""
     from inference.weights import Choice, Plan, output_beside_kernels
 
     tuned = Choice(Plan(((16, "q4_1"), (None, "bfloat16"))), Plan.single("bfloat16"), "autotune")
     merged = output_beside_kernels(tuned)
-    assert merged.output == Plan(((4, "q8_0"), (None, "bfloat16")))
+    assert merged.output == Plan(((16, "q8_0"), (None, "bfloat16")))
     assert merged.layers == tuned.layers
     assert output_beside_kernels(
         Choice(Plan(((2, "q4_1"), (None, "float32"))), Plan.single("float32"), "x")
@@ -314,6 +314,6 @@ def test_the_output_layer_goes_with_the_layers_q4_1_kernel_at_few_rows():
     assert output_beside_kernels(Choice(Plan.single("float32"), Plan.single("float32"), "x")).output == Plan.single(
         "float32"
     )
-    assert output_beside_kernels(Choice(Plan.single("q4_1"), Plan.single("bfloat16"), "x")).output == Plan(
-        ((4, "q8_0"), (None, "bfloat16"))
+    assert output_beside_kernels(Choice(Plan.single("q4_1"), Plan.single("bfloat16"), "x")).output == Plan.single(
+        "q8_0"
     )
