@@ -29,6 +29,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import logging
+import operator
 import os
 import shutil
 import subprocess
@@ -55,7 +56,8 @@ _loaded: dict[Path, CPUKernels | None] = {}
 class CPUKernels:
     """The loaded library.  Tensors given are float32 (int8/uint8 for quantized values), contiguous
     and on the CPU unless said otherwise; the callers own them (nothing is checked: a wrong shape
-    reads or writes out of bounds).  Threads: torch's count at each call.  No state of its own."""
+    reads or writes out of bounds).  Threads: torch's count at each call.  Its state: the library's
+    process-wide choices (``avx512``, ``activation_bits``) and what the load's self-check found."""
 
     def __init__(self, library: ctypes.CDLL, path: Path) -> None:
         self.path = path
@@ -77,7 +79,7 @@ class CPUKernels:
         self._set_activation_bits = function("set_activation_bits", integer)
         self.avx512 = False
         self.set_avx512(avx512_products())
-        self.activation_bits = 32  # the library's own default
+        self.activation_bits = 16  # the library's own default
         self.activation_bits_available = set(ACTIVATION_BITS)  # until the load's self-check says otherwise
         self._rms_norm = function("rms_norm", pointer, size, size, pointer, real, pointer)
         self._silu_mul = function("silu_mul", pointer, size, size, pointer)
@@ -105,15 +107,17 @@ class CPUKernels:
     def set_activation_bits(self, bits: int) -> None:
         """What a one-row Q4_1 product on the AVX2 code (a one-stream decode step, or a prefill chunk
         of one token: a request's tokens may differ alone and in a batch) rounds its activations to,
-        in every thread from the next call on: ``32`` keeps them float32 (the library's default), ``16``
-        and ``8`` round them per group of 32 and multiply with integer instructions (16: the engine's
-        default, a product's relative error about 1e-5 and the likelihood of text unchanged; 8: as
-        llama.cpp's AVX2 q4_1 dot product, ``ENGINE_Q8_ACTIVATIONS=on``, about 1e-2, greedy text
-        diverges sooner: the README).  On a 2-core Zen 4's AVX2 code the embedded model's layers at
-        one row took 3.95 ms in float32, 3.19 with 16 bits, 3.25 with 8.  The AVX-512 products never
-        round.  Raises ``ValueError`` for other values; a width whose product failed the load's
-        self-check falls back to float32 (logged).
+        in every thread from the next call on: ``16`` (the library's default and the engine's) and
+        ``8`` round them per group of 32 and multiply with integer instructions, ``32`` keeps them
+        float32.  16 bits: a product's relative error about 1e-5, the likelihood of text unchanged
+        (bench/activation_bits_quality.py); 8 bits: as llama.cpp's AVX2 q4_1 dot product
+        (``ENGINE_Q8_ACTIVATIONS=on``), about 1e-2, greedy text diverges sooner (the README).  On a
+        2-core Zen 4's AVX2 code the embedded model's layers at one row took 3.95 ms in float32,
+        3.19 with 16 bits, 3.25 with 8.  The AVX-512 products never round.  Raises ``ValueError`` for
+        other values; a width whose product failed the load's self-check falls back to float32
+        (logged).  Process-wide: the last engine started in a process sets it for all.
         """
+        bits = operator.index(bits)
         if bits not in ACTIVATION_BITS:
             raise ValueError(f"activation bits must be one of {ACTIVATION_BITS}, not {bits!r}")
         if bits not in self.activation_bits_available:
@@ -399,9 +403,9 @@ def _load(cache_dir: Path) -> CPUKernels | None:
 
 
 def _works(kernels: CPUKernels) -> bool:
-    """Small products of each kernel against torch's float32: row counts of the row-blocked path
-    (1 to 11) and of the outer-product path (12 and more, one and two vectors of rows).  The decode
-    operations are checked by the tests only."""
+    """Small products of each kernel against torch's float32 at 1 to 20 rows (the one-row paths, full
+    blocks of 8 rows and their rest), then the AVX2 one-row product's 16- and 8-bit activations.
+    The decode operations are checked by the tests only."""
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(20, 64, generator=generator)
     q = torch.randint(0, 16, (24, 64), dtype=torch.uint8, generator=generator)
@@ -411,13 +415,14 @@ def _works(kernels: CPUKernels) -> bool:
     qs = (nibbles[:, :, 0] | (nibbles[:, :, 1] << 4)).reshape(24, 32).contiguous()
     q8 = torch.randint(-127, 128, (24, 64), dtype=torch.int8, generator=generator)
     weight8 = (q8.float().reshape(24, 2, GROUP) * d[..., None]).reshape(24, 64)
+    avx512 = kernels.avx512
     close = True
+    kernels._set_activation_bits(32)  # the float32 products first
     for rows in (1, 2, 3, 8, 11, 12, 20):
         close &= torch.allclose(kernels.q4_1(x[:rows], qs, d, m), x[:rows] @ weight.T, rtol=1e-4, atol=1e-4)
         close &= torch.allclose(kernels.q8_0(x[:rows], q8, d), x[:rows] @ weight8.T, rtol=1e-4, atol=1e-4)
     # The AVX2 one-row product with 16- and 8-bit activations: within their rounding of the float32
     # product, or that width stays unavailable (the rest of the kernels are still used).
-    avx512 = kernels.avx512
     kernels.set_avx512(False)
     expected = x[:1] @ weight.T
     for bits, tolerance in ((16, 1e-3), (8, 3e-2)):
@@ -425,6 +430,6 @@ def _works(kernels: CPUKernels) -> bool:
         error = (kernels.q4_1(x[:1], qs, d, m) - expected).abs().max()
         if not error <= tolerance * expected.abs().max():
             kernels.activation_bits_available.discard(bits)
-    kernels._set_activation_bits(kernels.activation_bits)
     kernels.set_avx512(avx512)
+    kernels.set_activation_bits(kernels.activation_bits)  # the default, or float32 where it failed
     return bool(close)

@@ -15,6 +15,7 @@
 // Built by inference/cpu_kernels.py with -O3 -mavx2 -mfma (the AVX-512 versions below with their own
 // target pragma, chosen at run time); called through ctypes.
 
+#include <float.h>
 #include <immintrin.h>
 #include <stdint.h>
 
@@ -227,8 +228,8 @@ inline void quantize_row_q8(const float* x, int64_t K, int8_t* xq, float* dx, fl
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
     m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
     const float d = _mm_cvtss_f32(m4) / 127.0f;
-    const float id = d > 0.0f ? 1.0f / d : 0.0f;
-    dx[g] = d;
+    const float id = d >= FLT_MIN ? 1.0f / d : 0.0f;  // a subnormal scale's inverse would overflow
+    dx[g] = id > 0.0f ? d : 0.0f;
     sx[g] = horizontal_sum(sum);
     __m256i q[4];
     for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], _mm256_set1_ps(id)));  // round to nearest
@@ -259,12 +260,12 @@ inline void q4_1_one_row_q8(const Q4_1& w, const int8_t* xq, const float* dx, co
 
 // Q4_1 against one row of x rounded to 16 bits per group of 32 (scale dx = max |x| / 32767): per group
 // the 16 bytes zero-extended to 16-bit lanes once (lane i: weight i in its low nibble, 16 + i in its
-// high one), centred, and two madd with x, so the 32 products are summed exactly in integers before
-// one multiply-add by d * dx.  A product's relative error is about 1e-5 (x's rounding), where the
+// high one), centred, and two madd with x: a group's products are summed exactly in integers, 8 lanes
+// of 4, which one multiply-add by d * dx takes into the float accumulators.  A product's relative error is about 1e-5 (x's rounding), where the
 // float loop's is 1e-7 and 8-bit activations' 1e-2; in likelihood it is as close to the float loop as
 // the AVX-512 float loop is (bench/activation_bits_quality.py).  The embedded model's 120 layer
 // products at one row on a 2-core Zen 4's AVX2 code: 3.95 -> 3.19 ms (8-bit activations: 3.25).
-// The AVX2 default (set_activation_bits(16), the engine's); the AVX-512 float loop is as fast.
+// The AVX2 default (set_activation_bits); the AVX-512 float loop is as fast.
 //
 // x [K] into xq [K] (round(x / dx), |xq| <= 32767), its groups' scales dx (max |x| / 32767) and float sums sx [K / 32].
 inline void quantize_row_i16(const float* x, int64_t K, int16_t* xq, float* dx, float* sx) {
@@ -282,8 +283,9 @@ inline void quantize_row_i16(const float* x, int64_t K, int16_t* xq, float* dx, 
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
     m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
     const float d = _mm_cvtss_f32(m4) / 32767.0f;
-    const __m256 id = _mm256_set1_ps(d > 0.0f ? 1.0f / d : 0.0f);
-    dx[g] = d;
+    const float inverse = d >= FLT_MIN ? 1.0f / d : 0.0f;  // as in quantize_row_q8
+    const __m256 id = _mm256_set1_ps(inverse);
+    dx[g] = inverse > 0.0f ? d : 0.0f;
     sx[g] = horizontal_sum(sum);
     for (int half = 0; half < 2; ++half) {
       // packs works within 128-bit lanes: 0-3 8-11 4-7 12-15, put back in order by the permute.
@@ -310,8 +312,8 @@ inline void q4_1_one_row_i16(const Q4_1& w, const int16_t* xq, const float* dx, 
   });
 }
 
-// The one-row AVX2 Q4_1 product's activations: 32 (float32), 16 or 8 bits (set_activation_bits).
-int activation_bits = 32;
+// The one-row AVX2 Q4_1 product's activations: 32 (float32), 16 (the default) or 8 bits (set_activation_bits).
+int activation_bits = 16;
 
 template <typename W>
 void gemm(const W& w, const float* x, int64_t M, int64_t K, int64_t N, float* y, bool add, int threads) {
@@ -530,8 +532,8 @@ KERNEL_EXPORT void q8_0_gemm(const float* x, int64_t M, int64_t K, const int8_t*
 
 // Whether the products use the AVX-512 versions (on != 0) or the AVX2 ones; off at load.
 KERNEL_EXPORT void set_avx512(int on) { use_avx512 = on != 0; }
-// What a one-row Q4_1 product on the AVX2 code rounds x to: 16 or 8 bits per group of 32, or
-// nothing (32: float32, the value at load).
+// What a one-row Q4_1 product on the AVX2 code rounds x to: 16 (the value at load) or 8 bits per
+// group of 32, or nothing (32: float32).
 KERNEL_EXPORT void set_activation_bits(int bits) { activation_bits = bits; }
 
 }
