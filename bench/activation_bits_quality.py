@@ -115,7 +115,7 @@ def main() -> None:
                 logprobs += lp
                 best += top
             results[name] = (logprobs, best)
-    kernels.set_activation_bits(32)
+    kernels.set_activation_bits(16)  # the default
     kernels.set_avx512(cpu_kernels.avx512_products())
     reference, reference_best = results["AVX2 float32"]
     for name, (logprobs, best) in results.items():

@@ -27,6 +27,7 @@ found, or the build fails: the engine then uses torch's formats and operations.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import logging
 import operator
@@ -178,7 +179,7 @@ class CPUKernels:
         """The Q4_1 weight ``[N, K]`` (``qs``, ``d``, ``m`` as for :meth:`q4_1`) as a new bfloat16 tensor,
         each ``d q + m`` rounded to nearest even as torch's cast does.  Raises ``RuntimeError`` on a
         CPU without the AVX-512 products (:func:`avx512_products`), where the kernel cannot run."""
-        if not avx512_products():
+        if not avx512_products():  # cached: cpuinfo is read once
             raise RuntimeError("q4_1_to_bfloat16 needs the AVX-512 products")
         rows, width = d.shape[0], d.shape[1] * GROUP
         out = torch.empty(rows, width, dtype=torch.bfloat16)
@@ -301,15 +302,17 @@ def avx512_products() -> bool:
     return torch.backends.cpu.get_cpu_capability() == "AVX512" and all(flag in cpu_flags() for flag in AVX512_CPU_FLAGS)
 
 
-def cpu_flags() -> set[str]:
-    """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where there is none); read once a process
+    (a large machine's cpuinfo takes a while to parse, and the bfloat16 prefill asks per call)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
+                return frozenset(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return set()
+    return frozenset()
 
 
 def unavailable_reason() -> str | None:

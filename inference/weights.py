@@ -451,7 +451,8 @@ class _BlockLinear(WeightLinear):
         return rows >= DENSE_ROWS and not self.kernels.avx512
 
     def _in_bfloat16(self, rows: int) -> bool:
-        return self.bfloat16_rows is not None and rows >= self.bfloat16_rows
+        # Not where the products were put on their AVX2 code (set_avx512(False)): as an AVX2 CPU.
+        return self.bfloat16_rows is not None and rows >= self.bfloat16_rows and self.kernels.avx512
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         out = self.compute(x)
@@ -477,6 +478,7 @@ class _BlockLinear(WeightLinear):
         if (
             residual.dtype != torch.float32
             or not residual.is_contiguous()
+            or x.dim() != 2
             or self._in_bfloat16(rows)
             or self._dense(rows)
         ):
@@ -812,8 +814,10 @@ class Choice:
         return f"layers: {self.layers.describe()}; output layer: {self.output.describe()} ({self.source})"
 
 
-# From this many rows on, auto's q4_1 layers multiply in bfloat16 where the CPU runs it natively
-# (Choice.make_layer).  The embedded model's layers on a 2-core Zen 4 (ms, our kernel / bfloat16
+# From this many rows on (a long prefill chunk, or a decode batch this large), auto's q4_1 layers
+# multiply in bfloat16 where the CPU runs it natively (Choice.make_layer): a prompt's log-probabilities
+# then depend on how it was split into chunks by up to a few tenths of a nat a token (as with the
+# stored bfloat16 layers the autotune kept for 17+ rows before), where float32 chunks agree to 0.003.  The embedded model's layers on a 2-core Zen 4 (ms, our kernel / bfloat16
 # copy made per call + oneDNN's product): 50.3 / 68.4 at 64 rows, 91.2 / 83.6 at 128, 171.3 / 110.6
 # at 256 (making the copies 27.6 ms of that).
 BFLOAT16_PREFILL_ROWS = 128

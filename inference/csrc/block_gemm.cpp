@@ -213,7 +213,10 @@ inline void q4_1_one_row(const Q4_1& w, const float* x, const float* sx, int64_t
 // only in the AVX2 products: the AVX-512 float loop is about as fast.
 
 // x [K] into xq [K] (round(x / dx), |xq| <= 127), its groups' scales dx and float sums sx [K / 32].
-inline void quantize_row_q8(const float* x, int64_t K, int8_t* xq, float* dx, float* sx) {
+// Returns false where a group's scale would be subnormal (0 < max |x| < 127 FLT_MIN): the caller then
+// multiplies in float32 (rounding such a group to zero would drop its term).
+inline bool quantize_row_q8(const float* x, int64_t K, int8_t* xq, float* dx, float* sx) {
+  bool representable = true;
   for (int64_t g = 0; g < K / GROUP; ++g) {
     const float* xg = x + g * GROUP;
     __m256 v[4];
@@ -227,7 +230,8 @@ inline void quantize_row_q8(const float* x, int64_t K, int8_t* xq, float* dx, fl
     __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
     m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-    const float d = _mm_cvtss_f32(m4) / 127.0f;
+    const float largest = _mm_cvtss_f32(m4), d = largest / 127.0f;
+    representable &= d >= FLT_MIN || largest == 0.0f;
     const float id = d >= FLT_MIN ? 1.0f / d : 0.0f;  // a subnormal scale's inverse would overflow
     dx[g] = id > 0.0f ? d : 0.0f;
     sx[g] = horizontal_sum(sum);
@@ -240,6 +244,7 @@ inline void quantize_row_q8(const float* x, int64_t K, int8_t* xq, float* dx, fl
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(xq + g * GROUP), _mm256_permutevar8x32_epi32(b, order));
   }
+  return representable;
 }
 
 inline void q4_1_one_row_q8(const Q4_1& w, const int8_t* xq, const float* dx, const float* sx, int64_t K, int64_t n, float* y,
@@ -268,7 +273,9 @@ inline void q4_1_one_row_q8(const Q4_1& w, const int8_t* xq, const float* dx, co
 // The AVX2 default (set_activation_bits); the AVX-512 float loop is as fast.
 //
 // x [K] into xq [K] (round(x / dx), |xq| <= 32767), its groups' scales dx (max |x| / 32767) and float sums sx [K / 32].
-inline void quantize_row_i16(const float* x, int64_t K, int16_t* xq, float* dx, float* sx) {
+// As quantize_row_q8, false for a group with 0 < max |x| < 32767 FLT_MIN.
+inline bool quantize_row_i16(const float* x, int64_t K, int16_t* xq, float* dx, float* sx) {
+  bool representable = true;
   const __m256 sign = _mm256_set1_ps(-0.0f);
   for (int64_t g = 0; g < K / GROUP; ++g) {
     const float* xg = x + g * GROUP;
@@ -282,7 +289,8 @@ inline void quantize_row_i16(const float* x, int64_t K, int16_t* xq, float* dx, 
     __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
     m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-    const float d = _mm_cvtss_f32(m4) / 32767.0f;
+    const float largest = _mm_cvtss_f32(m4), d = largest / 32767.0f;
+    representable &= d >= FLT_MIN || largest == 0.0f;
     const float inverse = d >= FLT_MIN ? 1.0f / d : 0.0f;  // as in quantize_row_q8
     const __m256 id = _mm256_set1_ps(inverse);
     dx[g] = inverse > 0.0f ? d : 0.0f;
@@ -294,6 +302,7 @@ inline void quantize_row_i16(const float* x, int64_t K, int16_t* xq, float* dx, 
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(xq + g * GROUP + 16 * half), _mm256_permute4x64_epi64(packed, 0xD8));
     }
   }
+  return representable;
 }
 
 inline void q4_1_one_row_i16(const Q4_1& w, const int16_t* xq, const float* dx, const float* sx, int64_t K, int64_t n, float* y,
@@ -324,21 +333,23 @@ void gemm(const W& w, const float* x, int64_t M, int64_t K, int64_t N, float* y,
       if (activation_bits == 8) {
         std::vector<int8_t> xq(static_cast<size_t>(K));
         std::vector<float> dx(static_cast<size_t>(K / GROUP));
-        quantize_row_q8(x, K, xq.data(), dx.data(), sx.data());
-        kernels::parallel_for(N, threads, [&](int64_t first, int64_t last) {
-          for (int64_t n = first; n < last; ++n) q4_1_one_row_q8(w, xq.data(), dx.data(), sx.data(), K, n, y, add);
-        });
-        return;
+        if (quantize_row_q8(x, K, xq.data(), dx.data(), sx.data())) {
+          kernels::parallel_for(N, threads, [&](int64_t first, int64_t last) {
+            for (int64_t n = first; n < last; ++n) q4_1_one_row_q8(w, xq.data(), dx.data(), sx.data(), K, n, y, add);
+          });
+          return;
+        }
       }
       if (activation_bits == 16) {
         std::vector<int16_t> xq(static_cast<size_t>(K));
         std::vector<float> dx(static_cast<size_t>(K / GROUP));
-        quantize_row_i16(x, K, xq.data(), dx.data(), sx.data());
-        kernels::parallel_for(N, threads, [&](int64_t first, int64_t last) {
-          for (int64_t n = first; n < last; ++n) q4_1_one_row_i16(w, xq.data(), dx.data(), sx.data(), K, n, y, add);
-        });
-        return;
-      }
+        if (quantize_row_i16(x, K, xq.data(), dx.data(), sx.data())) {
+          kernels::parallel_for(N, threads, [&](int64_t first, int64_t last) {
+            for (int64_t n = first; n < last; ++n) q4_1_one_row_i16(w, xq.data(), dx.data(), sx.data(), K, n, y, add);
+          });
+          return;
+        }
+      }  // else float32, below
       for (int64_t g = 0; g < K / GROUP; ++g) {
         float total = 0.0f;
         for (int i = 0; i < GROUP; ++i) total += x[g * GROUP + i];
@@ -468,7 +479,7 @@ void gemm(const Blocks& w, const float* x, int64_t M, int64_t K, int64_t N, floa
 void q4_1_to_bfloat16(const ::Q4_1& w, int64_t N, int64_t K, uint16_t* out, int threads) {
   const int64_t groups = K / GROUP;
   kernels::parallel_for(N, threads, [&](int64_t first, int64_t last) {
-    const __m512i one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7FFF);
+    const __m512i one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7FFF), nan = _mm512_set1_epi32(0x7FC0);
     for (int64_t n = first; n < last; ++n)
       for (int64_t g = 0; g < groups; ++g) {
         __m512 values[2];
@@ -476,7 +487,9 @@ void q4_1_to_bfloat16(const ::Q4_1& w, int64_t N, int64_t K, uint16_t* out, int 
         for (int i = 0; i < 2; ++i) {
           const __m512i bits = _mm512_castps_si512(values[i]);
           const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), one);
-          const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(half, odd)), 16);
+          __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(half, odd)), 16);
+          // A NaN stays a NaN (the rounding could carry it into the sign bit): torch's 0x7FC0.
+          rounded = _mm512_mask_mov_epi32(rounded, _mm512_cmp_ps_mask(values[i], values[i], _CMP_UNORD_Q), nan);
           _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + n * K + g * GROUP + 16 * i), _mm512_cvtepi32_epi16(rounded));
         }
       }

@@ -348,3 +348,34 @@ def test_auto_q4_1_layers_take_bfloat16_prefill_where_it_is_native_and_requested
     requested = Choice(Plan.single("q4_1"), Plan.single("q4_1"), "requested").make_layer(weight, q4_1=blocks)
     assert auto.bfloat16_rows == (BFLOAT16_PREFILL_ROWS if bfloat16_prefill_available() else None)
     assert requested.bfloat16_rows is None
+
+
+@needs_kernels
+@pytest.mark.parametrize("bits", [16, 8])
+def test_rounded_activations_too_small_for_a_normal_scale_are_multiplied_in_float32(bits):
+    # max |x| about 3e-34 (16 bits) or 3e-37 (8 bits): the scale (max / 32767 or max / 127) would be
+    # subnormal, so the product rounds nothing (rounding those groups to zero would drop them).
+    generator = torch.Generator().manual_seed(11)
+    blocks = random_q4_1(46, 96, generator)
+    layer = Q4_1Linear(blocks)
+    x = torch.randn(1, 96, generator=generator) * {16: 1e-34, 8: 1e-37}[bits]
+    chosen, before = KERNELS.avx512, KERNELS.activation_bits
+    try:
+        KERNELS.set_avx512(False)
+        KERNELS.set_activation_bits(bits)
+        with torch.inference_mode():
+            got = layer(x).double()
+    finally:
+        KERNELS.set_activation_bits(before)
+        KERNELS.set_avx512(chosen)
+    assert relative_error(got, x.double() @ blocks.dequantize().double().T) < 1e-5
+
+
+@needs_avx512
+def test_q4_1_to_bfloat16_keeps_a_nan_a_nan():
+    blocks = random_q4_1(2, 32, torch.Generator().manual_seed(12))
+    d = blocks.d.clone()
+    d[0, 0] = torch.tensor(float("nan")).half()  # 0x7FFF after the float32 product: rounding would carry
+    layer = Q4_1Linear(Q4_1Blocks(blocks.q, d, blocks.m))
+    converted = KERNELS.q4_1_to_bfloat16(layer.qs, layer.d, layer.m)
+    assert converted[0].isnan().all() and not converted[1].isnan().any()
