@@ -817,10 +817,11 @@ class Choice:
 # From this many rows on (a long prefill chunk, or a decode batch this large), auto's q4_1 layers
 # multiply in bfloat16 where the CPU runs it natively (Choice.make_layer): a prompt's log-probabilities
 # then depend on how it was split into chunks by up to a few tenths of a nat a token (as with the
-# stored bfloat16 layers the autotune kept for 17+ rows before), where float32 chunks agree to 0.003.  The embedded model's layers on a 2-core Zen 4 (ms, our kernel / bfloat16
-# copy made per call + oneDNN's product): 50.3 / 68.4 at 64 rows, 91.2 / 83.6 at 128, 171.3 / 110.6
-# at 256 (making the copies 27.6 ms of that).
-BFLOAT16_PREFILL_ROWS = 128
+# stored bfloat16 layers the autotune kept for 17+ rows before), where float32 chunks agree to 0.003.
+# The embedded model's layers on a 2-core Zen 4 (ms, our kernel / bfloat16 copy made per call +
+# oneDNN's product): 50.0 / 53.9 at 64 rows, 69.2 / 58.9 at 96, 89.0 / 59.5 at 128, 168 / 87 at 256
+# (making the copies 8.8 ms of that).
+BFLOAT16_PREFILL_ROWS = 96
 
 
 def bfloat16_prefill_available() -> bool:
