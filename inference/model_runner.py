@@ -180,6 +180,8 @@ def _weight_factory(model, dtype: torch.dtype, weights: str, cache_dir: Path | N
     where our kernels cannot run, ``int4`` (the blocks with scales rounded to bfloat16, bfloat16
     activations: bench/weight_formats.py measured its greedy text within bfloat16's noise); for the
     output layer ``q8_0`` when Q8_0 holds its weight exactly (the embedded GGUF's embedding is Q8_0).
+    Where q4_1 layers can run long prefill chunks in bfloat16 from their blocks, no bfloat16 copy of
+    the layers is a candidate.
     """
     from . import cpu_kernels
     from . import weights as formats
@@ -203,6 +205,12 @@ def _weight_factory(model, dtype: torch.dtype, weights: str, cache_dir: Path | N
         if not all(name in q4_1 for name in names):
             q4_1 = None  # not every projection is Q4_1 in this GGUF: no lossless 4-bit format
     candidates = [*formats.AUTO_FORMATS, *([("q4_1" if kernels else "int4")] if q4_1 is not None else [])]
+    if "q4_1" in candidates and formats.bfloat16_prefill_available():
+        # q4_1 layers run long prefill chunks in bfloat16 without a stored copy (Choice.make_layer);
+        # a stored bfloat16 copy (2.7 times the blocks' memory, 212 MB for the embedded model) would
+        # then serve only decode batches of 17-95 rows, where it was 1.2-1.3 times as fast on a Zen 4
+        # (32 rows 17.8 / 22.4 ms): not worth the issue's RSS bound (< 1.2 GB, 32 x 512 contexts).
+        candidates.remove("bfloat16")
     output_candidates = [*formats.AUTO_FORMATS]
     if kernels is not None and weights == "auto" and formats.is_lossless_q8_0(output.detach()):
         output_candidates.append("q8_0")
