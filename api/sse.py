@@ -15,9 +15,16 @@ DONE = b"data: [DONE]\n\n"
 KEEPALIVE = b": keep-alive\n\n"
 
 
+# Characters that JSON leaves as they are but that Python's str.splitlines, and so httpx's
+# aiter_lines, takes for line ends (SSE itself ends lines at CR and LF only): escaped, so that a
+# generated U+2028 cannot cut an event in two for such a client (an end-to-end test met one).
+_LINE_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
 def event(data: Mapping[str, object]) -> bytes:
-    """One ``data:`` event holding ``data`` as compact one-line JSON."""
-    return b"data: " + json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+    """One ``data:`` event holding ``data`` as compact JSON on one line, for any line splitter."""
+    text = json.dumps(data, ensure_ascii=False, separators=(",", ":")).translate(_LINE_BREAKS)
+    return b"data: " + text.encode() + b"\n\n"
 
 
 async def with_keepalive(source: AsyncIterator[bytes], interval: float) -> AsyncIterator[bytes]:
