@@ -7,7 +7,7 @@
 // The scales are float32 here (the GGUF's float16 values converted exactly), so a group's weights
 // are dequantized exactly as gguf-py does, and the products accumulate in float32: the result equals
 // x @ dequantized(W)^T up to float32 summation order (but for the AVX2 one-row Q4_1 product, which
-// rounds x to 16 bits unless set_activation_bits says otherwise: see q4_1_one_row_i16).  Weights
+// rounds x to 16 bits unless set_activation_bits says otherwise: see the 16-bit q4_1_one_row).  Weights
 // are read from memory once per product, as 4-bit or 8-bit values (a batch-1 decode step reads 1/6
 // or 1/3.5 of a float32 weight's bytes), and dequantized once per 8 rows of x.
 //
@@ -201,6 +201,30 @@ inline void q4_1_one_row(const Q4_1& w, const float* x, const float* sx, int64_t
   });
 }
 
+// One group of x (xg, 32 floats) loaded into v, its float sum into sx and its scale max |x| / largest
+// into dx (largest: the rounded values' bound, 127 or 32767); returns the scale's inverse, by which
+// x is then rounded.  A group whose scale would be subnormal (0 < max |x| < largest * FLT_MIN)
+// clears representable (its inverse would overflow, and rounding it to zero would drop its term):
+// the caller then multiplies in float32.  An all-zero group has scale and inverse 0.
+inline float group_scale(const float* xg, float largest, __m256 v[4], float* dx, float* sx, bool& representable) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 amax = _mm256_setzero_ps(), sum = _mm256_setzero_ps();
+  for (int i = 0; i < 4; ++i) {
+    v[i] = _mm256_loadu_ps(xg + 8 * i);
+    amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
+    sum = _mm256_add_ps(sum, v[i]);
+  }
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+  const float biggest = _mm_cvtss_f32(m4), d = biggest / largest;
+  representable &= d >= FLT_MIN || biggest == 0.0f;
+  const float inverse = d >= FLT_MIN ? 1.0f / d : 0.0f;
+  *dx = inverse > 0.0f ? d : 0.0f;
+  *sx = horizontal_sum(sum);
+  return inverse;
+}
+
 // Q4_1 against one row of x quantized to 8 bits per group of 32 (scale dx = max |x| / 127, rounded to
 // nearest), multiplied with integer instructions as llama.cpp's AVX2 q4_1 x q8_1 dot product does
 // (which also rounds dx and the group sums to float16, where these stay float32): per
@@ -211,32 +235,16 @@ inline void q4_1_one_row(const Q4_1& w, const float* x, const float* sx, int64_t
 // a product's relative error is about 1e-2 where the float loop's is 1e-7 (see the README for what
 // it does to greedy text).  Only where set_activation_bits asks for 8 (ENGINE_Q8_ACTIVATIONS=on), and
 // only in the AVX2 products: the AVX-512 float loop is about as fast.
-
-// x [K] into xq [K] (round(x / dx), |xq| <= 127), its groups' scales dx and float sums sx [K / 32].
-// Returns false where a group's scale would be subnormal (0 < max |x| < 127 FLT_MIN): the caller then
-// multiplies in float32 (rounding such a group to zero would drop its term).
-inline bool quantize_row_q8(const float* x, int64_t K, int8_t* xq, float* dx, float* sx) {
+//
+// x [K] into xq [K] (round(x / dx), |xq| <= 127), its groups' scales dx and float sums sx [K / 32];
+// false where a group cannot be rounded (group_scale).
+inline bool quantize_row(const float* x, int64_t K, int8_t* xq, float* dx, float* sx) {
   bool representable = true;
   for (int64_t g = 0; g < K / GROUP; ++g) {
-    const float* xg = x + g * GROUP;
     __m256 v[4];
-    __m256 amax = _mm256_setzero_ps(), sum = _mm256_setzero_ps();
-    const __m256 sign = _mm256_set1_ps(-0.0f);
-    for (int i = 0; i < 4; ++i) {
-      v[i] = _mm256_loadu_ps(xg + 8 * i);
-      amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
-      sum = _mm256_add_ps(sum, v[i]);
-    }
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-    const float largest = _mm_cvtss_f32(m4), d = largest / 127.0f;
-    representable &= d >= FLT_MIN || largest == 0.0f;
-    const float id = d >= FLT_MIN ? 1.0f / d : 0.0f;  // a subnormal scale's inverse would overflow
-    dx[g] = id > 0.0f ? d : 0.0f;
-    sx[g] = horizontal_sum(sum);
+    const __m256 id = _mm256_set1_ps(group_scale(x + g * GROUP, 127.0f, v, dx + g, sx + g, representable));
     __m256i q[4];
-    for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], _mm256_set1_ps(id)));  // round to nearest
+    for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], id));  // round to nearest
     // int32 -> int16 -> int8 packs work within 128-bit lanes: put the bytes back in order after.
     const __m256i w01 = _mm256_packs_epi32(q[0], q[1]);
     const __m256i w23 = _mm256_packs_epi32(q[2], q[3]);
@@ -247,8 +255,8 @@ inline bool quantize_row_q8(const float* x, int64_t K, int8_t* xq, float* dx, fl
   return representable;
 }
 
-inline void q4_1_one_row_q8(const Q4_1& w, const int8_t* xq, const float* dx, const float* sx, int64_t K, int64_t n, float* y,
-                            bool add) {
+inline void q4_1_one_row(const Q4_1& w, const int8_t* xq, const float* dx, const float* sx, int64_t K, int64_t n, float* y,
+                         bool add) {
   const __m256i low = _mm256_set1_epi8(0x0F);
   const __m256i eight = _mm256_set1_epi8(8);
   const __m256i ones = _mm256_set1_epi16(1);
@@ -266,35 +274,19 @@ inline void q4_1_one_row_q8(const Q4_1& w, const int8_t* xq, const float* dx, co
 // Q4_1 against one row of x rounded to 16 bits per group of 32 (scale dx = max |x| / 32767): per group
 // the 16 bytes zero-extended to 16-bit lanes once (lane i: weight i in its low nibble, 16 + i in its
 // high one), centred, and two madd with x: a group's products are summed exactly in integers, 8 lanes
-// of 4, which one multiply-add by d * dx takes into the float accumulators.  A product's relative error is about 1e-5 (x's rounding), where the
-// float loop's is 1e-7 and 8-bit activations' 1e-2; in likelihood it is as close to the float loop as
-// the AVX-512 float loop is (bench/activation_bits_quality.py).  The embedded model's 120 layer
+// of 4, which one multiply-add by d * dx takes into the float accumulators.  A product's relative
+// error is about 1e-5 (x's rounding), where the float loop's is 1e-7 and 8-bit activations' 1e-2; in
+// likelihood it is as close to the float loop as the AVX-512 float loop is
+// (bench/activation_bits_quality.py).  The embedded model's 120 layer
 // products at one row on a 2-core Zen 4's AVX2 code: 3.95 -> 3.19 ms (8-bit activations: 3.25).
 // The AVX2 default (set_activation_bits); the AVX-512 float loop is as fast.
 //
-// x [K] into xq [K] (round(x / dx), |xq| <= 32767), its groups' scales dx (max |x| / 32767) and float sums sx [K / 32].
-// As quantize_row_q8, false for a group with 0 < max |x| < 32767 FLT_MIN.
-inline bool quantize_row_i16(const float* x, int64_t K, int16_t* xq, float* dx, float* sx) {
+// As the 8-bit quantize_row, rounded to |xq| <= 32767.
+inline bool quantize_row(const float* x, int64_t K, int16_t* xq, float* dx, float* sx) {
   bool representable = true;
-  const __m256 sign = _mm256_set1_ps(-0.0f);
   for (int64_t g = 0; g < K / GROUP; ++g) {
-    const float* xg = x + g * GROUP;
     __m256 v[4];
-    __m256 amax = _mm256_setzero_ps(), sum = _mm256_setzero_ps();
-    for (int i = 0; i < 4; ++i) {
-      v[i] = _mm256_loadu_ps(xg + 8 * i);
-      amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
-      sum = _mm256_add_ps(sum, v[i]);
-    }
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-    const float largest = _mm_cvtss_f32(m4), d = largest / 32767.0f;
-    representable &= d >= FLT_MIN || largest == 0.0f;
-    const float inverse = d >= FLT_MIN ? 1.0f / d : 0.0f;  // as in quantize_row_q8
-    const __m256 id = _mm256_set1_ps(inverse);
-    dx[g] = inverse > 0.0f ? d : 0.0f;
-    sx[g] = horizontal_sum(sum);
+    const __m256 id = _mm256_set1_ps(group_scale(x + g * GROUP, 32767.0f, v, dx + g, sx + g, representable));
     for (int half = 0; half < 2; ++half) {
       // packs works within 128-bit lanes: 0-3 8-11 4-7 12-15, put back in order by the permute.
       const __m256i packed = _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v[2 * half], id)),
@@ -305,8 +297,8 @@ inline bool quantize_row_i16(const float* x, int64_t K, int16_t* xq, float* dx, 
   return representable;
 }
 
-inline void q4_1_one_row_i16(const Q4_1& w, const int16_t* xq, const float* dx, const float* sx, int64_t K, int64_t n, float* y,
-                             bool add) {
+inline void q4_1_one_row(const Q4_1& w, const int16_t* xq, const float* dx, const float* sx, int64_t K, int64_t n, float* y,
+                         bool add) {
   const __m256i low = _mm256_set1_epi16(0x0F);
   const __m256i eight = _mm256_set1_epi16(8);
   q4_1_row(w, sx, K / GROUP, n, y, add, [&](const uint8_t* qs, int64_t g, float d, __m256 acc) {
@@ -324,32 +316,27 @@ inline void q4_1_one_row_i16(const Q4_1& w, const int16_t* xq, const float* dx, 
 // The one-row AVX2 Q4_1 product's activations: 32 (float32), 16 (the default) or 8 bits (set_activation_bits).
 int activation_bits = 16;
 
+// The one-row Q4_1 product with x rounded to T (int8_t or int16_t) per group, its groups' float sums
+// into sx; false, nothing computed, where x cannot be rounded (group_scale): float32 then.
+template <typename T>
+bool one_row_rounded(const Q4_1& w, const float* x, int64_t K, int64_t N, float* y, bool add, int threads, float* sx) {
+  std::vector<T> xq(static_cast<size_t>(K));
+  std::vector<float> dx(static_cast<size_t>(K / GROUP));
+  if (!quantize_row(x, K, xq.data(), dx.data(), sx)) return false;
+  kernels::parallel_for(N, threads, [&](int64_t first, int64_t last) {
+    for (int64_t n = first; n < last; ++n) q4_1_one_row(w, xq.data(), dx.data(), sx, K, n, y, add);
+  });
+  return true;
+}
+
 template <typename W>
 void gemm(const W& w, const float* x, int64_t M, int64_t K, int64_t N, float* y, bool add, int threads) {
   if (M * N * K < SMALL_WORK) threads = 1;
   if constexpr (std::is_same_v<W, Q4_1>) {
     if (M == 1) {  // the groups' sums of x (sx) once for every output row
       std::vector<float> sx(static_cast<size_t>(K / GROUP));
-      if (activation_bits == 8) {
-        std::vector<int8_t> xq(static_cast<size_t>(K));
-        std::vector<float> dx(static_cast<size_t>(K / GROUP));
-        if (quantize_row_q8(x, K, xq.data(), dx.data(), sx.data())) {
-          kernels::parallel_for(N, threads, [&](int64_t first, int64_t last) {
-            for (int64_t n = first; n < last; ++n) q4_1_one_row_q8(w, xq.data(), dx.data(), sx.data(), K, n, y, add);
-          });
-          return;
-        }
-      }
-      if (activation_bits == 16) {
-        std::vector<int16_t> xq(static_cast<size_t>(K));
-        std::vector<float> dx(static_cast<size_t>(K / GROUP));
-        if (quantize_row_i16(x, K, xq.data(), dx.data(), sx.data())) {
-          kernels::parallel_for(N, threads, [&](int64_t first, int64_t last) {
-            for (int64_t n = first; n < last; ++n) q4_1_one_row_i16(w, xq.data(), dx.data(), sx.data(), K, n, y, add);
-          });
-          return;
-        }
-      }  // else float32, below
+      if (activation_bits == 8 && one_row_rounded<int8_t>(w, x, K, N, y, add, threads, sx.data())) return;
+      if (activation_bits == 16 && one_row_rounded<int16_t>(w, x, K, N, y, add, threads, sx.data())) return;
       for (int64_t g = 0; g < K / GROUP; ++g) {
         float total = 0.0f;
         for (int i = 0; i < GROUP; ++i) total += x[g * GROUP + i];
