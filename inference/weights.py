@@ -581,11 +581,11 @@ class Q8_0Linear(_BlockLinear):
         self.bias = None if bias is None else bias.detach().float()
         self.lossless = _holds_exactly(weight, self.q, self.d)  # an embedding may be read from it
 
-    def _dense_weight(self) -> torch.Tensor:
-        return self.kernels.q8_0_dequantize(self.q, self.d)
-
     def _product(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         return self.kernels.q8_0(x, self.q, self.d, out=out)
+
+    def _dense_weight(self) -> torch.Tensor:
+        return self.kernels.q8_0_dequantize(self.q, self.d)
 
     def embedding_rows(self, ids: torch.Tensor) -> torch.Tensor | None:
         if not self.lossless:
@@ -800,10 +800,11 @@ class Choice:
         keeping a second copy of the weights (212 MB for the embedded model).
         """
         layer = make_linear(weight, bias, self.layers, q4_1=q4_1)
-        if self.source != "requested" and bfloat16_prefill_available():
-            for linear in layer.layers.values() if isinstance(layer, PlannedLinear) else [layer]:
-                if isinstance(linear, Q4_1Linear):
-                    linear.bfloat16_rows = BFLOAT16_PREFILL_ROWS
+        linears = layer.layers.values() if isinstance(layer, PlannedLinear) else [layer]
+        blocks = [linear for linear in linears if isinstance(linear, Q4_1Linear)]
+        if blocks and self.source != "requested" and bfloat16_prefill_available():
+            for linear in blocks:
+                linear.bfloat16_rows = BFLOAT16_PREFILL_ROWS
         return layer
 
     def make_output(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> WeightLinear:
@@ -825,11 +826,12 @@ BFLOAT16_PREFILL_ROWS = 96
 
 
 def bfloat16_prefill_available() -> bool:
-    """Whether q4_1 layers may run long prefill chunks in bfloat16 here: oneDNN's bfloat16 product
-    runs (the ``bfloat16`` format is supported) and our kernels have their AVX-512 products."""
+    """Whether q4_1 layers (which exist only where our kernels loaded) may run long prefill chunks in
+    bfloat16 here: oneDNN's bfloat16 product runs (the ``bfloat16`` format is supported) and our
+    kernels have their AVX-512 products."""
     from . import cpu_kernels
 
-    return "bfloat16" in supported_formats() and cpu_kernels.avx512_products() and cpu_kernels.load(None) is not None
+    return "bfloat16" in supported_formats() and cpu_kernels.avx512_products()
 
 
 def output_beside_kernels(choice: Choice) -> Choice:

@@ -9,6 +9,8 @@ or no C++ compiler); :func:`test_the_kernels_load_where_the_machine_can_build_th
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -46,6 +48,19 @@ def isa(request):
     yield request.param
     KERNELS.set_avx512(chosen)
     KERNELS.set_activation_bits(bits)
+
+
+@contextlib.contextmanager
+def avx2_code_with(bits: int):
+    """The block products on their AVX2 code with ``bits``-bit one-row activations; both restored after."""
+    chosen, before = KERNELS.avx512, KERNELS.activation_bits
+    try:
+        KERNELS.set_avx512(False)
+        KERNELS.set_activation_bits(bits)
+        yield
+    finally:
+        KERNELS.set_activation_bits(before)
+        KERNELS.set_avx512(chosen)
 
 
 def random_q4_1(out: int, inp: int, generator: torch.Generator) -> Q4_1Blocks:
@@ -252,19 +267,12 @@ def test_q4_1_one_row_with_rounded_activations_is_the_integer_product_of_the_rou
     x = torch.randn(1, 96, generator=generator) * 3
     x[0, 40] = 0.0
     x[0, 64:] = 0.0  # an all-zero group: scale 0, no division by it
-    chosen, before = KERNELS.avx512, KERNELS.activation_bits
     assert bits in KERNELS.activation_bits_available  # its load-time self-check passed
-    try:
-        KERNELS.set_avx512(False)
-        KERNELS.set_activation_bits(bits)
-        with torch.inference_mode():
-            got = layer(x).double()
-            residual = torch.randn(1, 46, generator=generator)
-            added = residual.double() + got
-            layer.add_into(x, residual)
-    finally:
-        KERNELS.set_activation_bits(before)
-        KERNELS.set_avx512(chosen)
+    with avx2_code_with(bits), torch.inference_mode():
+        got = layer(x).double()
+        residual = torch.randn(1, 46, generator=generator)
+        added = residual.double() + got
+        layer.add_into(x, residual)
     groups = x.view(3, 32)  # the rounding in float32, as the kernel does it
     scale = groups.abs().amax(dim=1) / (2 ** (bits - 1) - 1)
     inverse = torch.where(scale > 0, 1 / torch.where(scale > 0, scale, 1), 0)
@@ -359,15 +367,8 @@ def test_rounded_activations_too_small_for_a_normal_scale_are_multiplied_in_floa
     blocks = random_q4_1(46, 96, generator)
     layer = Q4_1Linear(blocks)
     x = torch.randn(1, 96, generator=generator) * {16: 1e-34, 8: 1e-37}[bits]
-    chosen, before = KERNELS.avx512, KERNELS.activation_bits
-    try:
-        KERNELS.set_avx512(False)
-        KERNELS.set_activation_bits(bits)
-        with torch.inference_mode():
-            got = layer(x).double()
-    finally:
-        KERNELS.set_activation_bits(before)
-        KERNELS.set_avx512(chosen)
+    with avx2_code_with(bits), torch.inference_mode():
+        got = layer(x).double()
     assert relative_error(got, x.double() @ blocks.dequantize().double().T) < 1e-5
 
 
