@@ -1,10 +1,12 @@
-"""What the AVX2 one-row Q4_1 product's activation widths cost in likelihood (``set_activation_bits``:
-float32, 16 bits, the engine's default, and 8 bits, ``ENGINE_Q8_ACTIVATIONS``): the embedded model's
-log-likelihood of English passages, one token at a time (every product then has one row, the products
-that setting changes), and with the AVX-512 float32 products where the CPU has them (the float32
-loops' own spread, from summation order).
+"""What the AVX2 products' activation widths cost in likelihood (``set_activation_bits``: float32,
+16 bits, the engine's default, and 8 bits, ``ENGINE_Q8_ACTIVATIONS``): the embedded model's
+log-likelihood of English passages, one token at a time (every product then has one row: the one-row
+Q4_1 product), or with ``--prefill`` each passage in one pass (every product then has as many rows
+as the passage has tokens: the products of 5 rows and more, which round to 16 bits under either
+setting, so the 8-bit variant is left out), and with the AVX-512 float32 products where the CPU has
+them (the float32 loops' own spread, from summation order).
 
-    .venv/bin/python bench/activation_bits_quality.py [--topics 30 --tokens 160]
+    .venv/bin/python bench/activation_bits_quality.py [--topics 30 --tokens 160] [--prefill]
 
 ``--topics N`` adds the first ``--tokens`` tokens of N help topics of Python's own documentation
 (``pydoc_data.topics``, on every Python install: technical English with code) to the passages.
@@ -31,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 from inference import cpu_kernels  # noqa: E402
 from inference.model_loader import converted_gguf_dir, embedded_gguf_path, resolve_dtype  # noqa: E402
 from inference.model_runner import PrefillChunk, build_runner  # noqa: E402
+from inference.weights import bfloat16_prefill_available  # noqa: E402
 
 PASSAGES = [
     "The river runs through the middle of the town, and on summer evenings families walk along its "
@@ -85,11 +88,21 @@ def token_logprobs(runner, ids: list[int]) -> tuple[list[float], list[int]]:
     return chosen, best
 
 
+def prompt_logprobs(runner, ids: list[int]) -> tuple[list[float], list[int]]:
+    """As :func:`token_logprobs`, from one pass over all of ids (their logits at every position)."""
+    runner.reset()
+    logprobs = torch.log_softmax(runner.prefill([PrefillChunk(0, ids, 0, True)])[0][:-1].double(), dim=-1)
+    runner.release(0)
+    return logprobs.gather(1, torch.tensor(ids[1:])[:, None])[:, 0].tolist(), logprobs.argmax(-1).tolist()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--topics", type=int, default=0, help="help topics of pydoc_data to add (0-79)")
     parser.add_argument("--tokens", type=int, default=160, help="tokens scored from each topic's start")
+    parser.add_argument("--prefill", action="store_true", help="score each passage in one pass")
     args = parser.parse_args()
+    score = prompt_logprobs if args.prefill else token_logprobs
     runner, kernels, tokenizer = load_runner()
     texts = [tokenizer.encode(passage) for passage in PASSAGES]
     if args.topics:
@@ -101,9 +114,11 @@ def main() -> None:
         ("AVX2 float32", False, 32),
         ("AVX2 16-bit activations", False, 16),
         ("AVX2 8-bit activations", False, 8),
-    ]
+    ][: 2 if args.prefill else 3]
     if cpu_kernels.avx512_products():
-        variants.append(("AVX-512 float32", True, 32))
+        # Where bfloat16 is native, auto's q4_1 layers run 96 rows and more in bfloat16 (weights.py).
+        bfloat16 = args.prefill and bfloat16_prefill_available()
+        variants.append(("AVX-512 bf16 from 96 rows" if bfloat16 else "AVX-512 float32", True, 32))
     results = {}
     with torch.inference_mode():
         for name, avx512, bits in variants:
@@ -111,7 +126,7 @@ def main() -> None:
             kernels.set_activation_bits(bits)
             logprobs, best = [], []
             for ids in texts:
-                lp, top = token_logprobs(runner, ids)
+                lp, top = score(runner, ids)
                 logprobs += lp
                 best += top
             results[name] = (logprobs, best)

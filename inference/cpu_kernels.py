@@ -46,7 +46,7 @@ SOURCES = (CSRC / "block_gemm.cpp", CSRC / "decode_ops.cpp")
 HEADERS = (CSRC / "pool.h", CSRC / "simd.h")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-pthread", "-shared", "-fPIC", "-fvisibility=hidden", "-std=c++17")
 GROUP = 32
-ACTIVATION_BITS = (32, 16, 8)  # what a one-row AVX2 Q4_1 product may round x to (set_activation_bits)
+ACTIVATION_BITS = (32, 16, 8)  # what the AVX2 block products may round x to (set_activation_bits)
 REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
 AVX512_CPU_FLAGS = ("avx512f", "avx512bw", "avx512dq", "avx512vl")
 
@@ -106,17 +106,20 @@ class CPUKernels:
         self._set_avx512(int(self.avx512))
 
     def set_activation_bits(self, bits: int) -> None:
-        """What a one-row Q4_1 product on the AVX2 code (a one-stream decode step, or a prefill chunk
-        of one token: a request's tokens may differ alone and in a batch) rounds its activations to,
-        in every thread from the next call on: ``16`` (the library's default and the engine's) and
-        ``8`` round them per group of 32 and multiply with integer instructions, ``32`` keeps them
-        float32.  16 bits: a product's relative error about 1e-5, the likelihood of text unchanged
-        (bench/activation_bits_quality.py); 8 bits: as llama.cpp's AVX2 q4_1 dot product
-        (``ENGINE_Q8_ACTIVATIONS=on``), about 1e-2, greedy text diverges sooner (the README).  On a
-        2-core Zen 4's AVX2 code the embedded model's layers at one row took 3.95 ms in float32,
-        3.19 with 16 bits, 3.25 with 8.  The AVX-512 products never round.  Raises ``ValueError`` for
-        other values; a width whose product failed the load's self-check falls back to float32
-        (logged).  Process-wide: the last engine started in a process sets it for all.
+        """What the block products on the AVX2 code round their activations to, in every thread from
+        the next call on: ``16`` (the library's default and the engine's) rounds them per group of 32
+        and multiplies with integer instructions in the one-row Q4_1 product (a one-stream decode
+        step, or a prefill chunk of one token) and in products of 5 rows and more of both formats
+        (``csrc/block_gemm.cpp``'s ROUNDED_ROWS; products of 2 to 4 rows stay float32: a request's
+        tokens may differ alone and in a batch); ``8`` rounds the one-row Q4_1 product to 8 bits, as
+        llama.cpp's AVX2 q4_1 dot product (``ENGINE_Q8_ACTIVATIONS=on``), the products of 5 rows and
+        more to 16; ``32`` keeps them all float32.  16 bits: a product's relative error about 1e-5,
+        the likelihood of text unchanged (bench/activation_bits_quality.py); 8 bits: about 1e-2,
+        greedy text diverges sooner (the README).  On a 2-core Zen 4's AVX2 code the embedded model's
+        layers at one row took 3.95 ms in float32, 3.19 with 16 bits, 3.25 with 8; products of 32
+        and 256 rows about half the float32 time.  The AVX-512 products never round.  Raises
+        ``ValueError`` for other values; a width whose products failed the load's self-check falls
+        back to float32 (logged).  Process-wide: the last engine started in a process sets it for all.
         """
         bits = operator.index(bits)
         if bits not in ACTIVATION_BITS:
@@ -407,8 +410,8 @@ def _load(cache_dir: Path) -> CPUKernels | None:
 
 def _works(kernels: CPUKernels) -> bool:
     """Small products of each kernel against torch's float32 at 1 to 20 rows (the one-row paths, full
-    blocks of 8 rows and their rest), then the AVX2 one-row product's 16- and 8-bit activations.
-    The decode operations are checked by the tests only."""
+    blocks of 8 rows and their rest), then the AVX2 products with 16- and 8-bit activations (one row,
+    and tiles of 8 rows with their rest).  The decode operations are checked by the tests only."""
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(20, 64, generator=generator)
     q = torch.randint(0, 16, (24, 64), dtype=torch.uint8, generator=generator)
@@ -424,15 +427,19 @@ def _works(kernels: CPUKernels) -> bool:
     for rows in (1, 2, 3, 8, 11, 12, 20):
         close &= torch.allclose(kernels.q4_1(x[:rows], qs, d, m), x[:rows] @ weight.T, rtol=1e-4, atol=1e-4)
         close &= torch.allclose(kernels.q8_0(x[:rows], q8, d), x[:rows] @ weight8.T, rtol=1e-4, atol=1e-4)
-    # The AVX2 one-row product with 16- and 8-bit activations: within their rounding of the float32
-    # product, or that width stays unavailable (the rest of the kernels are still used).
+    # The AVX2 products with 16- and 8-bit activations (8: the one-row product; more rows round to 16):
+    # within their rounding of the float32 product, or that width stays unavailable (the rest of the
+    # kernels are still used).
     kernels.set_avx512(False)
-    expected = x[:1] @ weight.T
     for bits, tolerance in ((16, 1e-3), (8, 3e-2)):
         kernels._set_activation_bits(bits)
-        error = (kernels.q4_1(x[:1], qs, d, m) - expected).abs().max()
-        if not error <= tolerance * expected.abs().max():
-            kernels.activation_bits_available.discard(bits)
+        for rows in (1, 5, 13, 20):
+            for got, expected in (
+                (kernels.q4_1(x[:rows], qs, d, m), x[:rows] @ weight.T),
+                (kernels.q8_0(x[:rows], q8, d), x[:rows] @ weight8.T),
+            ):
+                if not (got - expected).abs().max() <= tolerance * expected.abs().max():
+                    kernels.activation_bits_available.discard(bits)
     kernels.set_avx512(avx512)
     kernels.set_activation_bits(kernels.activation_bits)  # the default, or float32 where it failed
     return bool(close)

@@ -417,18 +417,19 @@ class Int4Linear(WeightLinear):
         return (self.packed, self.scales_and_zeros, self.bias)
 
 
-# From this many rows on (a prompt's prefill), q4_1 and q8_0 layers on the AVX2 code dequantize
-# their weight into a temporary float32 copy and run one dense product (torch's, MKL's sgemm):
-# measured faster than our kernel from about 64 rows on the Zen 3, and on a Zen 4's AVX2 code by the
-# engine (scoring's 160-token prompts with all their logits: 0.85 of the prompt tokens/s without it,
-# bench/engine_ab.py), where the engine often runs one thread.  The AVX-512 products beat it at every
-# row count (the embedded model's layers at 256 rows: 174 ms against 304).
+# From this many rows on (a prompt's prefill), q4_1 and q8_0 layers on the AVX2 code with float32
+# activations (set_activation_bits(32); the engine's 16 bits multiply in integers, about twice as fast
+# as either) dequantize their weight into a temporary float32 copy and run one dense product (torch's,
+# MKL's sgemm): measured faster than our float32 kernel from about 64 rows on the Zen 3, and on a Zen
+# 4's AVX2 code by the engine (scoring's 160-token prompts with all their logits: 0.85 of the prompt
+# tokens/s without it, bench/engine_ab.py), where the engine often runs one thread.  The AVX-512
+# products beat it at every row count (the embedded model's layers at 256 rows: 174 ms against 304).
 DENSE_ROWS = 64
 
 
 class _BlockLinear(WeightLinear):
     """What the block formats of our kernels share: float32 products, ``x``'s dtype from ``__call__``,
-    a dense product for :data:`DENSE_ROWS` rows or more on the AVX2 code, and accumulation into a
+    a dense product for :data:`DENSE_ROWS` rows or more on the AVX2 code with float32 activations, and accumulation into a
     residual in place.  A subclass gives ``_product(x, out=None)`` (the kernel; ``out`` given: added
     into) and ``_dense_weight()`` (the float32 weight, for the dense product)."""
 
@@ -448,7 +449,7 @@ class _BlockLinear(WeightLinear):
         raise NotImplementedError
 
     def _dense(self, rows: int) -> bool:
-        return rows >= DENSE_ROWS and not self.kernels.avx512
+        return rows >= DENSE_ROWS and not self.kernels.avx512 and self.kernels.activation_bits == 32
 
     def _in_bfloat16(self, rows: int) -> bool:
         # Not where the products were put on their AVX2 code (set_avx512(False)): as an AVX2 CPU.
@@ -497,10 +498,12 @@ class _BlockLinear(WeightLinear):
 
 class Q4_1Linear(_BlockLinear):
     """GGUF's Q4_1 blocks as they are (``w = d q + m`` per group of 32, ``d``/``m`` in float32),
-    multiplied in float32 activations by our kernel (:mod:`inference.cpu_kernels`).
+    multiplied in float32 activations by our kernel (:mod:`inference.cpu_kernels`; on the AVX2 code
+    rounded to 16 bits per group of 32 at one row and from 5 rows on: ``set_activation_bits``).
 
     Built from a GGUF's own blocks it computes the float32 model's products up to summation order
-    (no rounding of scales, no bfloat16 activations: what ``auto`` may pick without a quality cost);
+    and that rounding (no rounding of scales, no bfloat16 activations: what ``auto`` may pick
+    without a quality cost, bench/activation_bits_quality.py);
     ``from_float`` quantizes a float32 weight as Q4_1 does first.  Output float32, or ``x``'s dtype
     from ``__call__``.  Raises ``NotImplementedError`` where the kernels cannot run here,
     ``ValueError`` when ``in_features`` is not a multiple of 32.
@@ -564,7 +567,8 @@ def quantize_q8_0(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 class Q8_0Linear(_BlockLinear):
     """GGUF's Q8_0 (``w = d q`` per group of 32, ``q`` int8, ``d`` float32), multiplied in float32
-    activations by our kernel (:mod:`inference.cpu_kernels`).
+    activations by our kernel (:mod:`inference.cpu_kernels`; on the AVX2 code rounded to 16 bits per
+    group of 32 from 5 rows on: ``set_activation_bits``).
 
     The embedded GGUF keeps its embedding (the tied output layer) as Q8_0: quantizing the float32
     weight converted from it gives its blocks back (:func:`is_lossless_q8_0` checks).  Raises

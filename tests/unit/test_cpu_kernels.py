@@ -239,53 +239,96 @@ def test_copy_cache_rows_puts_a_prefilled_cache_into_batch_rows_as_torch_does(dt
 
 @needs_kernels
 @pytest.mark.parametrize("bits", [32, 16])
-def test_q4_1_at_one_row_keeps_its_precision_when_the_activations_have_a_mean(isa, bits):
+@pytest.mark.parametrize("rows", [1, 13])
+def test_q4_1_keeps_its_precision_when_the_activations_have_a_mean(isa, bits, rows):
     # Symmetric groups (m = -7.5 d, as Q4_1 makes of zero-centred weights) and x with a mean of 100:
-    # the one-row product's group sums must not cancel (uncentred nibbles lost two digits here),
-    # in float32 nor with 16-bit activations (the AVX2 default; the AVX-512 products never round).
+    # the rounded products' group sums must not cancel (uncentred nibbles lost two digits at one
+    # row), in float32 nor with 16-bit activations (the AVX2 default; the AVX-512 products never round).
     KERNELS.set_activation_bits(bits)
     generator = torch.Generator().manual_seed(3)
     q = torch.randint(0, 16, (64, 1024), dtype=torch.uint8, generator=generator)
     d = (torch.rand(64, 32, generator=generator) * 0.01 + 0.001).half()
     blocks = Q4_1Blocks(q, d, (-7.5 * d.float()).half())
     layer = Q4_1Linear(blocks)
-    x = torch.randn(1, 1024, generator=generator) + 100
+    x = torch.randn(rows, 1024, generator=generator) + 100
     expected = x.double() @ blocks.dequantize().double().T
     with torch.inference_mode():
         assert relative_error(layer(x).double(), expected) < {32: 3e-6, 16: 3e-5}[bits]
 
 
+def rounded_product(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor, minimums: torch.Tensor | None, bits: int):
+    """The AVX2 products with rounded activations, in float64 from the rounding: x ``[rows, K]``
+    rounded per group of 32 (scale max|x| / (2^(bits-1) - 1), in float32 as the kernel does it, to
+    nearest), the integer dot product with q ``[N, K]`` per group, times d * dx, plus ``minimums``
+    ``[N, K / 32]`` (Q4_1's m + 8 d) times the group's float sum of x."""
+    rows, width = x.shape
+    groups = x.view(rows, width // 32, 32)
+    scale = groups.abs().amax(dim=-1) / (2 ** (bits - 1) - 1)
+    inverse = torch.where(scale > 0, 1 / torch.where(scale > 0, scale, 1), 0)
+    rounded = torch.round(groups * inverse[..., None]).double()  # to nearest, ties to even
+    q = q.double().view(q.shape[0], width // 32, 32)
+    sums = torch.einsum("rgk,ngk->rng", rounded, q)  # exact: integers below 2^53
+    expected = (sums * d.double()[None] * scale.double()[:, None]).sum(-1)
+    if minimums is not None:
+        expected += groups.double().sum(-1) @ minimums.double().T
+    return expected
+
+
 @needs_kernels
-@pytest.mark.parametrize("bits", [16, 8])
-def test_q4_1_one_row_with_rounded_activations_is_the_integer_product_of_the_rounding(bits):
-    # The AVX2 one-row product with set_activation_bits(16) (the engine's default) or (8)
-    # (ENGINE_Q8_ACTIVATIONS=on, llama.cpp's q4_1 x q8_1): x rounded per group of 32 (scale
-    # max|x| / (2^(bits-1) - 1)), the centred nibbles' integer dot product, then d * dx and (m + 8 d) * sum(x).
-    generator = torch.Generator().manual_seed(5)
+@pytest.mark.parametrize("rows,bits", [(1, 16), (1, 8), (5, 16), (8, 16), (13, 16), (13, 8), (70, 16)])
+def test_q4_1_with_rounded_activations_is_the_integer_product_of_the_rounding(rows, bits):
+    # The AVX2 product with set_activation_bits(16) (the engine's default) or (8)
+    # (ENGINE_Q8_ACTIVATIONS=on: the one-row product as llama.cpp's q4_1 x q8_1; from 5 rows on, 16
+    # bits either way): x rounded per group of 32, the centred nibbles' integer dot product, then
+    # d * dx and (m + 8 d) * sum(x).  46 output features: past whole tiles of 6; 13 rows: a tile of
+    # 8 and a rest.
+    generator = torch.Generator().manual_seed(5 + rows)
     blocks = random_q4_1(46, 96, generator)
     layer = Q4_1Linear(blocks)
-    x = torch.randn(1, 96, generator=generator) * 3
+    x = torch.randn(rows, 96, generator=generator) * 3
     x[0, 40] = 0.0
     x[0, 64:] = 0.0  # an all-zero group: scale 0, no division by it
     assert bits in KERNELS.activation_bits_available  # its load-time self-check passed
     with avx2_code_with(bits), torch.inference_mode():
         got = layer(x).double()
-        residual = torch.randn(1, 46, generator=generator)
+        residual = torch.randn(rows, 46, generator=generator)
         added = residual.double() + got
         layer.add_into(x, residual)
-    groups = x.view(3, 32)  # the rounding in float32, as the kernel does it
-    scale = groups.abs().amax(dim=1) / (2 ** (bits - 1) - 1)
-    inverse = torch.where(scale > 0, 1 / torch.where(scale > 0, scale, 1), 0)
-    rounded = torch.round(groups * inverse[:, None]).double()  # to nearest, ties to even
-    groups, scale = groups.double(), scale.double()
-    q = blocks.q.double().view(46, 3, 32) - 8
-    d, m = blocks.d.double(), blocks.m.double()
-    expected = ((q * rounded).sum(-1) * d * scale + (m + 8 * d) * groups.sum(-1)).sum(-1)
-    assert relative_error(got[0], expected) < 1e-6
+    width = bits if rows == 1 else 16
+    d, m = blocks.d.float(), blocks.m.float()
+    expected = rounded_product(x, blocks.q.int() - 8, d, m + 8 * d, width)
+    assert relative_error(got, expected) < 1e-6
     assert relative_error(residual.double(), added) < 1e-6
     # ... and within the rounding's reach of the float32 product (and past the float32 loop's own error).
     exact = x.double() @ blocks.dequantize().double().T
-    assert {16: 1e-6, 8: 1e-4}[bits] < relative_error(got, exact) < {16: 1e-4, 8: 3e-2}[bits]
+    assert {16: 1e-6, 8: 1e-4}[width] < relative_error(got, exact) < {16: 1e-4, 8: 3e-2}[width]
+
+
+@needs_kernels
+@pytest.mark.parametrize("rows", [5, 13, 70])
+def test_q8_0_from_5_rows_with_16_bit_activations_is_the_integer_product_of_the_rounding(rows):
+    generator = torch.Generator().manual_seed(20 + rows)
+    q = torch.randint(-127, 128, (46, 96), dtype=torch.int8, generator=generator)
+    d = (torch.rand(46, 3, generator=generator) * 0.01).half().float()
+    layer = Q8_0Linear((q.float().view(46, 3, 32) * d[..., None]).view(46, 96))
+    x = torch.randn(rows, 96, generator=generator) * 3
+    with avx2_code_with(16), torch.inference_mode():
+        got = layer(x).double()
+    assert relative_error(got, rounded_product(x, layer.q, layer.d, None, 16)) < 1e-6  # its own blocks
+    exact = x.double() @ layer.dequantized().double().T
+    assert 1e-6 < relative_error(got, exact) < 1e-4
+
+
+@needs_kernels
+@pytest.mark.parametrize("rows", [2, 4])
+def test_products_of_2_to_4_rows_keep_float32_activations(rows):
+    # Below ROUNDED_ROWS the float32 loop, also under the 16-bit setting.
+    generator = torch.Generator().manual_seed(30 + rows)
+    blocks = random_q4_1(46, 96, generator)
+    x = torch.randn(rows, 96, generator=generator)
+    with avx2_code_with(16), torch.inference_mode():
+        got = Q4_1Linear(blocks)(x).double()
+    assert relative_error(got, x.double() @ blocks.dequantize().double().T) < 1e-6
 
 
 @needs_kernels
@@ -359,17 +402,21 @@ def test_auto_q4_1_layers_take_bfloat16_prefill_where_it_is_native_and_requested
 
 
 @needs_kernels
-@pytest.mark.parametrize("bits", [16, 8])
-def test_rounded_activations_too_small_for_a_normal_scale_are_multiplied_in_float32(bits):
+@pytest.mark.parametrize("bits,rows", [(16, 1), (8, 1), (16, 13)])
+def test_rounded_activations_too_small_for_a_normal_scale_are_multiplied_in_float32(bits, rows):
     # max |x| about 3e-34 (16 bits) or 3e-37 (8 bits): the scale (max / 32767 or max / 127) would be
     # subnormal, so the product rounds nothing (rounding those groups to zero would drop them).
     generator = torch.Generator().manual_seed(11)
     blocks = random_q4_1(46, 96, generator)
     layer = Q4_1Linear(blocks)
-    x = torch.randn(1, 96, generator=generator) * {16: 1e-34, 8: 1e-37}[bits]
+    x = torch.randn(rows, 96, generator=generator)
+    x[-1] *= {16: 1e-34, 8: 1e-37}[bits]  # one row suffices: the whole product is float32 then
     with avx2_code_with(bits), torch.inference_mode():
         got = layer(x).double()
-    assert relative_error(got, x.double() @ blocks.dequantize().double().T) < 1e-5
+    expected = x.double() @ blocks.dequantize().double().T
+    assert relative_error(got[-1], expected[-1]) < 1e-5
+    if rows > 1:  # the other rows in float32 too, not rounded to 16 bits (about 1e-5)
+        assert relative_error(got[:-1], expected[:-1]) < 1e-6
 
 
 @needs_avx512
