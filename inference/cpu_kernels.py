@@ -6,7 +6,9 @@ three times a 4-bit weight's read time unpacking it (issue 12: a batch-1 decode 
 embedded model took 26 ms with ``_weight_int4pack_mm_for_cpu`` against llama.cpp's ~10 ms).
 These kernels keep llama.cpp's block layouts (Q4_1: 4-bit values, a scale and a minimum per group
 of 32; Q8_0: 8-bit values and a scale per group) and compute in float32 activations, so a layer
-built from a GGUF's own blocks computes what the float32 model computes, up to summation order.
+built from a GGUF's own blocks computes what the float32 model computes, up to summation order (on
+the AVX2 code, the one-row Q4_1 product and products of 5 rows and more round the activations to 16
+bits per group of 32 and multiply in integers: :meth:`CPUKernels.set_activation_bits`).
 
 The decode step's small operations (RMSNorm, SiLU times up, rotary embeddings with the cache write
 and attention over a float32 or float16 cache) are one call each here where torch takes several:

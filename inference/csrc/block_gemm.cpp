@@ -6,8 +6,9 @@
 //   Q8_0 (ggml's block_q8_0): 32 signed bytes and a scale d: w = d * q.
 // The scales are float32 here (the GGUF's float16 values converted exactly), so a group's weights
 // are dequantized exactly as gguf-py does, and the products accumulate in float32: the result equals
-// x @ dequantized(W)^T up to float32 summation order (but for the AVX2 one-row Q4_1 product, which
-// rounds x to 16 bits unless set_activation_bits says otherwise: see the 16-bit q4_1_one_row).  Weights
+// x @ dequantized(W)^T up to float32 summation order (but for the AVX2 one-row Q4_1 product and the
+// AVX2 products of ROUNDED_ROWS rows and more, which round x to 16 bits per group of 32 unless
+// set_activation_bits says otherwise: see the 16-bit q4_1_one_row and rounded_gemm).  Weights
 // are read from memory once per product, as 4-bit or 8-bit values (a batch-1 decode step reads 1/6
 // or 1/3.5 of a float32 weight's bytes), and dequantized once per 8 rows of x.
 //
@@ -16,10 +17,12 @@
 // target pragma, chosen at run time); called through ctypes.
 
 #include <float.h>
+#include <math.h>
 #include <immintrin.h>
 #include <stdint.h>
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <cstring>
 #include <type_traits>
@@ -207,8 +210,9 @@ inline void q4_1_one_row(const Q4_1& w, const float* x, const float* sx, int64_t
 // One group of x (xg, 32 floats) loaded into v, its float sum into sx and its scale max |x| / largest
 // into dx (largest: the rounded values' bound, 127 or 32767); returns the scale's inverse, by which
 // x is then rounded.  A group whose scale would be subnormal (0 < max |x| < largest * FLT_MIN)
-// clears representable (its inverse would overflow, and rounding it to zero would drop its term):
-// the caller then multiplies in float32.  An all-zero group has scale and inverse 0.
+// clears representable (its inverse would overflow, and rounding it to zero would drop its term), as
+// does one holding an infinity or a NaN (whose sum is not finite; rounding would make it 0): the
+// caller then multiplies in float32, where they propagate.  An all-zero group has scale and inverse 0.
 inline float group_scale(const float* xg, float largest, __m256 v[4], float* dx, float* sx, bool& representable) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
   __m256 amax = _mm256_setzero_ps(), sum = _mm256_setzero_ps();
@@ -225,6 +229,7 @@ inline float group_scale(const float* xg, float largest, __m256 v[4], float* dx,
   const float inverse = d >= FLT_MIN ? 1.0f / d : 0.0f;
   *dx = inverse > 0.0f ? d : 0.0f;
   *sx = horizontal_sum(sum);
+  representable &= std::isfinite(*sx);
   return inverse;
 }
 
@@ -316,7 +321,9 @@ inline void q4_1_one_row(const Q4_1& w, const int16_t* xq, const float* dx, cons
   });
 }
 
-// The one-row AVX2 Q4_1 product's activations: 32 (float32), 16 (the default) or 8 bits (set_activation_bits).
+// The AVX2 products' activations (set_activation_bits): 32 (float32 everywhere), 16 (the default: the
+// one-row Q4_1 product and products of ROUNDED_ROWS rows and more round x to 16 bits) or 8 (the
+// one-row Q4_1 product to 8 bits, those of ROUNDED_ROWS rows and more to 16).
 int activation_bits = 16;
 
 // The one-row Q4_1 product with x rounded to T (int8_t or int16_t) per group, its groups' float sums
@@ -706,8 +713,8 @@ KERNEL_EXPORT void q8_0_gemm(const float* x, int64_t M, int64_t K, const int8_t*
 
 // Whether the products use the AVX-512 versions (on != 0) or the AVX2 ones; off at load.
 KERNEL_EXPORT void set_avx512(int on) { use_avx512 = on != 0; }
-// What a one-row Q4_1 product on the AVX2 code rounds x to: 16 (the value at load) or 8 bits per
-// group of 32, or nothing (32: float32).
+// What the AVX2 products round x to: 16 (the value at load) or 8 bits per group of 32, or nothing (32:
+// float32); see activation_bits.
 KERNEL_EXPORT void set_activation_bits(int bits) { activation_bits = bits; }
 
 }

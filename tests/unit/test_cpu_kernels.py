@@ -419,6 +419,25 @@ def test_rounded_activations_too_small_for_a_normal_scale_are_multiplied_in_floa
         assert relative_error(got[:-1], expected[:-1]) < 1e-6
 
 
+@needs_kernels
+@pytest.mark.parametrize("bits,rows", [(16, 1), (8, 1), (16, 13)])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_nan_or_infinite_activation_reaches_the_output_as_in_float32(bits, rows, bad):
+    # Rounding would make it 0 (its group's scale is not finite): the product runs in float32 instead,
+    # where it spreads to the whole output row as in torch's product.
+    generator = torch.Generator().manual_seed(13)
+    blocks = random_q4_1(46, 96, generator)
+    x = torch.randn(rows, 96, generator=generator)
+    x[-1, 37] = bad
+    with avx2_code_with(bits), torch.inference_mode():
+        got = Q4_1Linear(blocks)(x)
+    assert not got[-1].isfinite().any()  # (an infinity times a centred nibble of 0 may be NaN, not inf)
+    if bad != bad:
+        assert got[-1].isnan().all()
+    if rows > 1:  # the other rows in float32 too
+        assert relative_error(got[:-1], (x @ blocks.dequantize().T)[:-1]) < 1e-6
+
+
 @needs_avx512
 def test_q4_1_to_bfloat16_keeps_a_nan_a_nan():
     blocks = random_q4_1(2, 32, torch.Generator().manual_seed(12))
