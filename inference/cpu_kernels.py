@@ -60,7 +60,7 @@ class CPUKernels:
     """The loaded library.  Tensors given are float32 (int8/uint8 for quantized values), contiguous
     and on the CPU unless said otherwise; the callers own them (nothing is checked: a wrong shape
     reads or writes out of bounds).  Threads: torch's count at each call.  Its state: the library's
-    process-wide choices (``avx512``, ``activation_bits``) and what the load's self-check found."""
+    process-wide choices (``avx512``, ``vnni``, ``activation_bits``) and what the load's self-check found."""
 
     def __init__(self, library: ctypes.CDLL, path: Path) -> None:
         self.path = path
@@ -80,6 +80,9 @@ class CPUKernels:
         self._q4_1_to_bfloat16 = function("q4_1_to_bfloat16", pointer, pointer, pointer, size, size, pointer, integer)
         self._set_avx512 = function("set_avx512", integer)
         self._set_activation_bits = function("set_activation_bits", integer)
+        self._set_vnni = function("set_vnni", integer)
+        self._set_vnni.restype = ctypes.c_int
+        self.vnni = self.set_vnni(True)  # where the CPU has it
         self.avx512 = False
         self.set_avx512(avx512_products())
         self.activation_bits = 16  # the library's own default
@@ -107,6 +110,14 @@ class CPUKernels:
         self.avx512 = bool(on)
         self._set_avx512(int(self.avx512))
 
+    def set_vnni(self, on: bool) -> bool:
+        """Whether the AVX-512 products of 8 rows and more multiply their 16-bit activations with
+        AVX-512 VNNI's ``vpdpwssd`` (multiply, sum pairs and accumulate in one instruction; on at load
+        where the CPU has it, and never where it has not) or with ``vpmaddwd`` and ``vpaddd`` (equal
+        results: the sums are exact integers).  For tests and benchmarks; returns the choice made."""
+        self.vnni = bool(self._set_vnni(int(bool(on))))
+        return self.vnni
+
     def set_activation_bits(self, bits: int) -> None:
         """What the block products on the AVX2 code round their activations to, in every thread from
         the next call on: ``16`` (the library's default and the engine's) rounds them per group of 32
@@ -119,7 +130,8 @@ class CPUKernels:
         the likelihood of text unchanged (bench/activation_bits_quality.py); 8 bits: about 1e-2,
         greedy text diverges sooner (the README).  On a 2-core Zen 4's AVX2 code the embedded model's
         layers at one row took 3.95 ms in float32, 3.19 with 16 bits, 3.25 with 8; products of 32
-        and 256 rows about half the float32 time.  The AVX-512 products never round.  Raises
+        and 256 rows about half the float32 time.  The AVX-512 products round to 16 bits from 8 rows on
+        (VNNI's integer multiply-adds where the CPU has them), under 16 and 8 alike.  Raises
         ``ValueError`` for other values; a width whose products failed the load's self-check falls
         back to float32 (logged).  Process-wide: the last engine started in a process sets it for all.
         """
@@ -412,8 +424,9 @@ def _load(cache_dir: Path) -> CPUKernels | None:
 
 def _works(kernels: CPUKernels) -> bool:
     """Small products of each kernel against torch's float32 at 1 to 20 rows (the one-row paths, full
-    blocks of 8 rows and their rest), then the AVX2 products with 16- and 8-bit activations (one row,
-    and tiles of 8 rows with their rest).  The decode operations are checked by the tests only."""
+    blocks of 8 rows and their rest), then the products with 16- and 8-bit activations (one row, and
+    tiles of 8 or 16 rows with their rest), on the AVX2 code and the AVX-512 one (with VNNI and
+    without, where the CPU has them).  The decode operations are checked by the tests only."""
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(20, 64, generator=generator)
     q = torch.randint(0, 16, (24, 64), dtype=torch.uint8, generator=generator)
@@ -432,16 +445,23 @@ def _works(kernels: CPUKernels) -> bool:
     # The AVX2 products with 16- and 8-bit activations (8: the one-row product; more rows round to 16):
     # within their rounding of the float32 product, or that width stays unavailable (the rest of the
     # kernels are still used).
-    kernels.set_avx512(False)
-    for bits, tolerance in ((16, 1e-3), (8, 3e-2)):
-        kernels._set_activation_bits(bits)
-        for rows in (1, 5, 13, 20):
-            for got, expected in (
-                (kernels.q4_1(x[:rows], qs, d, m), x[:rows] @ weight.T),
-                (kernels.q8_0(x[:rows], q8, d), x[:rows] @ weight8.T),
-            ):
-                if not (got - expected).abs().max() <= tolerance * expected.abs().max():
-                    kernels.activation_bits_available.discard(bits)
+    # The AVX-512 products round from 8 rows on, with VNNI where the CPU has it and without.
+    vnni = kernels.vnni
+    for wide, with_vnni in ((False, False), (True, False), (True, True)):
+        if wide and not avx512_products() or with_vnni and not vnni:
+            continue
+        kernels.set_avx512(wide)
+        kernels.set_vnni(with_vnni)
+        for bits, tolerance in ((16, 1e-3), (8, 3e-2)):
+            kernels._set_activation_bits(bits)
+            for rows in (1, 5, 13, 20):
+                for got, expected in (
+                    (kernels.q4_1(x[:rows], qs, d, m), x[:rows] @ weight.T),
+                    (kernels.q8_0(x[:rows], q8, d), x[:rows] @ weight8.T),
+                ):
+                    if not (got - expected).abs().max() <= tolerance * expected.abs().max():
+                        kernels.activation_bits_available.discard(bits)
+    kernels.set_vnni(vnni)
     kernels.set_avx512(avx512)
     kernels.set_activation_bits(kernels.activation_bits)  # the default, or float32 where it failed
     return bool(close)

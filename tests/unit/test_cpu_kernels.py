@@ -51,16 +51,29 @@ def isa(request):
 
 
 @contextlib.contextmanager
-def avx2_code_with(bits: int):
-    """The block products on their AVX2 code with ``bits``-bit one-row activations; both restored after."""
-    chosen, before = KERNELS.avx512, KERNELS.activation_bits
+def code_with(bits: int, *, avx512: bool = False, vnni: bool = False):
+    """The block products on their AVX2 code (or AVX-512, with VNNI or without) with ``bits``-bit
+    activations; every choice restored after."""
+    chosen, before, had_vnni = KERNELS.avx512, KERNELS.activation_bits, KERNELS.vnni
     try:
-        KERNELS.set_avx512(False)
+        KERNELS.set_avx512(avx512)
+        KERNELS.set_vnni(vnni)
         KERNELS.set_activation_bits(bits)
         yield
     finally:
         KERNELS.set_activation_bits(before)
+        KERNELS.set_vnni(had_vnni)
         KERNELS.set_avx512(chosen)
+
+
+VNNI = KERNELS is not None and KERNELS.vnni  # the CPU has AVX-512 VNNI (on at load where it has)
+# The AVX-512 rounded products: with VNNI's dpwssd, and with madd and add.
+WIDE_ROUNDING = [
+    pytest.param(True, marks=pytest.mark.skipif(not VNNI, reason="no AVX-512 VNNI here")),
+    pytest.param(
+        False, marks=pytest.mark.skipif(not cpu_kernels.avx512_products(), reason="no AVX-512 (or torch below it) here")
+    ),
+]
 
 
 def random_q4_1(out: int, inp: int, generator: torch.Generator) -> Q4_1Blocks:
@@ -289,7 +302,7 @@ def test_q4_1_with_rounded_activations_is_the_integer_product_of_the_rounding(ro
     x[0, 40] = 0.0
     x[0, 64:] = 0.0  # an all-zero group: scale 0, no division by it
     assert bits in KERNELS.activation_bits_available  # its load-time self-check passed
-    with avx2_code_with(bits), torch.inference_mode():
+    with code_with(bits), torch.inference_mode():
         got = layer(x).double()
         residual = torch.randn(rows, 46, generator=generator)
         added = residual.double() + got
@@ -312,10 +325,38 @@ def test_q8_0_from_5_rows_with_16_bit_activations_is_the_integer_product_of_the_
     d = (torch.rand(46, 3, generator=generator) * 0.01).half().float()
     layer = Q8_0Linear((q.float().view(46, 3, 32) * d[..., None]).view(46, 96))
     x = torch.randn(rows, 96, generator=generator) * 3
-    with avx2_code_with(16), torch.inference_mode():
+    with code_with(16), torch.inference_mode():
         got = layer(x).double()
     assert relative_error(got, rounded_product(x, layer.q, layer.d, None, 16)) < 1e-6  # its own blocks
     exact = x.double() @ layer.dequantized().double().T
+    assert 1e-6 < relative_error(got, exact) < 1e-4
+
+
+@needs_kernels
+@pytest.mark.parametrize("vnni", WIDE_ROUNDING)
+@pytest.mark.parametrize("rows", [7, 8, 13, 70])
+def test_avx512_products_from_8_rows_are_the_integer_products_of_16_bit_activations(rows, vnni):
+    # As on the AVX2 code, in tiles of 16 rows against 12 output rows (46: past whole ones); below 8
+    # rows (and at one) the float32 loop.
+    generator = torch.Generator().manual_seed(40 + rows)
+    blocks = random_q4_1(46, 96, generator)
+    q = torch.randint(-127, 128, (46, 96), dtype=torch.int8, generator=generator)
+    scales = (torch.rand(46, 3, generator=generator) * 0.01).half().float()
+    q8 = Q8_0Linear((q.float().view(46, 3, 32) * scales[..., None]).view(46, 96))
+    x = torch.randn(rows, 96, generator=generator) * 3
+    with code_with(16, avx512=True, vnni=vnni), torch.inference_mode():
+        got, got8 = Q4_1Linear(blocks)(x).double(), q8(x).double()
+        residual = torch.randn(rows, 46, generator=generator)
+        added = residual.double() + got
+        Q4_1Linear(blocks).add_into(x, residual)
+    exact, exact8 = x.double() @ blocks.dequantize().double().T, x.double() @ q8.dequantized().double().T
+    if rows < 8:
+        assert relative_error(got, exact) < 1e-6 and relative_error(got8, exact8) < 1e-6
+        return
+    d, m = blocks.d.float(), blocks.m.float()
+    assert relative_error(got, rounded_product(x, blocks.q.int() - 8, d, m + 8 * d, 16)) < 1e-6
+    assert relative_error(got8, rounded_product(x, q8.q, q8.d, None, 16)) < 1e-6
+    assert relative_error(residual.double(), added) < 1e-6
     assert 1e-6 < relative_error(got, exact) < 1e-4
 
 
@@ -326,7 +367,7 @@ def test_products_of_2_to_4_rows_keep_float32_activations(rows):
     generator = torch.Generator().manual_seed(30 + rows)
     blocks = random_q4_1(46, 96, generator)
     x = torch.randn(rows, 96, generator=generator)
-    with avx2_code_with(16), torch.inference_mode():
+    with code_with(16), torch.inference_mode():
         got = Q4_1Linear(blocks)(x).double()
     assert relative_error(got, x.double() @ blocks.dequantize().double().T) < 1e-6
 
@@ -378,8 +419,8 @@ def test_a_q4_1_layer_runs_long_prefill_chunks_in_bfloat16_from_its_blocks():
     layer.bfloat16_rows = 12
     weight = blocks.dequantize()
     with torch.inference_mode():
-        short, long = torch.randn(11, 96, generator=generator), torch.randn(12, 96, generator=generator)
-        assert relative_error(layer(short), short @ weight.T) < 1e-6  # our kernel, float32
+        short, long = torch.randn(7, 96, generator=generator), torch.randn(12, 96, generator=generator)
+        assert relative_error(layer(short), short @ weight.T) < 1e-6  # our kernel, float32 below 8 rows
         in_bfloat16 = F.linear(long.bfloat16(), weight.bfloat16()).float()
         assert torch.equal(layer(long), in_bfloat16)
         residual = torch.randn(12, 46, generator=generator)
@@ -411,7 +452,7 @@ def test_rounded_activations_too_small_for_a_normal_scale_are_multiplied_in_floa
     layer = Q4_1Linear(blocks)
     x = torch.randn(rows, 96, generator=generator)
     x[-1] *= {16: 1e-34, 8: 1e-37}[bits]  # one row suffices: the whole product is float32 then
-    with avx2_code_with(bits), torch.inference_mode():
+    with code_with(bits), torch.inference_mode():
         got = layer(x).double()
     expected = x.double() @ blocks.dequantize().double().T
     assert relative_error(got[-1], expected[-1]) < 1e-5
@@ -429,7 +470,7 @@ def test_a_nan_or_infinite_activation_reaches_the_output_as_in_float32(bits, row
     blocks = random_q4_1(46, 96, generator)
     x = torch.randn(rows, 96, generator=generator)
     x[-1, 37] = bad
-    with avx2_code_with(bits), torch.inference_mode():
+    with code_with(bits), torch.inference_mode():
         got = Q4_1Linear(blocks)(x)
     assert not got[-1].isfinite().any()  # (an infinity times a centred nibble of 0 may be NaN, not inf)
     if bad != bad:
