@@ -470,7 +470,9 @@ class LlamaModelRunner:
             with _one_thread():  # rotary embeddings, cache writes, attention's float32 keys and values
                 qk = self._rotate(qkv[:, :qk_width].view(tokens, heads + kv_heads, dim), cos, sin)
                 values = qkv[:, qk_width:].view(tokens, kv_heads, dim)
-                inputs = []  # per attention call: queries, keys, values, mask ([n, heads, size, dim] ...)
+                # Per attention call (the group's, then each chunk's), its blocks' queries, keys,
+                # values and mask ([n, heads, block, dim], ...).
+                inputs: list[list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]]] = []
                 if group:
                     size = group_size
                     cache_keys, cache_values = (
@@ -481,8 +483,12 @@ class LlamaModelRunner:
                     cache_values[:, :, :size] = values[:group_rows].view(group, size, kv_heads, dim).transpose(1, 2)
                     queries = qk[:group_rows, :heads].view(group, size, heads, dim).transpose(1, 2)
                     keys, cached_values = cache_keys[:, :, :size].to(x.dtype), cache_values[:, :, :size].to(x.dtype)
-                    for first, end, mask in blocks[0]:  # the group's prompts start at 0 and are of one size
-                        inputs.append((queries[:, :, first:end], keys[:, :, :end], cached_values[:, :, :end], mask))
+                    inputs.append(  # the group's prompts start at 0 and are of one size
+                        [
+                            (queries[:, :, first:end], keys[:, :, :end], cached_values[:, :, :end], mask)
+                            for first, end, mask in blocks[0]
+                        ]
+                    )
                 offset = group_rows
                 for chunk, partial, chunk_blocks in zip(chunks[group:], partials[group:], blocks[group:]):
                     size, start = len(chunk.token_ids), chunk.start
@@ -493,24 +499,31 @@ class LlamaModelRunner:
                     keys = cache_keys[None, :, : start + size].to(x.dtype)
                     cached_values = cache_values[None, :, : start + size].to(x.dtype)
                     queries = qk[rows, :heads].transpose(0, 1)[None]  # [1, heads, size, dim]
-                    for first, end, mask in chunk_blocks:
-                        inputs.append(
+                    inputs.append(
+                        [
                             (
                                 queries[:, :, first:end],
                                 keys[:, :, : start + end],
                                 cached_values[:, :, : start + end],
                                 mask,
                             )
-                        )
+                            for first, end, mask in chunk_blocks
+                        ]
+                    )
                     offset += size
             outputs = [
-                F.scaled_dot_product_attention(
-                    queries, keys, values, attn_mask=mask, is_causal=mask is None, enable_gqa=True
-                )  # [n, heads, size, dim]
-                for queries, keys, values, mask in inputs
+                [
+                    F.scaled_dot_product_attention(
+                        queries, keys, values, attn_mask=mask, is_causal=mask is None, enable_gqa=True
+                    )  # [n, heads, block, dim]
+                    for queries, keys, values, mask in call
+                ]
+                for call in inputs
             ]
-            with _one_thread():
-                attended = torch.cat([output.transpose(1, 2).reshape(-1, heads * dim) for output in outputs])
+            with _one_thread():  # a call's blocks joined along its positions, then its rows in order
+                attended = torch.cat(
+                    [torch.cat(blocks_out, dim=2).transpose(1, 2).reshape(-1, heads * dim) for blocks_out in outputs]
+                )
             layer.o_add(attended, x)
             self._mlp_add(layer, x)
         wanted, offset = [], 0

@@ -199,6 +199,20 @@ def test_continued_chunk_and_new_prompt_prefill_together(tiny):
     assert_matches_transformers(tiny, [first, second], EXACT)
 
 
+def test_prefill_attends_in_blocks_of_queries_as_in_one_call(tiny):
+    # Blocks of 4 queries (ATTENTION_QUERIES, 256 in the server): the scenario's chunks, one after a
+    # cached prefix, and a group of new prompts of one size, exactly as transformers.
+    generator = torch.Generator().manual_seed(3)
+    with patch("inference.llama.ATTENTION_QUERIES", 4), torch.inference_mode():
+        run_scenario(tiny, LlamaModelRunner(tiny, dtype=torch.float64, max_batch_size=4), VOCAB, EXACT)
+        runner = LlamaModelRunner(tiny, dtype=torch.float64)
+        group = [Sequence(random_ids(generator, 10)) for _ in range(2)]
+        logits = runner.prefill([PrefillChunk(key, seq.token_ids, 0, True) for key, seq in enumerate(group)])
+        for seq, rows in zip(group, logits):
+            seq.record(0, rows)
+    assert_matches_transformers(tiny, group, EXACT)
+
+
 def test_the_cache_grows_past_its_first_capacity(tiny):
     """More rows and positions than the first allocation: the cache is copied while rows keep theirs."""
     generator = torch.Generator().manual_seed(3)
