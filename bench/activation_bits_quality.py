@@ -4,7 +4,10 @@ log-likelihood of English passages, one token at a time (every product then has 
 Q4_1 product), or with ``--prefill`` each passage in one pass (every product then has as many rows
 as the passage has tokens: the products of 5 rows and more, which round to 16 bits under either
 setting, so the 8-bit variant is left out), and with the AVX-512 float32 products where the CPU has
-them (the float32 loops' own spread, from summation order).
+them (the float32 loops' own spread, from summation order; with ``--prefill`` also the AVX-512
+products with 16-bit activations, as the engine runs them from 8 rows on).  Where bfloat16 is native,
+auto's q4_1 layers run passages of ``weights.BFLOAT16_PREFILL_ROWS`` tokens and more in bfloat16 on
+the AVX-512 code: ``--tokens`` below it keeps the comparison to the activations' widths.
 
     .venv/bin/python bench/activation_bits_quality.py [--topics 30 --tokens 160] [--prefill]
 
@@ -33,7 +36,6 @@ sys.path.insert(0, str(ROOT))
 from inference import cpu_kernels  # noqa: E402
 from inference.model_loader import converted_gguf_dir, embedded_gguf_path, resolve_dtype  # noqa: E402
 from inference.model_runner import PrefillChunk, build_runner  # noqa: E402
-from inference.weights import bfloat16_prefill_available  # noqa: E402
 
 PASSAGES = [
     "The river runs through the middle of the town, and on summer evenings families walk along its "
@@ -116,9 +118,10 @@ def main() -> None:
         ("AVX2 8-bit activations", False, 8),
     ][: 2 if args.prefill else 3]
     if cpu_kernels.avx512_products():
-        # Where bfloat16 is native, auto's q4_1 layers run 96 rows and more in bfloat16 (weights.py).
-        bfloat16 = args.prefill and bfloat16_prefill_available()
-        variants.append(("AVX-512 bf16 from 96 rows" if bfloat16 else "AVX-512 float32", True, 32))
+        # The AVX-512 products round to 16 bits from 8 rows on (32: float32 everywhere).
+        variants.append(("AVX-512 float32", True, 32))
+        if args.prefill:
+            variants.append(("AVX-512 16-bit activations", True, 16))
     results = {}
     with torch.inference_mode():
         for name, avx512, bits in variants:

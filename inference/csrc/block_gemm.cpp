@@ -213,6 +213,8 @@ inline void q4_1_one_row(const Q4_1& w, const float* x, const float* sx, int64_t
 // clears representable (its inverse would overflow, and rounding it to zero would drop its term), as
 // does one holding an infinity or a NaN (whose sum is not finite; rounding would make it 0): the
 // caller then multiplies in float32, where they propagate.  An all-zero group has scale and inverse 0.
+// The integer sums are multiplied by dx first and by the weight's d after, never by d * dx, which
+// could underflow where each is normal (a group of x near 1e-33 against float16's smallest scales).
 inline float group_scale(const float* xg, float largest, __m256 v[4], float* dx, float* sx, bool& representable) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
   __m256 amax = _mm256_setzero_ps(), sum = _mm256_setzero_ps();
@@ -275,7 +277,7 @@ inline void q4_1_one_row(const Q4_1& w, const int8_t* xq, const float* dx, const
     const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + g * GROUP));
     // maddubs multiplies unsigned by signed bytes: |q - 8| by x with q - 8's sign.
     const __m256i sums = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(xv, q)), ones);
-    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_set1_ps(d * dx[g]), acc);
+    return _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(sums), _mm256_set1_ps(dx[g])), _mm256_set1_ps(d), acc);
   });
 }
 
@@ -317,7 +319,7 @@ inline void q4_1_one_row(const Q4_1& w, const int16_t* xq, const float* dx, cons
     const __m256i* xv = reinterpret_cast<const __m256i*>(xq + g * GROUP);
     const __m256i sums = _mm256_add_epi32(_mm256_madd_epi16(first, _mm256_loadu_si256(xv)),
                                           _mm256_madd_epi16(second, _mm256_loadu_si256(xv + 1)));
-    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_set1_ps(d * dx[g]), acc);
+    return _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(sums), _mm256_set1_ps(dx[g])), _mm256_set1_ps(d), acc);
   });
 }
 
@@ -459,7 +461,7 @@ struct Avx2Tile {
       const __m256 scale = _mm256_loadu_ps(dx + g * ROWS);
       #pragma GCC unroll 16
       for (int i = 0; i < OUTPUTS; ++i) {
-        total[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[i]), _mm256_mul_ps(scale, _mm256_set1_ps(d[g * OUTPUTS + i])), total[i]);
+        total[i] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(sums[i]), scale), _mm256_set1_ps(d[g * OUTPUTS + i]), total[i]);
         if constexpr (MINIMUMS)
           total[i] = _mm256_fmadd_ps(_mm256_loadu_ps(sx + g * ROWS), _mm256_set1_ps(m[g * OUTPUTS + i]), total[i]);
       }
@@ -681,7 +683,7 @@ struct Tile {
       const __m512 scale = _mm512_loadu_ps(dx + g * ROWS);
       #pragma GCC unroll 16
       for (int i = 0; i < OUTPUTS; ++i) {
-        total[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[i]), _mm512_mul_ps(scale, _mm512_set1_ps(d[g * OUTPUTS + i])), total[i]);
+        total[i] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(sums[i]), scale), _mm512_set1_ps(d[g * OUTPUTS + i]), total[i]);
         if constexpr (MINIMUMS)
           total[i] = _mm512_fmadd_ps(_mm512_loadu_ps(sx + g * ROWS), _mm512_set1_ps(m[g * OUTPUTS + i]), total[i]);
       }

@@ -461,6 +461,21 @@ def test_rounded_activations_too_small_for_a_normal_scale_are_multiplied_in_floa
 
 
 @needs_kernels
+@pytest.mark.parametrize("avx512,rows", [(False, 1), (False, 16), pytest.param(True, 16, marks=needs_avx512)])
+def test_tiny_activations_against_tiny_weight_scales_keep_their_precision(avx512, rows):
+    # x near 4e-34 (its 16-bit scale just normal) and float16's smallest weight scale, 6e-8: their
+    # product, 1e-44 as one factor, would underflow; the sums are scaled by each in turn instead.
+    generator = torch.Generator().manual_seed(14)
+    blocks = random_q4_1(12, 64, generator)
+    blocks = Q4_1Blocks(blocks.q, torch.full_like(blocks.d, 6e-8), torch.full_like(blocks.m, -5e-7))
+    x = torch.randn(rows, 2, 32, generator=generator)
+    x = (x / x.abs().amax(-1, keepdim=True) * 4e-34).view(rows, 64)
+    with code_with(16, avx512=avx512, vnni=VNNI), torch.inference_mode():
+        got = Q4_1Linear(blocks)(x).double()
+    assert relative_error(got, x.double() @ blocks.dequantize().double().T) < 1e-4
+
+
+@needs_kernels
 @pytest.mark.parametrize("bits,rows", [(16, 1), (8, 1), (16, 13)])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_a_nan_or_infinite_activation_reaches_the_output_as_in_float32(bits, rows, bad):
