@@ -5,7 +5,7 @@ Q4_1 product), or with ``--prefill`` each passage in one pass (every product the
 as the passage has tokens: the products of 5 rows and more, which round to 16 bits under either
 setting, so the 8-bit variant is left out), and with the AVX-512 float32 products where the CPU has
 them (the float32 loops' own spread, from summation order; with ``--prefill`` also the AVX-512
-products with 16-bit activations, as the engine runs them from 8 rows on).  Where bfloat16 is native,
+products with 16-bit activations, as the engine runs them from 9 rows on).  Where bfloat16 is native,
 auto's q4_1 layers run passages of ``weights.BFLOAT16_PREFILL_ROWS`` tokens and more in bfloat16 on
 the AVX-512 code: ``--tokens`` below it keeps the comparison to the activations' widths.
 
@@ -118,7 +118,7 @@ def main() -> None:
         ("AVX2 8-bit activations", False, 8),
     ][: 2 if args.prefill else 3]
     if cpu_kernels.avx512_products():
-        # The AVX-512 products round to 16 bits from 8 rows on (32: float32 everywhere).
+        # The AVX-512 products round to 16 bits from 9 rows on (32: float32 everywhere).
         variants.append(("AVX-512 float32", True, 32))
         if args.prefill:
             variants.append(("AVX-512 16-bit activations", True, 16))

@@ -578,8 +578,10 @@ namespace wide {
 // From this many rows on the AVX-512 products round x to 16 bits too (see rounded_gemm), in tiles of
 // 16 rows against 12 output rows (24 of the 32 registers; 8 outputs were 3% slower).  One thread of
 // a 2-core AMD EPYC with VNNI, the embedded model's gate/up shape against the float32 loop: 2.35
-// times as fast at 256 rows, 2.0 at 32, 1.75 at 16, 1.2 at 8 (half a tile), 0.7 at 4.
-constexpr int64_t WIDE_ROUNDED_ROWS = 8;
+// times as fast at 256 rows, 2.0 at 32, 1.75 at 16, 0.7 at 4.  The Llama runner's decode step
+// (bench/runner_ab.py against the float32 loop): 1.05-1.15 of its time at 8 rows (half a tile, and the
+// unpacking for it), 0.96-0.97 at 9 and 10, 0.77-0.82 at 11 and 12, 0.60 at 32.
+constexpr int64_t WIDE_ROUNDED_ROWS = 9;
 constexpr int TILE_OUTPUTS = 12;
 
 struct Q4_1 {
