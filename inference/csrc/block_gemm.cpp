@@ -17,13 +17,12 @@
 // target pragma, chosen at run time); called through ctypes.
 
 #include <float.h>
-#include <math.h>
 #include <immintrin.h>
 #include <stdint.h>
 
 #include <algorithm>
-#include <cmath>
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <type_traits>
 #include <vector>
@@ -394,8 +393,8 @@ struct RoundedRows {
 };
 
 // Output rows [n0, n0 + count) of w as 16-bit pairs [count, K / 2] (pair p of a group: its weights 2p
-// and 2p + 1, Q4_1's nibbles centred, q - 8), with their scales d and the minimums' factors
-// m + 8 d [K / 32, outputs] (Q8_0: none); outputs count..outputs - 1 all zero (a tile past N's end).
+// and 2p + 1, Q4_1's nibbles centred, q - 8), with their scales d and the minimums' factors m + 8 d
+// (Q8_0: none), [K / 32, outputs] (outputs: the tile's output rows, the stride).
 inline void unpack_outputs(const Q4_1& w, int64_t K, int64_t n0, int count, int outputs, int32_t* pairs, float* d, float* m) {
   const int64_t groups = K / GROUP;
   const __m256i low = _mm256_set1_epi16(0x0F), eight = _mm256_set1_epi16(8);
@@ -410,9 +409,6 @@ inline void unpack_outputs(const Q4_1& w, int64_t K, int64_t n0, int count, int 
       d[g * outputs + i] = w.d[block];
       m[g * outputs + i] = w.m[block] + 8.0f * w.d[block];
     }
-  std::fill(pairs + count * (K / 2), pairs + outputs * (K / 2), 0);
-  for (int64_t g = 0; g < groups; ++g)
-    for (int i = count; i < outputs; ++i) d[g * outputs + i] = m[g * outputs + i] = 0.0f;
 }
 
 inline void unpack_outputs(const Q8_0& w, int64_t K, int64_t n0, int count, int outputs, int32_t* pairs, float* d, float*) {
@@ -426,9 +422,6 @@ inline void unpack_outputs(const Q8_0& w, int64_t K, int64_t n0, int count, int 
       _mm256_storeu_si256(out + 1, _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16))));
       d[g * outputs + i] = w.d[block];
     }
-  std::fill(pairs + count * (K / 2), pairs + outputs * (K / 2), 0);
-  for (int64_t g = 0; g < groups; ++g)
-    for (int i = count; i < outputs; ++i) d[g * outputs + i] = 0.0f;
 }
 
 // The AVX2 tile: 8 rows (one vector) against 6 output rows, 6 integer and 6 float accumulators (12 of
@@ -482,6 +475,11 @@ void rounded_outputs(const W& w, const RoundedRows& x, int64_t M, int64_t K, int
   pairs.resize(static_cast<size_t>(OUTPUTS * K / 2));
   d.resize(static_cast<size_t>(OUTPUTS * groups));
   m.resize(static_cast<size_t>(OUTPUTS * groups));
+  if (count < OUTPUTS) {  // a tile past N's end: its missing output rows all zero
+    std::fill(pairs.begin(), pairs.end(), 0);
+    std::fill(d.begin(), d.end(), 0.0f);
+    std::fill(m.begin(), m.end(), 0.0f);
+  }
   unpack_outputs(w, K, n0, count, OUTPUTS, pairs.data(), d.data(), m.data());
   float out[OUTPUTS * ROWS];
   for (int64_t tile = 0; tile < tiles; ++tile) {
@@ -653,7 +651,9 @@ inline void dot_rows(const Blocks& w, const float* x, int64_t K, int64_t N, int6
 // The AVX-512 tile (see Avx2Tile): 16 rows (one vector) against OUTPUTS output rows, with VNNI's
 // dpwssd (multiply, sum pairs and add, one instruction) where the CPU has it (written as assembly:
 // this code's target leaves VNNI out, so that the compiler cannot emit it for CPUs without it),
-// else madd and add.
+// else madd and add.  Avx2Tile's loop with 512-bit vectors: one template cannot serve both, since a
+// template is compiled under the target of the place it is defined (this region's AVX-512 would put
+// EVEX encodings into the AVX2 tile; the file's AVX2 cannot compile these intrinsics).
 template <int OUTPUTS_, bool VNNI>
 struct Tile {
   static constexpr int ROWS = 16, OUTPUTS = OUTPUTS_;
