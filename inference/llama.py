@@ -470,9 +470,9 @@ class LlamaModelRunner:
             with _one_thread():  # rotary embeddings, cache writes, attention's float32 keys and values
                 qk = self._rotate(qkv[:, :qk_width].view(tokens, heads + kv_heads, dim), cos, sin)
                 values = qkv[:, qk_width:].view(tokens, kv_heads, dim)
-                # Per attention call (the group's, then each chunk's), its blocks' queries, keys,
-                # values and mask ([n, heads, block, dim], ...).
-                inputs: list[list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]]] = []
+                # Per attention call (the group's, then each chunk's): queries, keys, values ([n, heads
+                # or kv_heads, positions, dim]), the positions cached before it, its blocks.
+                calls = []
                 if group:
                     size = group_size
                     cache_keys, cache_values = (
@@ -483,12 +483,7 @@ class LlamaModelRunner:
                     cache_values[:, :, :size] = values[:group_rows].view(group, size, kv_heads, dim).transpose(1, 2)
                     queries = qk[:group_rows, :heads].view(group, size, heads, dim).transpose(1, 2)
                     keys, cached_values = cache_keys[:, :, :size].to(x.dtype), cache_values[:, :, :size].to(x.dtype)
-                    inputs.append(  # the group's prompts start at 0 and are of one size
-                        [
-                            (queries[:, :, first:end], keys[:, :, :end], cached_values[:, :, :end], mask)
-                            for first, end, mask in blocks[0]
-                        ]
-                    )
+                    calls.append((queries, keys, cached_values, 0, blocks[0]))  # new prompts of one size
                 offset = group_rows
                 for chunk, partial, chunk_blocks in zip(chunks[group:], partials[group:], blocks[group:]):
                     size, start = len(chunk.token_ids), chunk.start
@@ -498,32 +493,11 @@ class LlamaModelRunner:
                     cache_values[:, start : start + size] = values[rows].transpose(0, 1)
                     keys = cache_keys[None, :, : start + size].to(x.dtype)
                     cached_values = cache_values[None, :, : start + size].to(x.dtype)
-                    queries = qk[rows, :heads].transpose(0, 1)[None]  # [1, heads, size, dim]
-                    inputs.append(
-                        [
-                            (
-                                queries[:, :, first:end],
-                                keys[:, :, : start + end],
-                                cached_values[:, :, : start + end],
-                                mask,
-                            )
-                            for first, end, mask in chunk_blocks
-                        ]
-                    )
+                    calls.append((qk[rows, :heads].transpose(0, 1)[None], keys, cached_values, start, chunk_blocks))
                     offset += size
-            outputs = [
-                [
-                    F.scaled_dot_product_attention(
-                        queries, keys, values, attn_mask=mask, is_causal=mask is None, enable_gqa=True
-                    )  # [n, heads, block, dim]
-                    for queries, keys, values, mask in call
-                ]
-                for call in inputs
-            ]
-            with _one_thread():  # a call's blocks joined along its positions, then its rows in order
-                attended = torch.cat(
-                    [torch.cat(blocks_out, dim=2).transpose(1, 2).reshape(-1, heads * dim) for blocks_out in outputs]
-                )
+            outputs = [self._attend(*call) for call in calls]  # [n, heads, size, dim] each
+            with _one_thread():  # each call's rows in order
+                attended = torch.cat([output.transpose(1, 2).reshape(-1, heads * dim) for output in outputs])
             layer.o_add(attended, x)
             self._mlp_add(layer, x)
         wanted, offset = [], 0
@@ -569,6 +543,33 @@ class LlamaModelRunner:
         self._group_keys = torch.empty(shape, dtype=self.kv_dtype, device=self.device)
         self._group_values = torch.empty(shape, dtype=self.kv_dtype, device=self.device)
         return [_Partial(0, self._group_keys[i], self._group_values[i]) for i in range(len(chunks))]
+
+    @staticmethod
+    def _attend(
+        queries: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        start: int,
+        blocks: list[tuple[int, int, torch.Tensor | None]],
+    ) -> torch.Tensor:
+        """Attention of ``queries`` ``[n, heads, size, dim]`` over ``keys``/``values`` ``[n, kv_heads,
+        start + size, dim]`` (``start`` positions cached before the queries), in the
+        :meth:`_attention_blocks` ``blocks`` of the queries, each on every thread; ``[n, heads, size, dim]``."""
+        outputs = [
+            F.scaled_dot_product_attention(
+                queries[:, :, first:end],
+                keys[:, :, : start + end],
+                values[:, :, : start + end],
+                attn_mask=mask,
+                is_causal=mask is None,
+                enable_gqa=True,
+            )
+            for first, end, mask in blocks
+        ]
+        if len(outputs) == 1:
+            return outputs[0]
+        with _one_thread():
+            return torch.cat(outputs, dim=2)
 
     def _attention_blocks(self, start: int, size: int) -> list[tuple[int, int, torch.Tensor | None]]:
         """A chunk's attention calls: ``(first, end, mask)`` per block of at most
