@@ -75,8 +75,6 @@ class CPUKernels:
             "q4_1_gemm", pointer, size, size, pointer, pointer, pointer, size, pointer, integer, integer
         )
         self._q8_0 = function("q8_0_gemm", pointer, size, size, pointer, pointer, size, pointer, integer, integer)
-        self._q4_1_dequantize = function("q4_1_dequantize", pointer, pointer, pointer, size, size, pointer, integer)
-        self._q8_0_dequantize = function("q8_0_dequantize", pointer, pointer, size, size, pointer, integer)
         self._q4_1_to_bfloat16 = function("q4_1_to_bfloat16", pointer, pointer, pointer, size, size, pointer, integer)
         self._set_avx512 = function("set_avx512", integer)
         self._set_activation_bits = function("set_activation_bits", integer)
@@ -173,23 +171,6 @@ class CPUKernels:
             x.data_ptr(), rows, width, qs.data_ptr(), d.data_ptr(), d.shape[0], out.data_ptr(), add,
             torch.get_num_threads(),
         )  # fmt: skip
-        return out
-
-    def q4_1_dequantize(self, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-        """The float32 weight ``[N, K]`` of Q4_1 blocks (``qs``, ``d``, ``m`` as for :meth:`q4_1`): a new tensor."""
-        rows, width = d.shape[0], d.shape[1] * GROUP
-        out = torch.empty(rows, width, dtype=torch.float32)
-        self._q4_1_dequantize(
-            qs.data_ptr(), d.data_ptr(), m.data_ptr(), rows, width, out.data_ptr(), torch.get_num_threads()
-        )
-        return out
-
-    def q8_0_dequantize(self, qs: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
-        """The float32 weight ``[N, K]`` of Q8_0 blocks (``qs`` int8 ``[N, K]``, ``d`` ``[N, K / 32]``): a new tensor."""
-        out = torch.empty(qs.shape, dtype=torch.float32)
-        self._q8_0_dequantize(
-            qs.data_ptr(), d.data_ptr(), qs.shape[0], qs.shape[1], out.data_ptr(), torch.get_num_threads()
-        )
         return out
 
     def q4_1_to_bfloat16(self, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:

@@ -417,21 +417,12 @@ class Int4Linear(WeightLinear):
         return (self.packed, self.scales_and_zeros, self.bias)
 
 
-# From this many rows on (a prompt's prefill), q4_1 and q8_0 layers on the AVX2 code with float32
-# activations (set_activation_bits(32); the engine's 16 bits multiply in integers, about twice as fast
-# as either) dequantize their weight into a temporary float32 copy and run one dense product (torch's,
-# MKL's sgemm): measured faster than our float32 kernel from about 64 rows on the Zen 3, and on a Zen
-# 4's AVX2 code by the engine (scoring's 160-token prompts with all their logits: 0.85 of the prompt
-# tokens/s without it, bench/engine_ab.py), where the engine often runs one thread.  The AVX-512
-# products beat it at every row count (the embedded model's layers at 256 rows: 174 ms against 304).
-DENSE_ROWS = 64
-
-
 class _BlockLinear(WeightLinear):
     """What the block formats of our kernels share: float32 products, ``x``'s dtype from ``__call__``,
-    a dense product for :data:`DENSE_ROWS` rows or more on the AVX2 code with float32 activations, and accumulation into a
-    residual in place.  A subclass gives ``_product(x, out=None)`` (the kernel; ``out`` given: added
-    into) and ``_dense_weight()`` (the float32 weight, for the dense product)."""
+    and accumulation into a residual in place.  A subclass gives ``_product(x, out=None)`` (the
+    kernel; ``out`` given: added into).  Every row count runs the kernel, a prompt's prefill too: on
+    the AVX2 code its 16-bit products of many rows are about twice as fast as our float32 loop and 1.4
+    times MKL's sgemm of a dequantized weight (``set_activation_bits``)."""
 
     kernels: CPUKernels
     bias: torch.Tensor | None
@@ -444,12 +435,6 @@ class _BlockLinear(WeightLinear):
 
     def _bfloat16_weight(self) -> torch.Tensor:  # pragma: no cover
         raise NotImplementedError
-
-    def _dense_weight(self) -> torch.Tensor:  # pragma: no cover
-        raise NotImplementedError
-
-    def _dense(self, rows: int) -> bool:
-        return rows >= DENSE_ROWS and not self.kernels.avx512 and self.kernels.activation_bits == 32
 
     def _in_bfloat16(self, rows: int) -> bool:
         # Not where the products were put on their AVX2 code (set_avx512(False)): as an AVX2 CPU.
@@ -464,8 +449,6 @@ class _BlockLinear(WeightLinear):
         flat = x if x.dim() == 2 else x.reshape(-1, self.in_features)
         if self._in_bfloat16(flat.shape[0]):
             out = F.linear(flat.to(torch.bfloat16), self._bfloat16_weight()).float()
-        elif self._dense(flat.shape[0]):  # a long prompt on the AVX2 code: dequantize, then one dense product
-            out = F.linear(flat.float(), self._dense_weight())
         else:
             out = self._product(flat)
         if self.bias is not None:
@@ -474,15 +457,9 @@ class _BlockLinear(WeightLinear):
 
     def add_into(self, x: torch.Tensor, residual: torch.Tensor) -> None:
         # Our kernels add float32 into a contiguous float32 buffer: another residual (bfloat16
-        # activations), a bfloat16 or a dense product takes it through torch instead.
+        # activations) or a bfloat16 product takes it through torch instead.
         rows = x.shape[0]
-        if (
-            residual.dtype != torch.float32
-            or not residual.is_contiguous()
-            or x.dim() != 2
-            or self._in_bfloat16(rows)
-            or self._dense(rows)
-        ):
+        if residual.dtype != torch.float32 or not residual.is_contiguous() or x.dim() != 2 or self._in_bfloat16(rows):
             residual += self.compute(x)
             return
         self._check_width(x)
@@ -530,14 +507,11 @@ class Q4_1Linear(_BlockLinear):
     def _bfloat16_weight(self) -> torch.Tensor:
         return self.kernels.q4_1_to_bfloat16(self.qs, self.d, self.m)
 
-    def _dense_weight(self) -> torch.Tensor:
-        return self.kernels.q4_1_dequantize(self.qs, self.d, self.m)
-
     def q4_1_for(self, rows: int) -> Q4_1Linear | None:
         """This layer where a product of ``rows`` rows runs our Q4_1 kernel on its blocks as they are
         (no bias), else None: what a caller that runs the kernel itself (the Llama runner's
         whole-step call, :meth:`inference.cpu_kernels.CPUKernels.decode_layers_q4_1`) needs."""
-        return self if self.bias is None and not self._in_bfloat16(rows) and not self._dense(rows) else None
+        return self if self.bias is None and not self._in_bfloat16(rows) else None
 
     def dequantized(self) -> torch.Tensor:
         """The float32 weight ``[out, in]`` this layer computes with."""
@@ -587,9 +561,6 @@ class Q8_0Linear(_BlockLinear):
 
     def _product(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         return self.kernels.q8_0(x, self.q, self.d, out=out)
-
-    def _dense_weight(self) -> torch.Tensor:
-        return self.kernels.q8_0_dequantize(self.q, self.d)
 
     def embedding_rows(self, ids: torch.Tensor) -> torch.Tensor | None:
         if not self.lossless:

@@ -535,23 +535,6 @@ void gemm(const W& w, const float* x, int64_t M, int64_t K, int64_t N, float* y,
   });
 }
 
-// The float32 weight [N, K] of the blocks, into out (for a caller that multiplies many rows at once
-// with a dense product: a long prefill on the AVX2 code, see weights.DENSE_ROWS).
-template <typename W>
-void dequantize(const W& w, int64_t N, int64_t K, float* out, int threads) {
-  const int64_t groups = K / GROUP;
-  kernels::parallel_for(N, threads, [&](int64_t first, int64_t last) {
-    for (int64_t n = first; n < last; ++n)
-      for (int64_t g = 0; g < groups; ++g) {
-        __m256 values[4];
-        W::group(w, n * groups + g, values);
-#pragma GCC unroll 4
-        for (int i = 0; i < 4; ++i) _mm256_storeu_ps(out + n * K + g * GROUP + 8 * i, values[i]);
-      }
-  });
-}
-
-
 // Whether the AVX-512 rounded products use VNNI's dpwssd (set_vnni; on where the CPU has it).
 bool vnni_available() {
   __builtin_cpu_init();  // the CPU's features, read before any constructor that asks for them
@@ -744,15 +727,6 @@ bool use_avx512 = false;
 }  // namespace
 
 extern "C" {
-
-KERNEL_EXPORT void q4_1_dequantize(const uint8_t* qs, const float* d, const float* m, int64_t N, int64_t K, float* out,
-                                   int threads) {
-  dequantize(Q4_1{qs, d, m}, N, K, out, threads);
-}
-
-KERNEL_EXPORT void q8_0_dequantize(const int8_t* qs, const float* d, int64_t N, int64_t K, float* out, int threads) {
-  dequantize(Q8_0{qs, d}, N, K, out, threads);
-}
 
 // x: [M, K] float32 contiguous; K a multiple of 32; y: [M, N] float32 contiguous, overwritten
 // (add == 0) or added to (add != 0: a residual stream).

@@ -27,7 +27,7 @@ from inference.weights import (
 
 KERNELS = cpu_kernels.load(None)
 needs_kernels = pytest.mark.skipif(KERNELS is None, reason=f"no CPU kernels here: {cpu_kernels.unavailable_reason()}")
-ROWS = [1, 2, 3, 5, 8, 11, 33, 70]  # 70: past weights.DENSE_ROWS, dequantize-then-sgemm on the AVX2 code
+ROWS = [1, 2, 3, 5, 8, 11, 33, 70]
 # The block products' two versions: AVX2 everywhere the kernels load, AVX-512 where the CPU has it.
 ISAS = [
     "avx2",
