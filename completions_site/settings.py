@@ -170,7 +170,7 @@ MODEL_CACHE_DIR = env.path("MODEL_CACHE_DIR", default=BASE_DIR / ".cache" / "mod
 ENGINE_AUTOSTART = env.bool("ENGINE_AUTOSTART", default=True)
 ENGINE_MAX_BATCH_SIZE = env.int("ENGINE_MAX_BATCH_SIZE", default=32)
 ENGINE_MAX_QUEUE = env.int("ENGINE_MAX_QUEUE", default=256)
-ENGINE_NUM_THREADS = env.int("ENGINE_NUM_THREADS", default=0)  # 0: torch's count (one per core), one fewer while requests keep a core busy (inference/thread_budget.py)
+ENGINE_NUM_THREADS = env.int("ENGINE_NUM_THREADS", default=0)  # 0: torch's count (one per core), one fewer while other work keeps a core busy (inference/thread_budget.py)
 ENGINE_PREFILL_CHUNK = env.int("ENGINE_PREFILL_CHUNK", default=256)
 # The forward pass: auto (our Llama runner when it supports the model, else transformers'
 # modeling) | llama | transformers.

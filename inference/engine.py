@@ -76,7 +76,7 @@ class EngineConfig:
     max_batch_size: int = 32
     max_queue: int = 256
     prefill_chunk: int = 256
-    num_threads: int = 0  # 0: torch's count (one per core), one fewer while other Python threads keep one busy (thread_budget.py)
+    num_threads: int = 0  # 0: torch's count (one per core), one fewer while other work keeps one busy (thread_budget.py)
     runner: str = "auto"  # auto | llama | transformers (inference.model_runner.build_runner)
     kv_cache_dtype: str = "auto"  # auto | float32 | float16 | bfloat16 (the Llama runner's KV cache)
     prefix_caching: str = "auto"  # auto | on | off (inference.prefix_cache; auto: off with MODEL_WEIGHTS=float32)
@@ -375,7 +375,8 @@ class Engine:
         self._take_inbox()
         if self._thread_budget is not None and (threads := self._thread_budget.update()) is not None:
             logger.debug(
-                "Engine threads: %d (other Python threads used %.2f of a core)", threads, self._thread_budget.share
+                "Engine threads: %d (other work used %.2f of a core, the process's other Python threads %.2f)",
+                threads, self._thread_budget.share, self._thread_budget.threads_share,
             )
             torch.set_num_threads(threads)
         if not self._running and not len(self.scheduler):

@@ -1,28 +1,38 @@
 """How many threads the engine's kernels and torch's operations take: every core, or one fewer
-while the process's other Python threads (the event loop, the database threads) keep a core busy.
+while other work keeps a core of the process's CPUs busy: the process's other Python threads (the
+event loop, the database threads) or other processes (a second server, a build, busy neighbours).
 
 On 2 cores, 16 clients sending one-token requests keep the event loop and the database threads
 about one core busy, and a decode step on two threads then waits for whichever of its threads the
 scheduler put behind them: a step of 7 rows took 40-45 ms where it takes 15 ms alone.  The same load
-served 124 requests/s with two engine threads and 158 with one (issue 12; 2-core Xeon).  A quiet
-process, or a few streams, keeps every thread: one stream decodes 25% faster on two.
+served 124 requests/s with two engine threads and 158 with one (issue 12; 2-core Xeon).  A process
+beside it is no different: two busy loops on 2 cores leave each of two engine threads half a core,
+and every parallel region waits for the one that is off its core, where one thread keeps two thirds
+of a core and waits for nobody.  A quiet machine, or a few streams, keeps every thread: one stream
+decodes 25% faster on two.
 
-:class:`ThreadBudget` reads the CPU time of the process's Python threads but the engine's (one
-``clock_gettime`` per thread, every :data:`INTERVAL` seconds) and gives one thread back while their
-share of a core stays above :data:`BUSY`, taking it again below :data:`QUIET` (hysteresis, so that
-the count does not flap).  The kernels' own worker threads and torch's are not Python threads and
-are not counted.
+:class:`ThreadBudget` reads, every :data:`INTERVAL` seconds, the CPU time of the process's Python
+threads but the engine's (one ``clock_gettime`` per thread) and the CPU time that other processes
+used on the process's CPUs (``/proc/stat``'s busy time on those CPUs less the process's own), and
+gives one thread back while their sum stays above :data:`BUSY` of a core, taking it again below
+:data:`QUIET` (hysteresis, so that the count does not flap).  The kernels' own worker threads and
+torch's are not Python threads and are the engine's: they are not counted.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
 
 INTERVAL = 0.25  # seconds between readings
-BUSY = 0.5  # the other Python threads' share of one core above which the engine leaves them a core
+BUSY = 0.5  # other work's share of one core above which the engine leaves it a core
 QUIET = 0.25  # ... below which it takes the core back
+PROC_STAT = "/proc/stat"
+# /proc/stat's busy columns: user, nice, system, irq, softirq (not idle, iowait, steal or the guest
+# columns, which user and nice already hold).
+BUSY_COLUMNS = (0, 1, 2, 5, 6)
 
 
 def thread_cpu_clock(native_id: int) -> int:
@@ -48,12 +58,42 @@ def python_thread_cpu_times(exclude: int) -> dict[int, float]:
     return times
 
 
+def cpus_busy_seconds(cpus: frozenset[int], path: str = PROC_STAT) -> float | None:
+    """CPU seconds that the CPUs ``cpus`` (their numbers) have spent busy since boot, by every
+    process, from Linux's ``/proc/stat`` (in ``USER_HZ`` ticks: 10 ms resolution); None where that
+    file is missing or unreadable (not Linux)."""
+    try:
+        with open(path) as stat:
+            lines = stat.read().splitlines()
+    except OSError:
+        return None
+    ticks = 0
+    for line in lines:
+        name, _, columns = line.partition(" ")
+        if not name.startswith("cpu") or name == "cpu":
+            continue
+        if int(name[3:]) in cpus:
+            values = columns.split()
+            ticks += sum(int(values[column]) for column in BUSY_COLUMNS if column < len(values))
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def other_processes_cpu_seconds(path: str = PROC_STAT) -> float | None:
+    """CPU seconds other processes have used on this process's CPUs (its affinity) since boot, give
+    or take ``/proc/stat``'s resolution: their busy time less this process's CPU time; None where
+    the machine's busy time cannot be read."""
+    busy = cpus_busy_seconds(frozenset(os.sched_getaffinity(0)), path)
+    return None if busy is None else busy - time.process_time()
+
+
 class ThreadBudget:
-    """The engine's thread count, ``threads`` or ``threads - 1``, from the other Python threads' load.
+    """The engine's thread count, ``threads`` or ``threads - 1``, from other work's load.
 
     Call :meth:`update` from the engine's thread once per loop; it returns the count to set when it
-    changes, else None.  ``threads`` below 2 never changes.  ``clock`` and ``cpu_times`` are for
-    tests (``cpu_times()`` returns ``{thread id: cpu seconds}`` as :func:`python_thread_cpu_times`).
+    changes, else None.  ``threads`` below 2 never changes.  ``clock``, ``cpu_times`` and
+    ``other_processes`` are for tests: ``cpu_times()`` returns ``{thread id: cpu seconds}`` as
+    :func:`python_thread_cpu_times`, ``other_processes()`` a running total of seconds (or None) as
+    :func:`other_processes_cpu_seconds`.
     """
 
     def __init__(
@@ -62,15 +102,19 @@ class ThreadBudget:
         *,
         clock: Callable[[], float] = time.monotonic,
         cpu_times: Callable[[], dict[int, float]] | None = None,
+        other_processes: Callable[[], float | None] = other_processes_cpu_seconds,
     ) -> None:
         self.threads = threads
         self.current = threads
-        self.share = 0.0  # the other threads' share of one core over the last interval
+        self.share = 0.0  # other work's share of one core over the last interval
+        self.threads_share = 0.0  # ... of which the process's other Python threads'
         self._clock = clock
         engine = threading.get_native_id()
         self._cpu_times = cpu_times or (lambda: python_thread_cpu_times(engine))
+        self._other_processes = other_processes
         self._last_time = clock()
         self._last_cpu = self._cpu_times()
+        self._last_others = other_processes()
 
     def update(self) -> int | None:
         """The new thread count if it changes now, else None (cheap between readings)."""
@@ -79,6 +123,7 @@ class ThreadBudget:
         now = self._clock()
         if now - self._last_time < INTERVAL:
             return None
+        elapsed = now - self._last_time
         cpu = self._cpu_times()
         # A new thread counts from its start, an ended one drops out; a reading below the last one is
         # a new thread's that reuses an ended one's id.
@@ -86,8 +131,15 @@ class ThreadBudget:
         for ident, seconds in cpu.items():
             last = self._last_cpu.get(ident, 0.0)
             used += seconds - last if seconds >= last else seconds
-        self.share = used / (now - self._last_time)
-        self._last_time, self._last_cpu = now, cpu
+        others = self._other_processes()
+        # /proc/stat counts in ticks and the process's time to the nanosecond: clamp the difference.
+        if others is not None and self._last_others is not None:
+            used_elsewhere = max(0.0, others - self._last_others)
+        else:
+            used_elsewhere = 0.0
+        self.threads_share = used / elapsed
+        self.share = (used + used_elsewhere) / elapsed
+        self._last_time, self._last_cpu, self._last_others = now, cpu, others
         wanted = self.current
         if self.share > BUSY:
             wanted = self.threads - 1

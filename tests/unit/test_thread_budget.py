@@ -1,24 +1,37 @@
-"""The engine's thread count follows the other Python threads' load (inference/thread_budget.py)."""
+"""The engine's thread count follows other work's load: the process's other Python threads and
+other processes on its CPUs (inference/thread_budget.py)."""
 
+import os
+import subprocess
+import sys
 import threading
 import time
 
 import pytest
 
 from inference import thread_budget
-from inference.thread_budget import ThreadBudget, python_thread_cpu_times
+from inference.thread_budget import (
+    ThreadBudget,
+    cpus_busy_seconds,
+    other_processes_cpu_seconds,
+    python_thread_cpu_times,
+)
 
 
 class FakeProcess:
-    """A clock and the other threads' CPU seconds, moved by hand."""
+    """A clock, the other threads' CPU seconds and other processes', moved by hand."""
 
     def __init__(self) -> None:
         self.now = 0.0
         self.cpu = {1: 0.0, 2: 0.0}
+        self.elsewhere: float | None = 100.0
 
-    def run(self, seconds: float, share: float, ident: int = 1) -> None:
+    def run(self, seconds: float, share: float, ident: int = 1, elsewhere: float = 0.0) -> None:
+        """``seconds`` pass, thread ``ident`` at ``share`` of a core, other processes at ``elsewhere``."""
         self.now += seconds
         self.cpu[ident] = self.cpu.get(ident, 0.0) + seconds * share
+        if self.elsewhere is not None:
+            self.elsewhere += seconds * elsewhere
 
 
 @pytest.fixture
@@ -27,7 +40,12 @@ def process():
 
 
 def budget_for(process: FakeProcess, threads: int = 2) -> ThreadBudget:
-    return ThreadBudget(threads, clock=lambda: process.now, cpu_times=lambda: dict(process.cpu))
+    return ThreadBudget(
+        threads,
+        clock=lambda: process.now,
+        cpu_times=lambda: dict(process.cpu),
+        other_processes=lambda: process.elsewhere,
+    )
 
 
 def test_gives_a_core_back_while_the_other_threads_keep_one_busy_and_takes_it_again_when_quiet(process):
@@ -76,6 +94,36 @@ def test_a_new_thread_reusing_an_ended_ones_id_counts_from_its_start(process):
     assert budget.share == pytest.approx(0.8)  # thread 1 did nothing this time
 
 
+def test_gives_a_core_back_while_other_processes_keep_one_busy(process):
+    budget = budget_for(process)
+    process.run(thread_budget.INTERVAL, 0.0, elsewhere=1.9)  # two busy loops, or a second server
+    assert budget.update() == 1
+    assert budget.share == pytest.approx(1.9) and budget.threads_share == 0.0
+    process.run(thread_budget.INTERVAL, 0.0, elsewhere=0.05)  # they stopped
+    assert budget.update() == 2
+
+
+def test_other_processes_and_other_threads_add_up(process):
+    budget = budget_for(process)
+    process.run(thread_budget.INTERVAL, 0.3, elsewhere=0.3)  # neither alone is above the bound
+    assert budget.update() == 1
+    assert budget.share == pytest.approx(0.6) and budget.threads_share == pytest.approx(0.3)
+
+
+def test_a_coarse_reading_of_other_processes_below_the_last_one_counts_as_nothing(process):
+    budget = budget_for(process)
+    process.elsewhere -= 0.01  # /proc/stat's ticks lag the process's own clock
+    process.run(thread_budget.INTERVAL, 0.1)
+    assert budget.update() is None and budget.share == pytest.approx(0.1)
+
+
+def test_without_proc_stat_only_the_python_threads_count(process):
+    process.elsewhere = None
+    budget = budget_for(process)
+    process.run(thread_budget.INTERVAL, 0.8)
+    assert budget.update() == 1 and budget.share == pytest.approx(0.8)
+
+
 def test_one_thread_never_changes(process):
     budget = budget_for(process, threads=1)
     process.run(thread_budget.INTERVAL, 1.0)
@@ -101,3 +149,36 @@ def test_reads_the_real_threads_cpu_time_without_the_callers():
     assert threading.get_native_id() not in after
     assert after[busy.native_id] - before[busy.native_id] > 0.02  # it ran (the GIL shares it with others)
     assert busy.native_id not in python_thread_cpu_times(0)  # ended: no longer read
+
+
+def test_reads_the_busy_time_of_the_named_cpus_only(tmp_path):
+    stat = tmp_path / "stat"
+    # user nice system idle iowait irq softirq steal guest guest_nice, in ticks
+    stat.write_text(
+        "cpu  300 0 30 900 9 3 3 7 0 0\ncpu0 100 0 10 300 3 1 1 7 0 0\ncpu1 200 0 20 600 6 2 2 0 0 0\nintr 1 2 3\n"
+    )
+    ticks = os.sysconf("SC_CLK_TCK")
+    assert cpus_busy_seconds(frozenset({0}), str(stat)) == pytest.approx(112 / ticks)  # not idle, iowait or steal
+    assert cpus_busy_seconds(frozenset({0, 1}), str(stat)) == pytest.approx(336 / ticks)
+    assert cpus_busy_seconds(frozenset({0}), str(tmp_path / "missing")) is None
+
+
+def test_other_processes_time_is_the_cpus_busy_time_less_this_process(tmp_path):
+    stat = tmp_path / "stat"
+    ticks = os.sysconf("SC_CLK_TCK")
+    busy = int(1000 * ticks)  # 1000 s on each CPU
+    stat.write_text("".join(f"cpu{cpu} {busy} 0 0 0 0 0 0 0 0 0\n" for cpu in os.sched_getaffinity(0)))
+    before = time.process_time()
+    seconds = other_processes_cpu_seconds(str(stat))
+    after = time.process_time()
+    cpus = len(os.sched_getaffinity(0))
+    assert cpus * 1000 - after <= seconds <= cpus * 1000 - before
+
+
+def test_sees_a_busy_process_beside_this_one():
+    if other_processes_cpu_seconds() is None:
+        pytest.skip("no /proc/stat on this system")
+    spin = "import time\nend = time.process_time() + 0.6\nwhile time.process_time() < end: pass"
+    before = other_processes_cpu_seconds()
+    subprocess.run([sys.executable, "-c", spin], check=True)
+    assert other_processes_cpu_seconds() - before > 0.5  # the child's 0.6 s (and whatever else ran)
