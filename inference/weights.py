@@ -794,7 +794,7 @@ class Choice:
 # multiply in bfloat16 where the CPU runs it natively (Choice.make_layer): a prompt's log-probabilities
 # then depend on how it was split into chunks by up to a few tenths of a nat a token (as with the
 # stored bfloat16 layers the autotune kept for 17+ rows before), where float32 chunks agree to 0.003.
-# Our AVX-512 products round x to 16 bits from 8 rows on (VNNI's integer multiply-adds, csrc/
+# Our AVX-512 products round x to 16 bits from 7 rows on (VNNI's integer multiply-adds, csrc/
 # block_gemm.cpp), about twice as fast as their float32 loop; the embedded model's q/k/v and gate/up
 # layers on a 2-core AMD EPYC (ms, ours / bfloat16 copy made per call + oneDNN's product): 28.5 / 34.9
 # at 96 rows, 36.3 / 38.6 at 128, 54.3 / 47.0 at 192, 69.5 / 56.8 at 256.  (With the float32 loop

@@ -564,12 +564,13 @@ namespace wide {
 // unpacking for it), 0.96-0.97 at 9 and 10, 0.77-0.82 at 11 and 12, 0.60 at 32.
 constexpr int64_t WIDE_ROUNDED_ROWS = 9;
 constexpr int TILE_OUTPUTS = 12;
-// Products of 8 rows (ROW_BLOCK, one row block of the float32 loop) round x too, in NarrowTile's tiles
-// of 8 rows: one thread of a 2-core Zen 4 with VNNI, against the float32 loop, 0.76 of its time for the
-// gate/up and q/k/v shapes and 0.51 for down (whose 8 rows of x, 49 KB, spill L1 in that loop); the
-// decode step at 8 rows 22.4 -> 18.3 ms (two threads).  At 6 and 7 rows the two took the same time,
-// and below 6 a tile is too empty (4 rows: 1.4 times the float32 loop's time).
-constexpr int64_t NARROW_ROUNDED_ROWS = 8;
+// Products of 7 and 8 rows round x too, in NarrowTile's tiles of 8 rows: one thread of a 2-core Zen 4
+// with VNNI, against the float32 loop at 8 rows, 0.76 of its time for the gate/up and q/k/v shapes and
+// 0.51 for down (whose 8 rows of x, 49 KB, spill L1 in that loop), and a tile costs the same at 7; the
+// decode step at 8 rows 22.4 -> 18.3 ms on two threads, at 7 a tie there (the engine runs one thread
+// under many short requests).  At 6 rows the two tie, and below a tile is too empty (4 rows: 1.4
+// times the float32 loop's time).
+constexpr int64_t NARROW_ROUNDED_ROWS = 7;
 
 struct Q4_1 {
   static inline void group(const ::Q4_1& w, int64_t block, __m512 out[2]) {
