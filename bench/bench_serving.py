@@ -14,7 +14,12 @@ engine's ``runner`` and ``weights`` from ``/healthz`` (``n/a`` when it does not 
 figures of every server, and issue 12's goals: ours / llama-server for throughput, requests/s and
 idle TTFT, our own figure for the rest, each ``met`` or ``NOT MET``.
 
-Each server is started in a subprocess, measured alone, and stopped (also on an error or Ctrl-C):
+Every server is started first, each in a subprocess; then the phases run in turns, on one server at
+a time while the others sit idle, the servers alternating which goes first from one phase to the next
+(ABBA), so that a ratio compares figures taken seconds apart, not minutes apart on a shared machine
+whose speed drifts (a first version measured each server's whole run in turn, and ratios moved by a
+fifth between runs); ``--sequential`` does that still.  Every server is stopped at the end (also on
+an error or Ctrl-C):
 
 - ours: daphne with the embedded model (``testing/live_server.py``: its own SQLite database and key),
   ``DJANGO_DEBUG=false``, every other setting at its default (bfloat16 on this CPU);
@@ -507,6 +512,13 @@ class Prompts:
         """Start the sequence of prompts again, so that every server gets the same ones."""
         self._serial = 0
 
+    def fork(self) -> Prompts:
+        """The same prompts from the start, counted apart (a server measured beside others)."""
+        twin = object.__new__(Prompts)
+        twin.tokenizer, twin.words = self.tokenizer, self.words
+        twin.reset()
+        return twin
+
     def count(self, text: str) -> int:
         return len(self.tokenizer(text)["input_ids"])
 
@@ -986,49 +998,127 @@ async def warm_up(bench: Bench, limit: float = 40.0) -> None:
             raise RuntimeError(f"{bench.server.name}: a {length}-token prompt counted {result.prompt_tokens} tokens")
 
 
+# The phases in the order run_server runs them ("start": the first completions and the warm-up);
+# "warmup_late" is the warm-up phase's second half.
+STEP_ORDER = ("start", "n1", "n8", "n32", "idle_ttft", "load_ttft", "context", "rps", "rps_1", "scoring",
+              "contention", "warmup_late", "fairness")
+
+
+def runs_phase(server_name: str, step: str, phases: tuple[str, ...], plan: Plan) -> bool:
+    """Whether ``server_name`` runs ``step`` (of :data:`STEP_ORDER`) in a run of ``phases``."""
+    if step == "start":
+        return True
+    if step == "warmup_late":
+        step = "warmup"
+    if step.startswith("n") and step[1:].isdigit() and int(step[1:]) not in plan.concurrency:
+        return False
+    if step == "context" and not plan.context_streams:
+        return False
+    return step in phases and not (step in OURS_ONLY and server_name != "ours")
+
+
+class Turns:
+    """Several servers' phases in turns: each phase runs on one server at a time, the servers
+    alternating which goes first from one shared phase to the next (ABBA), so that a ratio compares
+    figures taken seconds apart, not minutes apart on a machine whose speed drifts.  ``order``:
+    ``(step, server)`` pairs in the order they run; a pair not in it runs whenever it comes."""
+
+    def __init__(self, order: list[tuple[str, str]]) -> None:
+        self.order = order
+        self._done: set[tuple[str, str]] = set()
+        self._left: set[str] = set()  # servers whose run ended (or failed): their turns are skipped
+        self._changed = asyncio.Condition()
+
+    @classmethod
+    def alternating(cls, servers: list[str], phases: tuple[str, ...], plan: Plan) -> Turns:
+        order: list[tuple[str, str]] = []
+        first = 0
+        for step in STEP_ORDER:
+            taking = [name for name in servers if runs_phase(name, step, phases, plan)]
+            if len(taking) > 1 and step != "start":
+                taking = taking[first:] + taking[:first]
+                first = (first + 1) % len(servers)
+            order += [(step, name) for name in taking]
+        return cls(order)
+
+    def _ready(self, key: tuple[str, str]) -> bool:
+        for earlier in self.order[: self.order.index(key)]:
+            if earlier not in self._done and earlier[1] not in self._left:
+                return False
+        return True
+
+    @contextlib.asynccontextmanager
+    async def turn(self, step: str, server: str):
+        key = (step, server)
+        if key in self.order:
+            async with self._changed:
+                await self._changed.wait_for(lambda: self._ready(key))
+        try:
+            yield
+        finally:
+            async with self._changed:
+                self._done.add(key)
+                self._changed.notify_all()
+
+    async def leave(self, server: str) -> None:
+        async with self._changed:
+            self._left.add(server)
+            self._changed.notify_all()
+
+
 async def run_server(server: Server, plan: Plan, prompts: Prompts, deadlines: dict[str, float],
-                     phases: tuple[str, ...] = PHASES, second: Callable[[], Server] | None = None) -> dict[str, Any]:
+                     phases: tuple[str, ...] = PHASES, second: Callable[[], Server] | None = None,
+                     turns: Turns | None = None) -> dict[str, Any]:
     """The ``phases`` of ``plan`` against ``server``; the figures, with notes on anything odd.
-    ``second`` starts another server like this one (the contention phase's neighbour)."""
+    ``second`` starts another server like this one (the contention phase's neighbour); ``turns``
+    (several servers measured together) says when each phase may run."""
+    turns = turns or Turns([])
+    try:
+        return await _run_phases(server, plan, prompts, deadlines, phases, second, turns)
+    finally:
+        await turns.leave(server.name)
+
+
+async def _run_phases(server: Server, plan: Plan, prompts: Prompts, deadlines: dict[str, float],
+                      phases: tuple[str, ...], second: Callable[[], Server] | None, turns: Turns) -> dict[str, Any]:
     limits = httpx.Limits(max_connections=128, max_keepalive_connections=128)
     async with httpx.AsyncClient(timeout=httpx.Timeout(None), limits=limits) as client:
         with RssSampler(server.pid) as rss:
-            bench = Bench(server, client, rss, prompts, deadlines)
+            bench = Bench(server, client, rss, prompts.fork(), deadlines)
             started = time.perf_counter()
-            if server.health_path:
-                bench.results["health_start"] = await health(bench)
-            if "warmup" in phases:  # first, before anything else reaches the server
-                await phase_warmup_first(bench)
-                print(f"  {server.name}: first {len(bench.results['warmup']['first_s'])} completions after "
-                      f"/healthz: {bench.results['warmup']['first_s']}", flush=True)
-            await warm_up(bench)
-            await settle(bench, "the warm-up")
+            async with turns.turn("start", server.name):
+                if server.health_path:
+                    bench.results["health_start"] = await health(bench)
+                if "warmup" in phases:  # first, before anything else reaches the server
+                    await phase_warmup_first(bench)
+                    print(f"  {server.name}: first {len(bench.results['warmup']['first_s'])} completions after "
+                          f"/healthz: {bench.results['warmup']['first_s']}", flush=True)
+                await warm_up(bench)
+                await settle(bench, "the warm-up")
             idle_rss = rss.rss() / MB
-            steps: list[tuple[str, str, Callable[[], Any]]] = [
-                (f"n{n}", f"N={n}", lambda n=n: phase_concurrency(bench, n, plan.requests_per_client[n]))
+            steps: dict[str, tuple[str, Callable[[], Any]]] = {
+                f"n{n}": (f"N={n}", lambda n=n: phase_concurrency(bench, n, plan.requests_per_client[n]))
                 for n in plan.concurrency
-            ]
-            steps += [
-                ("idle_ttft", "TTFT 512 idle", lambda: phase_idle_ttft(bench, plan.idle_ttft_requests)),
-                ("load_ttft", "TTFT under load", lambda: phase_load_ttft(bench, plan.probes)),
-            ]
-            if plan.context_streams:
-                steps.append(("context", "32x512 contexts", lambda: phase_context(bench, plan.context_streams)))
-            steps.append(("rps", "req/s", lambda: phase_rps(bench, plan.rps_seconds, SHORT_PROMPT, "rps")))
-            steps.append(("rps_1", "req/s, 1-token prompts", lambda: phase_rps(bench, plan.rps_seconds, 1, "rps_1")))
-            steps.append(("scoring", "scoring", lambda: phase_scoring(bench, plan.scoring_requests)))
-            steps.append(("contention", "contention",
-                          lambda: phase_contention(bench, plan.contention_seconds, second)))
-            steps.append(("warmup", "warm-up, after the run", lambda: phase_warmup_late(bench)))
+            }
+            steps["idle_ttft"] = ("TTFT 512 idle", lambda: phase_idle_ttft(bench, plan.idle_ttft_requests))
+            steps["load_ttft"] = ("TTFT under load", lambda: phase_load_ttft(bench, plan.probes))
+            steps["context"] = ("32x512 contexts", lambda: phase_context(bench, plan.context_streams))
+            steps["rps"] = ("req/s", lambda: phase_rps(bench, plan.rps_seconds, SHORT_PROMPT, "rps"))
+            steps["rps_1"] = ("req/s, 1-token prompts", lambda: phase_rps(bench, plan.rps_seconds, 1, "rps_1"))
+            steps["scoring"] = ("scoring", lambda: phase_scoring(bench, plan.scoring_requests))
+            steps["contention"] = ("contention", lambda: phase_contention(bench, plan.contention_seconds, second))
+            steps["warmup_late"] = ("warm-up, after the run", lambda: phase_warmup_late(bench))
             # Last: the engine may go on with the big request after its client has gone.
-            steps.append(("fairness", "fairness", lambda: phase_fairness(bench)))
-            for name, label, phase in steps:
-                if name not in phases or (name in OURS_ONLY and server.name != "ours"):
+            steps["fairness"] = ("fairness", lambda: phase_fairness(bench))
+            for name in STEP_ORDER[1:]:
+                if not runs_phase(server.name, name, phases, plan):
                     continue
-                t0 = time.perf_counter()
-                await phase()
-                print(f"  {server.name}: {label} done in {time.perf_counter() - t0:.1f} s", flush=True)
-                await settle(bench, label)
+                label, phase = steps[name]
+                async with turns.turn(name, server.name):
+                    t0 = time.perf_counter()
+                    await phase()
+                    print(f"  {server.name}: {label} done in {time.perf_counter() - t0:.1f} s", flush=True)
+                    await settle(bench, label)
             final = await health(bench) if server.health_path else {}
             bench.results["idle"] = {"rss_start_mb": idle_rss, "rss_end_mb": rss.rss() / MB,
                                      "seconds": time.perf_counter() - started, "health_end": final}
@@ -1247,6 +1337,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="comma-separated, from ours,transformers,llama-server (default: all three)")
     parser.add_argument("--phases", default=",".join(PHASES),
                         help=f"comma-separated, from {','.join(PHASES)} (default: all)")
+    parser.add_argument("--sequential", action="store_true",
+                        help="one server at a time, all its phases, as before (default: every server started, "
+                             "the phases in turns)")
     parser.add_argument("--baseline", type=Path, metavar="JSON",
                         help="an earlier --json of this machine: the scoring goal is a multiple of its figure")
     args = parser.parse_args(argv)
@@ -1294,18 +1387,22 @@ def main(argv: list[str] | None = None) -> int:
         else:
             report["skipped"].append("llama-server: not built (bench/build_llama_server.sh), not on PATH, "
                                      "LLAMA_SERVER unset")
+    report["interleaved"] = not args.sequential
     try:
         with tempfile.TemporaryDirectory(prefix="bench-serving-") as tmp:
-            for name, start in starters:
-                directory = Path(tmp) / name
-                directory.mkdir()
-                print(f"starting {name} (load average {load_text(os.getloadavg())}) ...", flush=True)
-                prompts.reset()
-                second = None
-                if name == "ours":
-                    neighbour = Path(tmp) / "ours-neighbour"
-                    second = lambda neighbour=neighbour: (neighbour.mkdir(exist_ok=True), start_ours(neighbour))[1]  # noqa: E731
-                report["servers"][name] = measure(name, start, directory, plan, prompts, phases, second)
+            def neighbour_of(name: str) -> Callable[[], Server] | None:
+                if name != "ours":
+                    return None
+                neighbour = Path(tmp) / "ours-neighbour"
+                return lambda: (neighbour.mkdir(exist_ok=True), start_ours(neighbour))[1]
+
+            if args.sequential:
+                for name, start in starters:
+                    print(f"starting {name} (load average {load_text(os.getloadavg())}) ...", flush=True)
+                    report["servers"][name] = measure(name, start, Path(tmp) / name, plan, prompts, phases,
+                                                      neighbour_of(name))
+            else:
+                report["servers"] = measure_together(starters, Path(tmp), plan, prompts, phases, neighbour_of)
     finally:
         stop_children()
     report["machine"]["load_average_end"] = os.getloadavg()
@@ -1342,24 +1439,64 @@ def stop_children() -> None:
             child.kill()
 
 
-def measure(name: str, start: Callable[[Path], Server], directory: Path, plan: Plan, prompts: Prompts,
-            phases: tuple[str, ...] = PHASES, second: Callable[[], Server] | None = None) -> dict[str, Any]:
-    """Start the server, run every phase, stop it whatever happens; a failure is noted, not raised."""
+def start_one(name: str, start: Callable[[Path], Server], directory: Path) -> tuple[Server | None, dict[str, Any]]:
+    """Start a server in ``directory``: it and its outcome so far (the start-up time, or why it did not start)."""
+    directory.mkdir(exist_ok=True)
     t0 = time.perf_counter()
     try:
         server = start(directory)
     except Exception as error:  # noqa: BLE001 - a peer that does not start is reported, not fatal
-        return {"results": {}, "notes": [f"did not start: {error}"[:600]]}
-    startup = time.perf_counter() - t0
+        return None, {"results": {}, "notes": [f"did not start: {error}"[:600]]}
+    return server, {"startup_s": time.perf_counter() - t0}
+
+
+async def run_noted(server: Server, plan: Plan, prompts: Prompts, phases: tuple[str, ...],
+                    second: Callable[[], Server] | None, turns: Turns | None = None) -> dict[str, Any]:
+    """run_server with the server's deadlines; a failure is noted, not raised."""
+    deadlines = plan.deadlines if server.name == "ours" else plan.peer_deadlines
     try:
-        deadlines = plan.deadlines if name == "ours" else plan.peer_deadlines
-        outcome = asyncio.run(run_server(server, plan, prompts, deadlines, phases, second))
+        return await run_server(server, plan, prompts, deadlines, phases, second, turns)
     except Exception as error:  # noqa: BLE001
-        outcome = {"results": {}, "notes": [f"the run failed: {type(error).__name__}: {error}"[:600]]}
+        return {"results": {}, "notes": [f"the run failed: {type(error).__name__}: {error}"[:600]]}
+
+
+def measure(name: str, start: Callable[[Path], Server], directory: Path, plan: Plan, prompts: Prompts,
+            phases: tuple[str, ...] = PHASES, second: Callable[[], Server] | None = None) -> dict[str, Any]:
+    """Start the server, run every phase, stop it whatever happens (``--sequential``)."""
+    server, outcome = start_one(name, start, directory)
+    if server is None:
+        return outcome
+    try:
+        return {**asyncio.run(run_noted(server, plan, prompts, phases, second)), **outcome}
     finally:
         server.stop()
-    outcome["startup_s"] = startup
-    return outcome
+
+
+def measure_together(starters: list[tuple[str, Callable[[Path], Server]]], tmp: Path, plan: Plan, prompts: Prompts,
+                     phases: tuple[str, ...], neighbour_of: Callable[[str], Callable[[], Server] | None]
+                     ) -> dict[str, dict[str, Any]]:
+    """Start every server (ours first: its first start converts the model and times the formats),
+    then run their phases in :class:`Turns`, one server at a time, the others idle; stop them all."""
+    servers: dict[str, Server] = {}
+    outcomes: dict[str, dict[str, Any]] = {}
+    try:
+        for name, start in starters:
+            print(f"starting {name} (load average {load_text(os.getloadavg())}) ...", flush=True)
+            server, outcomes[name] = start_one(name, start, tmp / name)
+            if server is not None:
+                servers[name] = server
+        turns = Turns.alternating(list(servers), phases, plan)
+
+        async def run_all() -> list[dict[str, Any]]:
+            return await asyncio.gather(*(run_noted(server, plan, prompts, phases, neighbour_of(name), turns)
+                                          for name, server in servers.items()))
+
+        for name, outcome in zip(servers, asyncio.run(run_all())):
+            outcomes[name] = {**outcome, **outcomes[name]}
+    finally:
+        for server in servers.values():
+            server.stop()
+    return outcomes
 
 
 def render(report: dict[str, Any], plan: Plan) -> str:
