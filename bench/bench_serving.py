@@ -1472,20 +1472,36 @@ def measure(name: str, start: Callable[[Path], Server], directory: Path, plan: P
         server.stop()
 
 
+def wait_idle(pids: list[int], limit: float = 30.0) -> None:
+    """Wait (up to ``limit`` s) until the processes ``pids`` use under a quarter of a core each, twice in a
+    row a quarter of a second apart: a server's first figures must not share the cores with another's start."""
+    processes = [psutil.Process(pid) for pid in pids]
+    until, quiet = time.monotonic() + limit, 0
+    while time.monotonic() < until and quiet < 2:
+        for process in processes:
+            process.cpu_percent(None)
+        time.sleep(0.25)
+        quiet = quiet + 1 if all(process.cpu_percent(None) < 25 for process in processes) else 0
+
+
 def measure_together(starters: list[tuple[str, Callable[[Path], Server]]], tmp: Path, plan: Plan, prompts: Prompts,
                      phases: tuple[str, ...], neighbour_of: Callable[[str], Callable[[], Server] | None]
                      ) -> dict[str, dict[str, Any]]:
-    """Start every server (ours first: its first start converts the model and times the formats),
-    then run their phases in :class:`Turns`, one server at a time, the others idle; stop them all."""
+    """Start every server, then run their phases in :class:`Turns`, one server at a time while the
+    others idle; stop them all.  The first of ``starters`` (ours) starts last, once the others are
+    idle, and takes the first turn: its first completions come right after its ``/healthz`` said 200
+    (the warm-up goal; after a few idle seconds a first completion took 10-40% longer here)."""
     servers: dict[str, Server] = {}
     outcomes: dict[str, dict[str, Any]] = {}
     try:
-        for name, start in starters:
+        for name, start in starters[1:] + starters[:1]:
+            if name == starters[0][0]:
+                wait_idle([server.pid for server in servers.values()])  # a peer that just started may still be busy
             print(f"starting {name} (load average {load_text(os.getloadavg())}) ...", flush=True)
             server, outcomes[name] = start_one(name, start, tmp / name)
             if server is not None:
                 servers[name] = server
-        turns = Turns.alternating(list(servers), phases, plan)
+        turns = Turns.alternating([name for name, _ in starters if name in servers], phases, plan)
 
         async def run_all() -> list[dict[str, Any]]:
             return await asyncio.gather(*(run_noted(server, plan, prompts, phases, neighbour_of(name), turns)
