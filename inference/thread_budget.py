@@ -61,21 +61,26 @@ def python_thread_cpu_times(exclude: int) -> dict[int, float]:
 def cpus_busy_seconds(cpus: frozenset[int], path: str = PROC_STAT) -> float | None:
     """CPU seconds that the CPUs ``cpus`` (their numbers) have spent busy since boot, by every
     process, from Linux's ``/proc/stat`` (in ``USER_HZ`` ticks: 10 ms resolution); None where that
-    file is missing or unreadable (not Linux)."""
+    file is missing or unreadable (not Linux), or names none of ``cpus`` (a container's own
+    numbering, say).  Lines it cannot read (a ``cpufreq`` line, a column that is no number) are
+    left out: an emulated ``/proc`` must not stop the engine."""
     try:
         with open(path) as stat:
             lines = stat.read().splitlines()
-    except OSError:
+    except (OSError, UnicodeDecodeError):
         return None
-    ticks = 0
+    ticks, found = 0, False
     for line in lines:
-        name, _, columns = line.partition(" ")
-        if not name.startswith("cpu") or name == "cpu":
+        name, *columns = line.split() or [""]
+        number = name[3:]
+        if not (name.startswith("cpu") and number.isascii() and number.isdigit()) or int(number) not in cpus:
             continue
-        if int(name[3:]) in cpus:
-            values = columns.split()
-            ticks += sum(int(values[column]) for column in BUSY_COLUMNS if column < len(values))
-    return ticks / os.sysconf("SC_CLK_TCK")
+        try:
+            ticks += sum(int(columns[column]) for column in BUSY_COLUMNS if column < len(columns))
+        except ValueError:
+            continue
+        found = True
+    return ticks / os.sysconf("SC_CLK_TCK") if found else None
 
 
 def other_processes_cpu_seconds(path: str = PROC_STAT) -> float | None:
@@ -132,11 +137,14 @@ class ThreadBudget:
             last = self._last_cpu.get(ident, 0.0)
             used += seconds - last if seconds >= last else seconds
         others = self._other_processes()
-        # /proc/stat counts in ticks and the process's time to the nanosecond: clamp the difference.
+        used_elsewhere = 0.0
         if others is not None and self._last_others is not None:
-            used_elsewhere = max(0.0, others - self._last_others)
-        else:
-            used_elsewhere = 0.0
+            # /proc/stat counts in ticks and the process's time to the nanosecond: a reading a little
+            # below the last is nothing.  One above what every core could do in the interval is a
+            # new baseline (a CPU joined the affinity with its busy time since boot): nothing too.
+            used_elsewhere = others - self._last_others
+            if not 0.0 <= used_elsewhere <= elapsed * (os.cpu_count() or 1):
+                used_elsewhere = 0.0
         self.threads_share = used / elapsed
         self.share = (used + used_elsewhere) / elapsed
         self._last_time, self._last_cpu, self._last_others = now, cpu, others

@@ -182,3 +182,28 @@ def test_sees_a_busy_process_beside_this_one():
     before = other_processes_cpu_seconds()
     subprocess.run([sys.executable, "-c", spin], check=True)
     assert other_processes_cpu_seconds() - before > 0.5  # the child's 0.6 s (and whatever else ran)
+
+
+def test_lines_it_cannot_read_are_left_out_and_other_numbering_reads_as_unknown(tmp_path):
+    stat = tmp_path / "stat"
+    ticks = os.sysconf("SC_CLK_TCK")
+    stat.write_text(
+        "cpu  300 0 30 900 9 3 3 7 0 0\n"
+        "\n"
+        "cpufreq 1 2 3\n"
+        "cpu0\t100 0 10 300 3 1 1 7 0 0\n"  # a tab after the name
+        "cpu1 200 x 20 600 6 2 2 0 0 0\n"  # a column that is no number
+        "cpu\u00b2 5 5 5 5\n"
+    )
+    assert cpus_busy_seconds(frozenset({0, 1}), str(stat)) == pytest.approx(112 / ticks)
+    assert cpus_busy_seconds(frozenset({1}), str(stat)) is None  # its only line unreadable
+    assert cpus_busy_seconds(frozenset({7}), str(stat)) is None  # named nowhere: unknown, not idle
+
+
+def test_a_reading_beyond_every_cores_capacity_is_a_new_baseline_not_load(process):
+    budget = budget_for(process)
+    process.elsewhere += 20_000.0  # a CPU joined the affinity with its busy time since boot
+    process.run(thread_budget.INTERVAL, 0.1)
+    assert budget.update() is None and budget.share == pytest.approx(0.1)
+    process.run(thread_budget.INTERVAL, 0.0, elsewhere=1.0)  # and from there on it counts
+    assert budget.update() == 1
