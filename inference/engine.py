@@ -341,9 +341,15 @@ class Engine:
             gc.freeze()
         self.ready = True
         logger.info("Ready: %s answers requests (GET /healthz says 200)", self.model_id)
-        with torch.inference_mode():
-            while not self._stopping:
-                self._loop_once()
+        try:
+            with torch.inference_mode():
+                while not self._stopping:
+                    self._loop_once()
+        except BaseException as error:  # noqa: BLE001 - a dead worker must not leave /healthz at 200
+            logger.exception("The engine's worker thread failed; the engine serves no more requests")
+            self.ready, self.load_error, self._stopping = False, error, True
+            self._fail_all(EngineError(f"The engine failed: {type(error).__name__}"))
+            return
         self._fail_all(EngineShuttingDown("The server is shutting down."))
 
     def _install(self, model, tokenizer, loaded: bool = False) -> None:
