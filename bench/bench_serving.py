@@ -1116,8 +1116,13 @@ async def _run_phases(server: Server, plan: Plan, prompts: Prompts, deadlines: d
                 label, phase = steps[name]
                 async with turns.turn(name, server.name):
                     t0 = time.perf_counter()
-                    await phase()
-                    print(f"  {server.name}: {label} done in {time.perf_counter() - t0:.1f} s", flush=True)
+                    try:
+                        await phase()
+                    except Exception as error:  # noqa: BLE001 - the other phases' figures still count
+                        bench.notes.append(f"{name}: the phase failed: {type(error).__name__}: {error}"[:600])
+                        print(f"  {server.name}: {label} failed: {error!r}"[:300], flush=True)
+                    else:
+                        print(f"  {server.name}: {label} done in {time.perf_counter() - t0:.1f} s", flush=True)
                     await settle(bench, label)
             final = await health(bench) if server.health_path else {}
             bench.results["idle"] = {"rss_start_mb": idle_rss, "rss_end_mb": rss.rss() / MB,
