@@ -638,96 +638,94 @@ inline void dot_rows(const Blocks& w, const float* x, int64_t K, int64_t N, int6
   }
 }
 
-// The AVX-512 tile (see Avx2Tile): 16 rows (one vector) against OUTPUTS output rows, with VNNI's
-// dpwssd (multiply, sum pairs and add, one instruction) where the CPU has it (written as assembly:
-// this code's target leaves VNNI out, so that the compiler cannot emit it for CPUs without it),
-// else madd and add.  Avx2Tile's loop with 512-bit vectors: one template cannot serve both, since a
-// template is compiled under the target of the place it is defined (this region's AVX-512 would put
-// EVEX encodings into the AVX2 tile; the file's AVX2 cannot compile these intrinsics).
-template <int OUTPUTS_, bool VNNI>
-struct Tile {
-  static constexpr int ROWS = 16, OUTPUTS = OUTPUTS_;
+// This region's vectors for the rounded tiles: 512-bit ones (16 rows of x), and 256-bit ones
+// EVEX-encoded with the region's 32 registers (8 rows).  VNNI's dpwssd (multiply, sum pairs and add,
+// one instruction) is written as assembly: this code's target leaves VNNI out, so that the compiler
+// cannot emit it for CPUs without it.
+struct Lanes16 {
+  using I = __m512i;
+  using F = __m512;
+  static constexpr int LANES = 16;
+  static I load(const int32_t* p) { return _mm512_loadu_si512(p); }
+  static I broadcast(int32_t v) { return _mm512_set1_epi32(v); }
+  static I zero() { return _mm512_setzero_si512(); }
+  static I madd_add(I sums, I a, I b) { return _mm512_add_epi32(sums, _mm512_madd_epi16(a, b)); }
+  static F loadf(const float* p) { return _mm512_loadu_ps(p); }
+  static F broadcastf(float v) { return _mm512_set1_ps(v); }
+  static F zerof() { return _mm512_setzero_ps(); }
+  static F scaled(I sums, F scale) { return _mm512_mul_ps(_mm512_cvtepi32_ps(sums), scale); }
+  static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static void storef(float* p, F v) { _mm512_storeu_ps(p, v); }
+};
+
+struct Lanes8 {
+  using I = __m256i;
+  using F = __m256;
+  static constexpr int LANES = 8;
+  static I load(const int32_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+  static I broadcast(int32_t v) { return _mm256_set1_epi32(v); }
+  static I zero() { return _mm256_setzero_si256(); }
+  static I madd_add(I sums, I a, I b) { return _mm256_add_epi32(sums, _mm256_madd_epi16(a, b)); }
+  static F loadf(const float* p) { return _mm256_loadu_ps(p); }
+  static F broadcastf(float v) { return _mm256_set1_ps(v); }
+  static F zerof() { return _mm256_setzero_ps(); }
+  static F scaled(I sums, F scale) { return _mm256_mul_ps(_mm256_cvtepi32_ps(sums), scale); }
+  static F fmadd(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  static void storef(float* p, F v) { _mm256_storeu_ps(p, v); }
+};
+
+// The AVX-512 tiles (see Avx2Tile): V::LANES rows (one vector) against OUTPUTS output rows, with
+// dpwssd where the CPU has it (VNNI), else madd and add.  Avx2Tile's loop with this region's vectors:
+// one template cannot serve that one too, since a template is compiled under the target of the place
+// it is defined (this region's AVX-512 would put EVEX encodings into the AVX2 tile; the file's AVX2
+// cannot compile these intrinsics).
+template <typename V, int OUTPUTS_, bool VNNI>
+struct LaneTile {
+  static constexpr int ROWS = V::LANES, OUTPUTS = OUTPUTS_;
   template <bool MINIMUMS>
   static void run(const int32_t* x, const float* dx, const float* sx, const int32_t* w, const float* d, const float* m,
                   int64_t K, float* out) {
     const int64_t groups = K / GROUP, stride = K / 2;
-    __m512 total[OUTPUTS];
+    typename V::F total[OUTPUTS];
     #pragma GCC unroll 16
-    for (int i = 0; i < OUTPUTS; ++i) total[i] = _mm512_setzero_ps();
+    for (int i = 0; i < OUTPUTS; ++i) total[i] = V::zerof();
     for (int64_t g = 0; g < groups; ++g) {
-      __m512i sums[OUTPUTS];
+      typename V::I sums[OUTPUTS];
       #pragma GCC unroll 16
-      for (int i = 0; i < OUTPUTS; ++i) sums[i] = _mm512_setzero_si512();
+      for (int i = 0; i < OUTPUTS; ++i) sums[i] = V::zero();
       const int32_t* xg = x + g * PAIRS * ROWS;
       const int32_t* wg = w + g * PAIRS;
       #pragma GCC unroll 2
       for (int p = 0; p < PAIRS; ++p) {
-        const __m512i rows = _mm512_loadu_si512(xg + p * ROWS);
+        const typename V::I rows = V::load(xg + p * ROWS);
         #pragma GCC unroll 16
         for (int i = 0; i < OUTPUTS; ++i) {
-          const __m512i pair = _mm512_set1_epi32(wg[i * stride + p]);
+          const typename V::I pair = V::broadcast(wg[i * stride + p]);
           if constexpr (VNNI)
             asm("vpdpwssd %2, %1, %0" : "+v"(sums[i]) : "v"(rows), "v"(pair));
           else
-            sums[i] = _mm512_add_epi32(sums[i], _mm512_madd_epi16(rows, pair));
+            sums[i] = V::madd_add(sums[i], rows, pair);
         }
       }
-      const __m512 scale = _mm512_loadu_ps(dx + g * ROWS);
+      const typename V::F scale = V::loadf(dx + g * ROWS);
       #pragma GCC unroll 16
       for (int i = 0; i < OUTPUTS; ++i) {
-        total[i] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(sums[i]), scale), _mm512_set1_ps(d[g * OUTPUTS + i]), total[i]);
-        if constexpr (MINIMUMS)
-          total[i] = _mm512_fmadd_ps(_mm512_loadu_ps(sx + g * ROWS), _mm512_set1_ps(m[g * OUTPUTS + i]), total[i]);
+        total[i] = V::fmadd(V::scaled(sums[i], scale), V::broadcastf(d[g * OUTPUTS + i]), total[i]);
+        if constexpr (MINIMUMS) total[i] = V::fmadd(V::loadf(sx + g * ROWS), V::broadcastf(m[g * OUTPUTS + i]), total[i]);
       }
     }
     #pragma GCC unroll 16
-    for (int i = 0; i < OUTPUTS; ++i) _mm512_storeu_ps(out + i * ROWS, total[i]);
+    for (int i = 0; i < OUTPUTS; ++i) V::storef(out + i * ROWS, total[i]);
   }
 };
 
-// Avx2Tile's 8 rows (one 256-bit vector, EVEX-encoded: this region's 32 registers) against 12 output
-// rows, with VNNI's dpwssd where the CPU has it (else madd and add): the products of
-// NARROW_ROUNDED_ROWS to WIDE_ROUNDED_ROWS - 1 rows, for which a 16-row tile would be half empty.
-template <int OUTPUTS_, bool VNNI>
-struct NarrowTile {
-  static constexpr int ROWS = 8, OUTPUTS = OUTPUTS_;
-  template <bool MINIMUMS>
-  static void run(const int32_t* x, const float* dx, const float* sx, const int32_t* w, const float* d, const float* m,
-                  int64_t K, float* out) {
-    const int64_t groups = K / GROUP, stride = K / 2;
-    __m256 total[OUTPUTS];
-    #pragma GCC unroll 16
-    for (int i = 0; i < OUTPUTS; ++i) total[i] = _mm256_setzero_ps();
-    for (int64_t g = 0; g < groups; ++g) {
-      __m256i sums[OUTPUTS];
-      #pragma GCC unroll 16
-      for (int i = 0; i < OUTPUTS; ++i) sums[i] = _mm256_setzero_si256();
-      const int32_t* xg = x + g * PAIRS * ROWS;
-      const int32_t* wg = w + g * PAIRS;
-      #pragma GCC unroll 2
-      for (int p = 0; p < PAIRS; ++p) {
-        const __m256i rows = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xg + p * ROWS));
-        #pragma GCC unroll 16
-        for (int i = 0; i < OUTPUTS; ++i) {
-          const __m256i pair = _mm256_set1_epi32(wg[i * stride + p]);
-          if constexpr (VNNI)
-            asm("vpdpwssd %2, %1, %0" : "+v"(sums[i]) : "v"(rows), "v"(pair));
-          else
-            sums[i] = _mm256_add_epi32(sums[i], _mm256_madd_epi16(rows, pair));
-        }
-      }
-      const __m256 scale = _mm256_loadu_ps(dx + g * ROWS);
-      #pragma GCC unroll 16
-      for (int i = 0; i < OUTPUTS; ++i) {
-        total[i] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(sums[i]), scale), _mm256_set1_ps(d[g * OUTPUTS + i]), total[i]);
-        if constexpr (MINIMUMS)
-          total[i] = _mm256_fmadd_ps(_mm256_loadu_ps(sx + g * ROWS), _mm256_set1_ps(m[g * OUTPUTS + i]), total[i]);
-      }
-    }
-    #pragma GCC unroll 16
-    for (int i = 0; i < OUTPUTS; ++i) _mm256_storeu_ps(out + i * ROWS, total[i]);
-  }
-};
+// Products of WIDE_ROUNDED_ROWS rows and more: 16-row tiles.
+template <int OUTPUTS, bool VNNI>
+using Tile = LaneTile<Lanes16, OUTPUTS, VNNI>;
+// Products of NARROW_ROUNDED_ROWS to WIDE_ROUNDED_ROWS - 1 rows, for which a 16-row tile would be half
+// empty: 8-row tiles.
+template <int OUTPUTS, bool VNNI>
+using NarrowTile = LaneTile<Lanes8, OUTPUTS, VNNI>;
 
 template <typename W, typename Blocks>
 void gemm(const Blocks& w, const float* x, int64_t M, int64_t K, int64_t N, float* y, bool add, int threads) {
