@@ -11,7 +11,8 @@ the AVX2 code, the one-row Q4_1 product and products of 5 rows and more round th
 bits per group of 32 and multiply in integers: :meth:`CPUKernels.set_activation_bits`).
 
 The decode step's small operations (RMSNorm, SiLU times up, rotary embeddings with the cache write
-and attention over a float32 or float16 cache) are one call each here where torch takes several:
+and attention over a float32 or float16 cache) are one call each here where torch takes several, as
+is a prefill pass's attention per layer (:meth:`CPUKernels.prefill_attention`):
 with the products this fast, torch's per-operation cost was half of a batch-1 step; and a step
 whose layers are all Q4_1 is one call in all (:meth:`CPUKernels.decode_layers_q4_1`).
 
@@ -100,6 +101,13 @@ class CPUKernels:
             torch.float32: function("decode_attention", *attention_types, real, pointer, integer),
             torch.float16: function("decode_attention_f16", *attention_types, real, pointer, integer),
         }
+        prefill_types = (pointer, size, pointer, size, size, size, pointer, pointer, real, pointer, integer)
+        self._prefill_attention = {
+            torch.float32: function("prefill_attention", *prefill_types),
+            torch.float16: function("prefill_attention_f16", *prefill_types),
+        }
+        for bound in self._prefill_attention.values():
+            bound.restype = ctypes.c_int
 
     def set_avx512(self, on: bool) -> None:
         """Run the block products' AVX-512 versions (``on``; only where :func:`avx512_products` says
@@ -260,6 +268,46 @@ class CPUKernels:
             torch.get_num_threads(),
         )  # fmt: skip
         return out
+
+    def prefill_attention(
+        self,
+        qkv: torch.Tensor,
+        sequences: torch.Tensor,
+        heads: int,
+        kv_heads: int,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_dtype: torch.dtype,
+        out: torch.Tensor,
+    ) -> bool:
+        """A prefill pass's attention for one layer, in one call: each sequence's new keys (rotated)
+        and values written into its caches, then causal grouped-query attention of its queries
+        (rotated) over its positions, flash attention's online softmax in float32 (``csrc/decode_ops.cpp``).
+
+        ``qkv``: ``[tokens, (heads + 2 kv_heads) * dim]``, the pass's rows (its queries are rotated and
+        scaled in place); ``sequences``: int64 ``[count, 6]``, per sequence its first row in ``qkv``,
+        its rows, the positions cached before them, the caches' head stride (elements) and the
+        addresses of its key and value caches for this layer (``[kv_heads, capacity, dim]`` of
+        ``kv_dtype``, float32 or float16); ``cos``/``sin`` as :meth:`decode_attention` takes them;
+        ``out``: ``[tokens, heads * dim]``.  Returns False, nothing done, unless ``dim`` is 64 or 128
+        and ``heads`` a multiple of ``kv_heads`` (at most 64 to one).
+        """
+        dim = qkv.shape[1] // (heads + 2 * kv_heads)
+        return bool(
+            self._prefill_attention[kv_dtype](
+                qkv.data_ptr(),
+                sequences.shape[0],
+                sequences.data_ptr(),
+                heads,
+                kv_heads,
+                dim,
+                cos.data_ptr(),
+                sin.data_ptr(),
+                dim**-0.5,
+                out.data_ptr(),
+                torch.get_num_threads(),
+            )  # fmt: skip
+        )
 
     def decode_layers_q4_1(
         self,

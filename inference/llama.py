@@ -458,15 +458,25 @@ class LlamaModelRunner:
         positions = torch.cat(
             [torch.arange(chunk.start, chunk.start + len(chunk.token_ids), device=self.device) for chunk in chunks]
         )
-        # Each chunk's attention in blocks of ATTENTION_QUERIES queries: (first, end, mask) per block.
-        blocks = [self._attention_blocks(chunk.start, len(chunk.token_ids)) for chunk in chunks]
-        cos, sin = self._cos[positions][:, None], self._sin[positions][:, None]
         heads, kv_heads, dim = self.num_heads, self.num_kv_heads, self.head_dim
         qk_width = (heads + kv_heads) * dim
         x = self._embed(ids)  # [tokens, hidden]
         tokens = x.shape[0]
+        tables = self._prefill_tables(chunks, partials) if self._prefill_attention_fits() else None
+        if tables is None:
+            # Each chunk's attention in blocks of ATTENTION_QUERIES queries: (first, end, mask) per block.
+            blocks = [self._attention_blocks(chunk.start, len(chunk.token_ids)) for chunk in chunks]
+            cos, sin = self._cos[positions][:, None], self._sin[positions][:, None]
         for index, layer in enumerate(self._layers):
             qkv = layer.qkv(self._norm(x, layer.input_norm))
+            if tables is not None:  # one call: rotary embeddings, cache writes, attention
+                attended = torch.empty(tokens, heads * dim, dtype=x.dtype, device=self.device)
+                self._kernels.prefill_attention(
+                    qkv.contiguous(), tables[index], heads, kv_heads, self._cos, self._sin, self.kv_dtype, attended
+                )
+                layer.o_add(attended, x)
+                self._mlp_add(layer, x)
+                continue
             with _one_thread():  # rotary embeddings, cache writes, attention's float32 keys and values
                 qk = self._rotate(qkv[:, :qk_width].view(tokens, heads + kv_heads, dim), cos, sin)
                 values = qkv[:, qk_width:].view(tokens, kv_heads, dim)
@@ -518,6 +528,35 @@ class LlamaModelRunner:
         for place, piece in zip(order, pieces):
             result[place] = piece
         return result
+
+    def _prefill_attention_fits(self) -> bool:
+        """Whether a prefill's attention runs in :meth:`CPUKernels.prefill_attention` (our kernels, a
+        head size of 64 or 128, whole groups of query heads) rather than in torch's operations."""
+        return (
+            self._kernels is not None
+            and self.head_dim in (64, 128)
+            and self.num_heads % self.num_kv_heads == 0
+            and self.num_heads // self.num_kv_heads <= 64
+        )
+
+    def _prefill_tables(self, chunks: Sequence[PrefillChunk], partials: Sequence[_Partial]) -> torch.Tensor | None:
+        """The sequences' table of :meth:`CPUKernels.prefill_attention` per layer, int64 ``[layers,
+        len(chunks), 6]``: rows in the pass's order (the group's first), their caches' addresses
+        layer by layer (each cache ``[layers, kv_heads, capacity, dim]``, a view of the group's
+        buffer for the group's); None where a cache's positions are not contiguous rows."""
+        rows, layer_steps, offset = [], [], 0
+        for chunk, partial in zip(chunks, partials):
+            keys, values = partial.keys, partial.values  # [layers, kv_heads, capacity, dim] views
+            if keys.stride()[2:] != (self.head_dim, 1) or values.stride() != keys.stride():
+                return None
+            size = len(chunk.token_ids)
+            rows.append([offset, size, chunk.start, keys.stride(1), keys.data_ptr(), values.data_ptr()])
+            layer_steps.append(
+                [0, 0, 0, 0, keys.stride(0) * keys.element_size(), values.stride(0) * values.element_size()]
+            )
+            offset += size
+        base, step = torch.tensor(rows, dtype=torch.int64), torch.tensor(layer_steps, dtype=torch.int64)
+        return base + torch.arange(self.num_layers, dtype=torch.int64)[:, None, None] * step
 
     @staticmethod
     def _prefill_order(chunks: Sequence[PrefillChunk]) -> tuple[list[int], int]:

@@ -222,6 +222,74 @@ def test_decode_attention_rotates_writes_the_cache_and_attends_over_each_rows_ow
 
 
 @needs_kernels
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (4, 4, 128), (8, 1, 64)])
+def test_prefill_attention_writes_each_sequences_cache_and_attends_causally_as_sdpa_does(
+    cache_dtype, heads, kv_heads, dim
+):
+    """Several sequences in one pass (new ones, one continuing 300 cached positions, one of a single
+    row, row counts no block divides, one at 301 whose tiles of queries straddle a block of keys),
+    against float64 SDPA with a causal mask over the caches the kernel wrote: the keys rotated as
+    transformers rotates them, the values as given, and every position outside the new rows untouched."""
+    generator = torch.Generator().manual_seed(0)
+    sequences = [(37, 0), (3, 11), (1, 0), (70, 300), (16, 0), (40, 301)]  # (rows, positions cached before)
+    tokens, width = sum(rows for rows, _ in sequences), (heads + 2 * kv_heads) * dim
+    qkv = torch.randn(tokens, width, generator=generator)
+    angles = torch.rand(400, dim // 2, generator=generator) * 6
+    cos = torch.cat([angles.cos(), angles.cos()], -1)
+    sin = torch.cat([-angles.sin(), angles.sin()], -1)  # the runner's table: first half negated
+    caches = [
+        tuple(torch.randn(kv_heads, start + rows + 5, dim, generator=generator).to(cache_dtype) for _ in range(2))
+        for rows, start in sequences
+    ]
+    before = [(keys.clone(), values.clone()) for keys, values in caches]
+    table, row0 = [], 0
+    for (rows, start), (keys, values) in zip(sequences, caches):
+        table.append([row0, rows, start, keys.stride(0), keys.data_ptr(), values.data_ptr()])
+        row0 += rows
+    given, out = qkv.clone(), torch.empty(tokens, heads * dim)
+
+    assert KERNELS.prefill_attention(qkv, torch.tensor(table), heads, kv_heads, cos, sin, cache_dtype, out)
+
+    half, row0 = dim // 2, 0
+    for (rows, start), (keys, values), (old_keys, old_values) in zip(sequences, caches, before):
+        x = given[row0 : row0 + rows].double()
+        positions = torch.arange(start, start + rows)
+        c, s = cos[positions].double()[:, None], sin[positions].double()[:, None]
+
+        def rope(t, c=c, s=s):
+            return t * c + torch.cat([t[..., half:], t[..., :half]], -1) * s
+
+        q = rope(x[:, : heads * dim].view(rows, heads, dim))
+        new_keys = rope(x[:, heads * dim : (heads + kv_heads) * dim].view(rows, kv_heads, dim)).transpose(0, 1)
+        new_values = x[:, (heads + kv_heads) * dim :].view(rows, kv_heads, dim).transpose(0, 1)
+        tolerance = 1e-3 if cache_dtype == torch.float16 else 1e-6  # the kernel's rotation may round differently
+        torch.testing.assert_close(keys[:, start : start + rows].double(), new_keys, rtol=tolerance, atol=tolerance)
+        assert torch.equal(values[:, start : start + rows], new_values.to(cache_dtype))
+        for cache, old in ((keys, old_keys), (values, old_values)):  # the other positions untouched
+            assert torch.equal(cache[:, :start], old[:, :start]) and torch.equal(
+                cache[:, start + rows :], old[:, start + rows :]
+            )
+        end = start + rows
+        causal = torch.arange(end)[None, :] <= positions[:, None]
+        expected = F.scaled_dot_product_attention(
+            q.transpose(0, 1)[None], keys[None, :, :end].double(), values[None, :, :end].double(),
+            attn_mask=causal, enable_gqa=True,
+        )[0].transpose(0, 1).reshape(rows, heads * dim)  # fmt: skip
+        torch.testing.assert_close(out[row0 : row0 + rows].double(), expected, rtol=1e-5, atol=1e-5)
+        row0 += rows
+
+
+@needs_kernels
+def test_prefill_attention_declines_head_sizes_it_has_no_code_for():
+    qkv, out = torch.randn(4, 3 * 32), torch.empty(4, 32)
+    keys = values = torch.zeros(1, 8, 32)
+    table = torch.tensor([[0, 4, 0, keys.stride(0), keys.data_ptr(), values.data_ptr()]])
+    cos = sin = torch.zeros(8, 32)
+    assert not KERNELS.prefill_attention(qkv, table, 1, 1, cos, sin, torch.float32, out)
+
+
+@needs_kernels
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 @pytest.mark.parametrize("every_other_position", [False, True])
 def test_copy_cache_rows_puts_a_prefilled_cache_into_batch_rows_as_torch_does(dtype, every_other_position):

@@ -176,6 +176,29 @@ def test_tiny_llama_with_a_float16_kv_cache_stays_near_float32(tiny32, fused):
     assert all(t.dtype == torch.float16 for t in runner._layer_keys + runner._layer_values)
 
 
+@pytest.mark.parametrize("kv_cache_dtype", [torch.float32, torch.float16])
+def test_a_head_size_of_64_runs_the_prefill_attention_kernel_within_transformers_noise(kv_cache_dtype):
+    """Heads of 64 (the embedded model's) take CPUKernels.prefill_attention in every prefill pass
+    (the other tiny model's heads of 16 take torch's operations): through the whole scenario the
+    logits stay within float32's noise (measured 3.6e-5 at most, logits up to 8; 3.2e-5 with torch's
+    prefill attention beside our other kernels, 2.0e-5 with torch's operations alone), or float16's
+    rounding of the keys and values (0.024 on every path)."""
+    if cpu_kernels.load(None) is None:
+        pytest.skip(f"no CPU kernels here: {cpu_kernels.unavailable_reason()}")
+    torch.manual_seed(3)
+    config = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=128, intermediate_size=96, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=256, initializer_range=0.2, tie_word_embeddings=False,
+    )  # fmt: skip
+    model = LlamaForCausalLM(config).eval()
+    runner = LlamaModelRunner(model, kernels="auto", kv_cache_dtype=kv_cache_dtype)
+    assert runner._prefill_attention_fits()
+    kernel_call = cpu_kernels.CPUKernels.prefill_attention
+    with patch.object(cpu_kernels.CPUKernels, "prefill_attention", autospec=True, side_effect=kernel_call) as kernel:
+        run_scenario(model, runner, VOCAB, (5e-5, 0.0) if kv_cache_dtype == torch.float32 else FLOAT16_KV)
+    assert kernel.call_count == 6 * config.num_hidden_layers  # six prefill passes, one call per layer
+
+
 def test_tiny_llama_in_bfloat16_stays_near_float32(tiny32):
     """bfloat16 activations, KV cache and weights (oneDNN-packed where the CPU has bf16): a smoke
     test of that wiring, not of its accuracy (8 significant bits, logits up to 9; measured 0.7 off
