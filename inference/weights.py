@@ -114,7 +114,8 @@ BATCH_SIZES = (1, 8, 32)
 # 538 MB, and a second copy next to it is not worth the memory unless it fits.
 DEFAULT_MEMORY_BUDGET = 600 * 2**20
 
-AUTOTUNE_VERSION = 4  # 3: plans prefer formats fast at more batch sizes (NEAR_FASTEST); 4: within the budget
+AUTOTUNE_VERSION = 5  # 3: plans prefer formats fast at more batch sizes (NEAR_FASTEST); 4: within the budget;
+# 5: the bfloat16 prefill is timed, not assumed
 
 
 # --- Support on this CPU -----------------------------------------------------------------------------
@@ -755,29 +756,30 @@ class Choice:
     """The plans for a model: ``layers`` for the decoder layers' projections, ``output`` for the output layer.
 
     ``source``: ``"autotune"``, ``"cache"`` or ``"requested"``; ``timings``: ms per sweep by format
-    and batch, as measured (empty unless autotuned).
+    and batch, as measured (empty unless autotuned); ``bfloat16_prefill``: whether the ``q4_1``
+    layers run long prefill chunks in bfloat16 (:meth:`make_layer`), as the autotune measured.
     """
 
     layers: Plan
     output: Plan
     source: str
     timings: dict = field(default_factory=dict)
+    bfloat16_prefill: bool = False
 
     def make_layer(
         self, weight: torch.Tensor, bias: torch.Tensor | None = None, *, q4_1: Q4_1Blocks | None = None
     ) -> WeightLinear:
         """A decoder layer's projection in ``layers``' formats (see :func:`make_linear`).
 
-        Chosen by ``auto`` where the CPU runs bfloat16 natively (oneDNN's bf16 code, our AVX-512
-        products), its ``q4_1`` layers run prefill chunks of :data:`BFLOAT16_PREFILL_ROWS` rows or
-        more in bfloat16, from a bfloat16 copy of the blocks made for each such call, as a
-        ``bfloat16`` layer computes (``auto`` takes that format where it is native) but without
-        keeping a second copy of the weights (212 MB for the embedded model).
+        Where ``bfloat16_prefill`` (the autotune timed it faster here: :func:`_time_bfloat16_prefill`),
+        its ``q4_1`` layers run prefill chunks of :data:`BFLOAT16_PREFILL_ROWS` rows or more in
+        bfloat16, from a bfloat16 copy of the blocks made for each such call, as a ``bfloat16``
+        layer computes but without keeping a second copy of the weights (212 MB for the embedded model).
         """
         layer = make_linear(weight, bias, self.layers, q4_1=q4_1)
         linears = layer.layers.values() if isinstance(layer, PlannedLinear) else [layer]
         blocks = [linear for linear in linears if isinstance(linear, Q4_1Linear)]
-        if blocks and self.source != "requested" and bfloat16_prefill_available():
+        if blocks and self.bfloat16_prefill and bfloat16_prefill_available():
             for linear in blocks:
                 linear.bfloat16_rows = BFLOAT16_PREFILL_ROWS
         return layer
@@ -787,7 +789,8 @@ class Choice:
         return make_linear(weight, bias, self.output)
 
     def describe(self) -> str:
-        return f"layers: {self.layers.describe()}; output layer: {self.output.describe()} ({self.source})"
+        prefill = f", bfloat16 from {BFLOAT16_PREFILL_ROWS} rows" if self.bfloat16_prefill else ""
+        return f"layers: {self.layers.describe()}{prefill}; output layer: {self.output.describe()} ({self.source})"
 
 
 # From this many rows on (a long prefill chunk, or a decode batch this large), auto's q4_1 layers
@@ -800,6 +803,12 @@ class Choice:
 # at 96 rows, 36.3 / 38.6 at 128, 54.3 / 47.0 at 192, 69.5 / 56.8 at 256.  (With the float32 loop
 # before: 69.2 / 58.9 at 96, 168 / 87 at 256, the copies 8.8 ms of that, on a Zen 4.)
 BFLOAT16_PREFILL_ROWS = 160
+# ... but only where it is faster: on a 2-core Intel Xeon (AVX-512 bf16 and VNNI, no AMX) our products
+# took 15.1 ms at 256 rows and the bfloat16 copy with oneDNN's product 22.2 (1.46 times).  The
+# autotune times both on a prefill chunk of PREFILL_TIMING_ROWS rows and keeps bfloat16 for a gain
+# beyond its noise (BFLOAT16_PREFILL_GAIN).
+PREFILL_TIMING_ROWS = 256
+BFLOAT16_PREFILL_GAIN = 0.9
 
 
 def bfloat16_prefill_available() -> bool:
@@ -1067,6 +1076,29 @@ def _time_sweeps(
     return timings
 
 
+def _time_bfloat16_prefill(
+    layer_shapes: Sequence[tuple[int, int]], act_dtype: torch.dtype, repeats: int
+) -> dict[str, float]:
+    """ms for one layer of each of ``layer_shapes`` in ``q4_1`` at :data:`PREFILL_TIMING_ROWS` rows
+    (a long prefill chunk), by our kernel (``"q4_1"``) and in bfloat16 from a copy made per call
+    (``"bfloat16"``, as :meth:`Choice.make_layer` would run them): the best of ``repeats``, the two
+    taking turns, after a warm-up of each."""
+    generator = torch.Generator().manual_seed(0)
+    stack = [_build_random("q4_1", shape, generator) for shape in layer_shapes]
+    inputs = {k: torch.randn(PREFILL_TIMING_ROWS, k, dtype=act_dtype) for k in {s[1] for s in layer_shapes}}
+    best = {"q4_1": math.inf, "bfloat16": math.inf}
+    for rep in range(repeats + 1):
+        for name in ("q4_1", "bfloat16") if rep % 2 else ("bfloat16", "q4_1"):
+            for linear in stack:
+                linear.bfloat16_rows = 1 if name == "bfloat16" else None
+            started = time.perf_counter()
+            for linear in stack:
+                linear(inputs[linear.in_features])
+            if rep:
+                best[name] = min(best[name], (time.perf_counter() - started) * 1000)
+    return best
+
+
 def _weight_bytes(name: str, shapes: Sequence[tuple[int, int]], count: int) -> int:
     per_value = {
         "float32": 4.0,
@@ -1182,7 +1214,11 @@ def choose_formats(
         cached = json.loads(path.read_text())
         if cached.get("key") == key:
             choice = Choice(
-                Plan.from_json(cached["layers"]), Plan.from_json(cached["output"]), "cache", cached.get("timings", {})
+                Plan.from_json(cached["layers"]),
+                Plan.from_json(cached["output"]),
+                "cache",
+                cached.get("timings", {}),
+                bool(cached.get("bfloat16_prefill", False)),
             )
             if set(choice.layers.formats + choice.output.formats) <= set(formats):
                 logger.info("Weight formats: %s, from %s", choice.describe(), path)
@@ -1204,7 +1240,13 @@ def choose_formats(
         role: {name: {str(b): round(ms, 2) for b, ms in by_batch.items()} for name, by_batch in table.items()}
         for role, table in timings.items()
     }
-    choice = Choice(layers_plan, output_plan, "autotune", readable)
+    bfloat16_prefill = False
+    if "q4_1" in layers_plan.formats and bfloat16_prefill_available():
+        with torch.inference_mode():
+            prefill = _time_bfloat16_prefill(layer_shapes, act_dtype, repeats)
+        readable["prefill"] = {name: {str(PREFILL_TIMING_ROWS): round(ms, 2)} for name, ms in prefill.items()}
+        bfloat16_prefill = prefill["bfloat16"] < BFLOAT16_PREFILL_GAIN * prefill["q4_1"]
+    choice = Choice(layers_plan, output_plan, "autotune", readable, bfloat16_prefill)
     logger.info(
         "Weight formats: %s; autotuned in %.1f s on %s (%s, %d threads); ms per sweep: %s",
         choice.describe(),
@@ -1227,7 +1269,13 @@ def choose_formats(
         partial = path.with_suffix(f".{os.getpid()}.partial")
         partial.write_text(
             json.dumps(
-                {"key": key, "layers": layers_plan.to_json(), "output": output_plan.to_json(), "timings": readable},
+                {
+                    "key": key,
+                    "layers": layers_plan.to_json(),
+                    "output": output_plan.to_json(),
+                    "bfloat16_prefill": bfloat16_prefill,
+                    "timings": readable,
+                },
                 indent=1,
             )
         )

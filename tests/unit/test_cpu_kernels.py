@@ -499,15 +499,33 @@ def test_a_q4_1_layer_runs_long_prefill_chunks_in_bfloat16_from_its_blocks():
 
 
 @needs_kernels
-def test_auto_q4_1_layers_take_bfloat16_prefill_where_it_is_native_and_requested_ones_never():
+def test_q4_1_layers_take_bfloat16_prefill_only_where_the_autotune_timed_it_faster():
     from inference.weights import BFLOAT16_PREFILL_ROWS, Choice, Plan, bfloat16_prefill_available
 
     blocks = random_q4_1(46, 96, torch.Generator().manual_seed(10))
     weight = blocks.dequantize()
-    auto = Choice(Plan.single("q4_1"), Plan.single("q4_1"), "autotune").make_layer(weight, q4_1=blocks)
-    requested = Choice(Plan.single("q4_1"), Plan.single("q4_1"), "requested").make_layer(weight, q4_1=blocks)
-    assert auto.bfloat16_rows == (BFLOAT16_PREFILL_ROWS if bfloat16_prefill_available() else None)
-    assert requested.bfloat16_rows is None
+    plans = (Plan.single("q4_1"), Plan.single("q4_1"))
+    faster = Choice(*plans, "autotune", bfloat16_prefill=True).make_layer(weight, q4_1=blocks)
+    slower = Choice(*plans, "autotune", bfloat16_prefill=False).make_layer(weight, q4_1=blocks)
+    requested = Choice(*plans, "requested").make_layer(weight, q4_1=blocks)
+    assert faster.bfloat16_rows == (BFLOAT16_PREFILL_ROWS if bfloat16_prefill_available() else None)
+    assert slower.bfloat16_rows is None and requested.bfloat16_rows is None
+
+
+@needs_kernels
+@pytest.mark.parametrize("bfloat16_ms", [10.0, 30.0], ids=["bfloat16 faster", "bfloat16 slower"])
+def test_the_autotune_times_the_bfloat16_prefill_and_caches_its_decision(tmp_path, monkeypatch, bfloat16_ms):
+    from inference import weights
+
+    monkeypatch.setattr(weights, "bfloat16_prefill_available", lambda: True)
+    monkeypatch.setattr(weights, "_time_bfloat16_prefill", lambda *a: {"q4_1": 20.0, "bfloat16": bfloat16_ms})
+    tiny = dict(layer_shapes=[(64, 64)], layers=2, output_shape=(96, 64), candidates=("q4_1",), repeats=1)
+    first = weights.choose_formats(cache_dir=tmp_path, **tiny)
+    assert first.source == "autotune" and first.bfloat16_prefill == (bfloat16_ms < 18.0)
+    assert first.timings["prefill"] == {"q4_1": {"256": 20.0}, "bfloat16": {"256": bfloat16_ms}}
+    monkeypatch.setattr(weights, "_time_bfloat16_prefill", lambda *a: pytest.fail("timed again despite the cache"))
+    second = weights.choose_formats(cache_dir=tmp_path, **tiny)
+    assert second.source == "cache" and second.bfloat16_prefill == first.bfloat16_prefill
 
 
 @needs_kernels
