@@ -285,12 +285,12 @@ class CPUKernels:
         (rotated) over its positions, flash attention's online softmax in float32 (``csrc/decode_ops.cpp``).
 
         ``qkv``: ``[tokens, (heads + 2 kv_heads) * dim]``, the pass's rows (its queries are rotated and
-        scaled in place); ``sequences``: int64 ``[count, 6]``, per sequence its first row in ``qkv``,
-        its rows, the positions cached before them, the caches' head stride (elements) and the
+        scaled in place); ``sequences``: int64 ``[count, 6]``, per sequence its first row in ``qkv``
+        (the sequences' rows follow one another), its rows, the positions cached before them, the caches' head stride (elements) and the
         addresses of its key and value caches for this layer (``[kv_heads, capacity, dim]`` of
         ``kv_dtype``, float32 or float16); ``cos``/``sin`` as :meth:`decode_attention` takes them;
         ``out``: ``[tokens, heads * dim]``.  Returns False, nothing done, unless ``dim`` is 64 or 128
-        and ``heads`` a multiple of ``kv_heads`` (at most 64 to one).
+        and ``heads`` a multiple of ``kv_heads``.
         """
         dim = qkv.shape[1] // (heads + 2 * kv_heads)
         return bool(

@@ -471,9 +471,10 @@ class LlamaModelRunner:
             qkv = layer.qkv(self._norm(x, layer.input_norm))
             if tables is not None:  # one call: rotary embeddings, cache writes, attention
                 attended = torch.empty(tokens, heads * dim, dtype=x.dtype, device=self.device)
-                self._kernels.prefill_attention(
+                if not self._kernels.prefill_attention(
                     qkv.contiguous(), tables[index], heads, kv_heads, self._cos, self._sin, self.kv_dtype, attended
-                )
+                ):
+                    raise RuntimeError("the prefill attention kernel declined a layer _prefill_attention_fits admitted")
                 layer.o_add(attended, x)
                 self._mlp_add(layer, x)
                 continue
@@ -532,12 +533,7 @@ class LlamaModelRunner:
     def _prefill_attention_fits(self) -> bool:
         """Whether a prefill's attention runs in :meth:`CPUKernels.prefill_attention` (our kernels, a
         head size of 64 or 128, whole groups of query heads) rather than in torch's operations."""
-        return (
-            self._kernels is not None
-            and self.head_dim in (64, 128)
-            and self.num_heads % self.num_kv_heads == 0
-            and self.num_heads // self.num_kv_heads <= 64
-        )
+        return self._kernels is not None and self.head_dim in (64, 128) and self.num_heads % self.num_kv_heads == 0
 
     def _prefill_tables(self, chunks: Sequence[PrefillChunk], partials: Sequence[_Partial]) -> torch.Tensor | None:
         """The sequences' table of :meth:`CPUKernels.prefill_attention` per layer, int64 ``[layers,

@@ -409,7 +409,8 @@ void prefill_attend(float* qkv, int64_t count, const int64_t* sequences, int64_t
         load_block<DIM>(value_cache + t0 * DIM, block, values.data());
         for (int64_t tile = 0; tile < tiles; ++tile) {
           const int64_t j0 = tile * TILE;
-          if (std::max(position[j0], position[j0 + TILE - 1]) < t0) continue;  // the tile sees none of it
+          // Positions grow along the tile: its last real query (not padding) sees the most.
+          if (position[std::min(j0 + TILE, queries) - 1] < t0) continue;  // the tile sees none of it
           float* w = weights.data() + j0 * KEY_BLOCK;
           tile_scores<DIM>(q.data() + j0 * DIM, kt.data(), w);
           float factor[TILE];
@@ -441,7 +442,7 @@ void prefill_attend(float* qkv, int64_t count, const int64_t* sequences, int64_t
 template <typename T>
 bool prefill_attention_any(float* qkv, int64_t count, const int64_t* sequences, int64_t heads, int64_t kv_heads,
                            int64_t dim, const float* cos, const float* sin, float scale, float* out, int threads) {
-  if (heads % kv_heads || heads / kv_heads > 64) return false;
+  if (kv_heads <= 0 || heads % kv_heads) return false;
   if (dim == 64)
     prefill_attend<64, T>(qkv, count, sequences, heads, kv_heads, cos, sin, scale, out, threads);
   else if (dim == 128)
@@ -541,7 +542,8 @@ KERNEL_EXPORT void decode_attention_f16(const float* qkv, int64_t rows, int64_t 
 // (elements), and the addresses of its layer's key and value caches ([kv_heads, capacity, dim]
 // float32, or float16 bits in prefill_attention_f16), into which its rows' keys and values are
 // written; cos, sin: the rotary tables as decode_attention's.  out: [tokens, heads * dim].
-// Returns 0, nothing done, unless dim is 64 or 128 and heads a multiple of kv_heads (at most 64 per).
+// The sequences' rows follow one another in qkv (each ROW0 the sum of the rows before it).
+// Returns 0, nothing done, unless dim is 64 or 128 and heads a multiple of kv_heads.
 KERNEL_EXPORT int prefill_attention(float* qkv, int64_t count, const int64_t* sequences, int64_t heads,
                                     int64_t kv_heads, int64_t dim, const float* cos, const float* sin, float scale,
                                     float* out, int threads) {

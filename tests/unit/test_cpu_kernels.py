@@ -228,11 +228,12 @@ def test_prefill_attention_writes_each_sequences_cache_and_attends_causally_as_s
     cache_dtype, heads, kv_heads, dim
 ):
     """Several sequences in one pass (new ones, one continuing 300 cached positions, one of a single
-    row, row counts no block divides, one at 301 whose tiles of queries straddle a block of keys),
+    row, row counts no block divides, some (at 301, 31, 30) whose tiles of queries straddle a block of
+    keys, the last of them with padding),
     against float64 SDPA with a causal mask over the caches the kernel wrote: the keys rotated as
     transformers rotates them, the values as given, and every position outside the new rows untouched."""
     generator = torch.Generator().manual_seed(0)
-    sequences = [(37, 0), (3, 11), (1, 0), (70, 300), (16, 0), (40, 301)]  # (rows, positions cached before)
+    sequences = [(37, 0), (3, 11), (1, 0), (70, 300), (16, 0), (40, 301), (2, 31), (3, 30)]  # (rows, cached)
     tokens, width = sum(rows for rows, _ in sequences), (heads + 2 * kv_heads) * dim
     qkv = torch.randn(tokens, width, generator=generator)
     angles = torch.rand(400, dim // 2, generator=generator) * 6
