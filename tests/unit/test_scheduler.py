@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from inference.sampling import SamplingParams
-from inference.scheduler import IDLE_PREFILL_CHUNK, LOGITS_CHUNK, NEWCOMER_PASS_OTHERS, Scheduler
+from inference.scheduler import IDLE_PREFILL_CHUNK, LOGITS_CHUNK, LONG_CONTEXT, NEWCOMER_PASS_OTHERS, Scheduler
 from inference.sequence import Request
 
 CHUNK = 64
@@ -80,6 +80,22 @@ def test_a_newcomers_pass_is_short_for_the_requests_that_had_turns():
     scheduler.add([request("small", 16)])
     assert step(scheduler, running_rows=0) == [("small", 0, 16), ("big-0", 256, 256 + NEWCOMER_PASS_OTHERS)]
     assert step(scheduler, running_rows=1) == [("big-0", 256 + NEWCOMER_PASS_OTHERS, 512 + NEWCOMER_PASS_OTHERS)]
+
+
+def test_a_long_prompts_chunks_shrink_past_the_long_context_as_its_attention_grows():
+    """Chunks of prefill_chunk up to LONG_CONTEXT cached positions, then prefill_chunk *
+    LONG_CONTEXT / cached: a pass over a 2,000-token prompt's late chunk stays short."""
+    scheduler = Scheduler(max_batch_size=32, prefill_chunk=256)
+    scheduler.add([request("long", 2000, max_tokens=1)])
+    sizes = []
+    while len(scheduler):
+        [(_, start, end)] = step(scheduler)
+        sizes.append((start, end - start))
+    assert sizes[:4] == [(0, 256), (256, 256), (512, 256), (768, 256)]
+    assert sizes[4] == (1024, 256) and sizes[5] == (1280, 256 * LONG_CONTEXT // 1280)
+    assert all(size == max(16, 256 * LONG_CONTEXT // start) for start, size in sizes[5:-1])
+    assert sum(size for _, size in sizes) == 2000 and sizes[-1][1] <= 256 * LONG_CONTEXT // sizes[-1][0]
+    assert scheduler.continuation_chunk(100 * LONG_CONTEXT) == 16  # never fewer
 
 
 def test_scoring_requests_are_prefilled_several_at_a_time_within_the_logits_budget():
