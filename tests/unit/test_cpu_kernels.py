@@ -387,8 +387,8 @@ def test_q4_1_with_rounded_activations_is_the_integer_product_of_the_rounding(ro
 
 
 @needs_kernels
-@pytest.mark.parametrize("rows", [5, 13, 70])
-def test_q8_0_from_5_rows_with_16_bit_activations_is_the_integer_product_of_the_rounding(rows):
+@pytest.mark.parametrize("rows", [1, 5, 13, 70])
+def test_q8_0_at_one_row_and_from_5_rows_with_16_bit_activations_is_the_integer_product_of_the_rounding(rows):
     generator = torch.Generator().manual_seed(20 + rows)
     q = torch.randint(-127, 128, (46, 96), dtype=torch.int8, generator=generator)
     d = (torch.rand(46, 3, generator=generator) * 0.01).half().float()
