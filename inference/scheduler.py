@@ -28,11 +28,12 @@ NEWCOMER_PASS_OTHERS = 64
 LOGITS_CHUNK = 512
 # A chunk's attention grows with the positions cached before it, its products do not: past this many,
 # a prompt's chunks shrink in proportion (prefill_chunk * LONG_CONTEXT / cached), so that a pass
-# over a long prompt's late chunk takes about as long as its first.  The embedded model's attention
+# over a long prompt's late chunk takes no longer than its first.  The embedded model's attention
 # per token costs as much as its products at about 1,400 cached positions on our kernels (2-core
 # Xeon); with 256-token chunks at 1,744-2,000 positions a pass took about 0.7 s there, and a short
-# request's first token beside 64 prompts of 2,000 tokens waited up to 1.6 s (issue 12's fairness rule).
-LONG_CONTEXT = 1024
+# request's first token beside 64 prompts of 2,000 tokens waited up to 1.6 s (issue 12's fairness
+# rule); shrinking from 1,024 positions on, still 1.1 s (the passes at 768-1,024 took 0.5 s).
+LONG_CONTEXT = 512
 
 
 @dataclass(frozen=True)
