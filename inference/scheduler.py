@@ -27,8 +27,9 @@ NEWCOMER_PASS_OTHERS = 64
 # logits of 512 positions over SmolLM2's 49152-token vocabulary take 100 MB.
 LOGITS_CHUNK = 512
 # A chunk's attention grows with the positions cached before it, its products do not: past this many,
-# a prompt's chunks shrink in proportion (prefill_chunk * LONG_CONTEXT / cached), so that a pass
-# over a long prompt's late chunk takes no longer than its first.  The embedded model's attention
+# a prompt's own chunks shrink in proportion (prefill_chunk * LONG_CONTEXT / cached, at least 16), so
+# that a pass over a long prompt's late chunk takes about as long as one at LONG_CONTEXT positions
+# (up to 8,192 positions with 256-token chunks, where the floor of 16 takes over).  The embedded model's attention
 # per token costs as much as its products at about 1,400 cached positions on our kernels (2-core
 # Xeon); with 256-token chunks at 1,744-2,000 positions a pass took about 0.7 s there, and a short
 # request's first token beside 64 prompts of 2,000 tokens waited up to 1.6 s (issue 12's fairness
@@ -76,7 +77,8 @@ class Scheduler:
     scoring requests are prefilled several at a time.  A prompt longer than what is left is cut
     into chunks of at most ``prefill_chunk`` tokens (its last one too), at idle too, so that no pass
     is long for a request arriving meanwhile, and fewer once more than :data:`LONG_CONTEXT` of its
-    positions are cached (:meth:`continuation_chunk`); a short one (``prefill_chunk`` tokens or less) waits for the next
+    positions are cached by its own chunks (:meth:`continuation_chunk`; a prefix reused from the
+    prefix cache does not shrink a new request's first chunk); a short one (``prefill_chunk`` tokens or less) waits for the next
     pass instead.  A pass that prefills a newly arrived prompt whole gives the requests that had
     turns before at most :data:`NEWCOMER_PASS_OTHERS` tokens: a short request's first token then
     waits for the pass in progress and a short one, not two full passes (issue 12's fairness rule:
@@ -195,10 +197,11 @@ class Scheduler:
     def continuation_chunk(self, cached: int) -> int:
         """The most prompt tokens a chunk of a prompt takes with ``cached`` of its positions
         prefilled: ``prefill_chunk`` up to :data:`LONG_CONTEXT` positions, then ``prefill_chunk *
-        LONG_CONTEXT / cached`` (at least 16), the chunk's attention growing with ``cached``."""
+        LONG_CONTEXT / cached`` (at least 16, at most ``prefill_chunk``), the chunk's attention
+        growing with ``cached``."""
         if cached <= LONG_CONTEXT:
             return self.prefill_chunk
-        return max(16, self.prefill_chunk * LONG_CONTEXT // cached)
+        return min(self.prefill_chunk, max(16, self.prefill_chunk * LONG_CONTEXT // cached))
 
     def _chunk_size(self, request: Request, room: int, logits_budget: int, others: bool, capped: bool = False) -> int:
         """How many of ``request``'s remaining prompt tokens this pass takes (0: none), with ``room``
@@ -206,12 +209,17 @@ class Scheduler:
         under which a short prompt is cut rather than kept waiting (a short request arriving every
         pass would keep it waiting for ever)."""
         remaining = len(request.prompt_ids) - request.prefilled
+        # Once its own chunks have begun (not a prefix reused from the cache), a prompt's chunks
+        # shrink as its cache grows (continuation_chunk).
+        limit = self.prefill_chunk
+        if request.prefilled > request.cached_tokens:
+            limit = self.continuation_chunk(request.prefilled)
         if request.prompt_logprobs is not None:
             room = min(room, logits_budget)
-        if request.prefilled:  # a prompt being cut goes on in chunks of prefill_chunk, its last one too
-            room = min(room, self.continuation_chunk(request.prefilled))
+        if request.prefilled:  # a prompt being cut goes on in chunks of at most limit, its last one too
+            room = min(room, limit)
         if remaining <= room:
             return remaining
-        if remaining <= self.prefill_chunk and others and not capped:
+        if remaining <= limit and others and not capped:
             return 0  # a short prompt waits for a pass it fits in whole, rather than being cut
-        return min(room, self.prefill_chunk)
+        return min(room, limit)

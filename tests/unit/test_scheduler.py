@@ -99,6 +99,23 @@ def test_a_long_prompts_chunks_shrink_past_the_long_context_as_its_attention_gro
     assert scheduler.continuation_chunk(100 * LONG_CONTEXT) == 16  # never fewer
 
 
+def test_a_prefix_from_the_cache_does_not_shrink_a_new_requests_first_chunk():
+    scheduler = Scheduler(max_batch_size=32, prefill_chunk=256)
+    reused = request("reused", 3200)
+    reused.prefilled = reused.cached_tokens = 3000  # the prefix cache held its first 3,000 tokens
+    scheduler.add([reused])
+    assert step(scheduler) == [("reused", 3000, 3200)]  # one pass, not chunks of 256 * 512 // 3000
+
+
+def test_a_long_prompts_shrunk_tail_shares_a_pass_when_it_fits_its_own_limit():
+    scheduler = Scheduler(max_batch_size=32, prefill_chunk=256)
+    tail = request("tail", 1100)
+    tail.prefilled = 1000  # its own chunks so far: the limit is 256 * 512 // 1000 = 131
+    scheduler.add([request("first", 10), tail])
+    assert step(scheduler) == [("first", 0, 10), ("tail", 1000, 1100)]
+    assert Scheduler(max_batch_size=32, prefill_chunk=8).continuation_chunk(10_000) == 8  # never past the chunk
+
+
 def test_scoring_requests_are_prefilled_several_at_a_time_within_the_logits_budget():
     scheduler = Scheduler(max_batch_size=32, prefill_chunk=CHUNK)
     scoring = {"max_tokens": 0, "logprobs": 1, "prompt_logprobs": True}
