@@ -1,7 +1,7 @@
 """What the AVX2 products' activation widths cost in likelihood (``set_activation_bits``: float32,
 16 bits, the engine's default, and 8 bits, ``ENGINE_Q8_ACTIVATIONS``): the embedded model's
 log-likelihood of English passages, one token at a time (every product then has one row: the one-row
-Q4_1 product), or with ``--prefill`` each passage in one pass (every product then has as many rows
+Q4_1 products, and the output layer's one-row Q8_0 product at 16 bits under either setting), or with ``--prefill`` each passage in one pass (every product then has as many rows
 as the passage has tokens: the products of 5 rows and more, which round to 16 bits under either
 setting, so the 8-bit variant is left out), and with the AVX-512 float32 products where the CPU has
 them (the float32 loops' own spread, from summation order; with ``--prefill`` also the AVX-512

@@ -7,7 +7,7 @@ embedded model took 26 ms with ``_weight_int4pack_mm_for_cpu`` against llama.cpp
 These kernels keep llama.cpp's block layouts (Q4_1: 4-bit values, a scale and a minimum per group
 of 32; Q8_0: 8-bit values and a scale per group) and compute in float32 activations, so a layer
 built from a GGUF's own blocks computes what the float32 model computes, up to summation order (on
-the AVX2 code, the one-row Q4_1 product and products of 5 rows and more round the activations to 16
+the AVX2 code, the one-row products and products of 5 rows and more round the activations to 16
 bits per group of 32 and multiply in integers: :meth:`CPUKernels.set_activation_bits`).
 
 The decode step's small operations (RMSNorm, SiLU times up, rotary embeddings with the cache write
@@ -127,12 +127,12 @@ class CPUKernels:
     def set_activation_bits(self, bits: int) -> None:
         """What the block products on the AVX2 code round their activations to, in every thread from
         the next call on: ``16`` (the library's default and the engine's) rounds them per group of 32
-        and multiplies with integer instructions in the one-row Q4_1 product (a one-stream decode
-        step, or a prefill chunk of one token) and in products of 5 rows and more of both formats
+        and multiplies with integer instructions in the one-row products of both formats (a
+        one-stream decode step, or a prefill chunk of one token) and in their products of 5 rows and more
         (``csrc/block_gemm.cpp``'s ROUNDED_ROWS; products of 2 to 4 rows stay float32: a request's
         tokens may differ alone and in a batch); ``8`` rounds the one-row Q4_1 product to 8 bits, as
-        llama.cpp's AVX2 q4_1 dot product (``ENGINE_Q8_ACTIVATIONS=on``), the products of 5 rows and
-        more to 16; ``32`` keeps them all float32.  16 bits: a product's relative error about 1e-5,
+        llama.cpp's AVX2 q4_1 dot product (``ENGINE_Q8_ACTIVATIONS=on``), the other products (the
+        one-row Q8_0 product, those of 5 rows and more) to 16; ``32`` keeps them all float32.  16 bits: a product's relative error about 1e-5,
         the likelihood of text unchanged (bench/activation_bits_quality.py); 8 bits: about 1e-2,
         greedy text diverges sooner (the README).  On a 2-core Zen 4's AVX2 code the embedded model's
         layers at one row took 3.95 ms in float32, 3.19 with 16 bits, 3.25 with 8; products of 32
@@ -472,7 +472,7 @@ def _works(kernels: CPUKernels) -> bool:
     for rows in (1, 2, 3, 8, 11, 12, 20):
         close &= torch.allclose(kernels.q4_1(x[:rows], qs, d, m), x[:rows] @ weight.T, rtol=1e-4, atol=1e-4)
         close &= torch.allclose(kernels.q8_0(x[:rows], q8, d), x[:rows] @ weight8.T, rtol=1e-4, atol=1e-4)
-    # The AVX2 products with 16- and 8-bit activations (8: the one-row product; more rows round to 16):
+    # The AVX2 products with 16- and 8-bit activations (8: the one-row Q4_1 product; the rest round to 16):
     # within their rounding of the float32 product, or that width stays unavailable (the rest of the
     # kernels are still used).
     # The AVX-512 products round at 7 and 8 rows and from 9 rows on, with VNNI where the CPU has it and without.

@@ -82,7 +82,7 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"  # auto | float32 | float16 | bfloat16 (the Llama runner's KV cache)
     prefix_caching: str = "auto"  # auto | on | off (inference.prefix_cache; auto: off with MODEL_WEIGHTS=float32)
     prefix_cache_mb: int = 128  # the prefix cache's budget, shared with the running rows' positions
-    activation_bits: int = 16  # what one-row Q4_1 products on the AVX2 code round x to: 32, 16 or 8 (cpu_kernels.set_activation_bits)
+    activation_bits: int = 16  # what one-row Q4_1 products on the AVX2 code round x to: 32, 16 or 8 (cpu_kernels.set_activation_bits; the rest round to 16 under 8)
     freeze_gc: bool = False  # once loaded, gc.freeze() what is alive (a serving process's choice; see Engine._run)
 
 

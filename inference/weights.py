@@ -543,7 +543,7 @@ def quantize_q8_0(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 class Q8_0Linear(_BlockLinear):
     """GGUF's Q8_0 (``w = d q`` per group of 32, ``q`` int8, ``d`` float32), multiplied in float32
     activations by our kernel (:mod:`inference.cpu_kernels`; on the AVX2 code rounded to 16 bits per
-    group of 32 from 5 rows on: ``set_activation_bits``).
+    group of 32 at one row and from 5 rows on: ``set_activation_bits``).
 
     The embedded GGUF keeps its embedding (the tied output layer) as Q8_0: quantizing the float32
     weight converted from it gives its blocks back (:func:`is_lossless_q8_0` checks).  Raises

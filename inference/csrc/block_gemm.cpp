@@ -6,9 +6,10 @@
 //   Q8_0 (ggml's block_q8_0): 32 signed bytes and a scale d: w = d * q.
 // The scales are float32 here (the GGUF's float16 values converted exactly), so a group's weights
 // are dequantized exactly as gguf-py does, and the products accumulate in float32: the result equals
-// x @ dequantized(W)^T up to float32 summation order (but for the AVX2 one-row Q4_1 product and the
-// AVX2 products of ROUNDED_ROWS rows and more, which round x to 16 bits per group of 32 unless
-// set_activation_bits says otherwise: see the 16-bit q4_1_one_row and rounded_gemm).  Weights
+// x @ dequantized(W)^T up to float32 summation order (but for the AVX2 one-row products and the
+// products of ROUNDED_ROWS rows and more (on the AVX-512 code NARROW_ROUNDED_ROWS), which round x to
+// 16 bits per group of 32 unless set_activation_bits says otherwise: see the 16-bit q4_1_one_row,
+// q8_0_one_row and rounded_gemm).  Weights
 // are read from memory once per product, as 4-bit or 8-bit values (a batch-1 decode step reads 1/6
 // or 1/3.5 of a float32 weight's bytes), and dequantized once per 8 rows of x.
 //
@@ -360,8 +361,8 @@ inline void q8_0_one_row(const Q8_0& w, const int16_t* xq, const float* dx, int6
 }
 
 // The AVX2 products' activations (set_activation_bits): 32 (float32 everywhere), 16 (the default: the
-// one-row Q4_1 product and products of ROUNDED_ROWS rows and more round x to 16 bits) or 8 (the
-// one-row Q4_1 product to 8 bits, those of ROUNDED_ROWS rows and more to 16).
+// one-row products and those of ROUNDED_ROWS rows and more round x to 16 bits) or 8 (the one-row Q4_1
+// product to 8 bits, the one-row Q8_0 product and those of ROUNDED_ROWS rows and more to 16).
 int activation_bits = 16;
 
 // The one-row Q4_1 product with x rounded to T (int8_t or int16_t) per group, its groups' float sums
@@ -567,7 +568,7 @@ void gemm(const W& w, const float* x, int64_t M, int64_t K, int64_t N, float* y,
     }
   }
   if constexpr (std::is_same_v<W, Q8_0>) {
-    if (M == 1 && activation_bits <= 16) {  // 16 bits under 8 too: llama.cpp's 8-bit rounding is q4_1's alone
+    if (M == 1 && activation_bits <= 16) {  // 16 bits under 8 too: ENGINE_Q8_ACTIVATIONS names the Q4_1 product
       std::vector<int16_t> xq(static_cast<size_t>(K));
       std::vector<float> dx(static_cast<size_t>(K / GROUP)), sx(static_cast<size_t>(K / GROUP));
       if (quantize_row(x, K, xq.data(), dx.data(), sx.data())) {

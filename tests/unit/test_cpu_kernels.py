@@ -387,14 +387,15 @@ def test_q4_1_with_rounded_activations_is_the_integer_product_of_the_rounding(ro
 
 
 @needs_kernels
-@pytest.mark.parametrize("rows", [1, 5, 13, 70])
-def test_q8_0_at_one_row_and_from_5_rows_with_16_bit_activations_is_the_integer_product_of_the_rounding(rows):
+@pytest.mark.parametrize(("rows", "bits"), [(1, 16), (1, 8), (5, 16), (13, 16), (70, 16)])
+def test_q8_0_at_one_row_and_from_5_rows_with_16_bit_activations_is_the_integer_product_of_the_rounding(rows, bits):
+    # bits 8 rounds the one-row Q4_1 product alone (ENGINE_Q8_ACTIVATIONS): Q8_0's stays at 16.
     generator = torch.Generator().manual_seed(20 + rows)
     q = torch.randint(-127, 128, (46, 96), dtype=torch.int8, generator=generator)
     d = (torch.rand(46, 3, generator=generator) * 0.01).half().float()
     layer = Q8_0Linear((q.float().view(46, 3, 32) * d[..., None]).view(46, 96))
     x = torch.randn(rows, 96, generator=generator) * 3
-    with code_with(16), torch.inference_mode():
+    with code_with(bits), torch.inference_mode():
         got = layer(x).double()
     assert relative_error(got, rounded_product(x, layer.q, layer.d, None, 16)) < 1e-6  # its own blocks
     exact = x.double() @ layer.dequantized().double().T
