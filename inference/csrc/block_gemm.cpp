@@ -365,15 +365,21 @@ inline void q8_0_one_row(const Q8_0& w, const int16_t* xq, const float* dx, int6
 // product to 8 bits, the one-row Q8_0 product and those of ROUNDED_ROWS rows and more to 16).
 int activation_bits = 16;
 
-// The one-row Q4_1 product with x rounded to T (int8_t or int16_t) per group, its groups' float sums
-// into sx; false, nothing computed, where x cannot be rounded (group_scale): float32 then.
-template <typename T>
-bool one_row_rounded(const Q4_1& w, const float* x, int64_t K, int64_t N, float* y, bool add, int threads, float* sx) {
+// The one-row product (Q4_1, or Q8_0 with T int16_t) with x rounded to T (int8_t or int16_t) per
+// group, its groups' float sums into sx; false, nothing computed, where x cannot be rounded
+// (group_scale): float32 then.
+template <typename T, typename W>
+bool one_row_rounded(const W& w, const float* x, int64_t K, int64_t N, float* y, bool add, int threads, float* sx) {
   std::vector<T> xq(static_cast<size_t>(K));
   std::vector<float> dx(static_cast<size_t>(K / GROUP));
   if (!quantize_row(x, K, xq.data(), dx.data(), sx)) return false;
   kernels::parallel_for(N, threads, [&](int64_t first, int64_t last) {
-    for (int64_t n = first; n < last; ++n) q4_1_one_row(w, xq.data(), dx.data(), sx, K, n, y, add);
+    for (int64_t n = first; n < last; ++n) {
+      if constexpr (std::is_same_v<W, Q8_0>)
+        q8_0_one_row(w, xq.data(), dx.data(), K, n, y, add);
+      else
+        q4_1_one_row(w, xq.data(), dx.data(), sx, K, n, y, add);
+    }
   });
   return true;
 }
@@ -569,14 +575,8 @@ void gemm(const W& w, const float* x, int64_t M, int64_t K, int64_t N, float* y,
   }
   if constexpr (std::is_same_v<W, Q8_0>) {
     if (M == 1 && activation_bits <= 16) {  // 16 bits under 8 too: ENGINE_Q8_ACTIVATIONS names the Q4_1 product
-      std::vector<int16_t> xq(static_cast<size_t>(K));
-      std::vector<float> dx(static_cast<size_t>(K / GROUP)), sx(static_cast<size_t>(K / GROUP));
-      if (quantize_row(x, K, xq.data(), dx.data(), sx.data())) {
-        kernels::parallel_for(N, threads, [&](int64_t first, int64_t last) {
-          for (int64_t n = first; n < last; ++n) q8_0_one_row(w, xq.data(), dx.data(), K, n, y, add);
-        });
-        return;
-      }
+      std::vector<float> sx(static_cast<size_t>(K / GROUP));
+      if (one_row_rounded<int16_t>(w, x, K, N, y, add, threads, sx.data())) return;
     }
   }
   if (M >= ROUNDED_ROWS && activation_bits <= 16 && rounded_gemm<Avx2Tile>(w, x, M, K, N, y, add, threads)) return;
