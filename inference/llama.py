@@ -455,9 +455,6 @@ class LlamaModelRunner:
         group_size = len(chunks[0].token_ids) if group else 0
         group_rows = group * group_size
         ids = torch.tensor([token for chunk in chunks for token in chunk.token_ids], device=self.device)
-        positions = torch.cat(
-            [torch.arange(chunk.start, chunk.start + len(chunk.token_ids), device=self.device) for chunk in chunks]
-        )
         heads, kv_heads, dim = self.num_heads, self.num_kv_heads, self.head_dim
         qk_width = (heads + kv_heads) * dim
         x = self._embed(ids)  # [tokens, hidden]
@@ -466,6 +463,9 @@ class LlamaModelRunner:
         if tables is None:
             # Each chunk's attention in blocks of ATTENTION_QUERIES queries: (first, end, mask) per block.
             blocks = [self._attention_blocks(chunk.start, len(chunk.token_ids)) for chunk in chunks]
+            positions = torch.cat(
+                [torch.arange(chunk.start, chunk.start + len(chunk.token_ids), device=self.device) for chunk in chunks]
+            )
             cos, sin = self._cos[positions][:, None], self._sin[positions][:, None]
         for index, layer in enumerate(self._layers):
             qkv = layer.qkv(self._norm(x, layer.input_norm))
