@@ -45,13 +45,29 @@ import torch
 logger = logging.getLogger(__name__)
 
 CSRC = Path(__file__).resolve().parent / "csrc"
-SOURCES = (CSRC / "block_gemm.cpp", CSRC / "decode_ops.cpp")
-HEADERS = (CSRC / "pool.h", CSRC / "simd.h")
+SOURCES = (CSRC / "block_gemm.cpp", CSRC / "decode_ops.cpp", CSRC / "ggml_blocks.cpp")
+HEADERS = (CSRC / "pool.h", CSRC / "simd.h", CSRC / "ggml_blocks.h")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-pthread", "-shared", "-fPIC", "-fvisibility=hidden", "-std=c++17")
 GROUP = 32
 ACTIVATION_BITS = (32, 16, 8)  # what the AVX2 block products may round x to (set_activation_bits)
 REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
 AVX512_CPU_FLAGS = ("avx512f", "avx512bw", "avx512dq", "avx512vl")
+# ggml's types that ggml_gemm and ggml_dequantize_rows take (gguf.GGMLQuantizationType's ids): weights
+# a block and bytes a block (gguf.GGML_QUANT_SIZES).
+GGML_BLOCKS = {
+    0: (1, 4),  # F32
+    1: (1, 2),  # F16
+    2: (32, 18),  # Q4_0
+    3: (32, 20),  # Q4_1
+    6: (32, 22),  # Q5_0
+    7: (32, 24),  # Q5_1
+    8: (32, 34),  # Q8_0
+    12: (256, 144),  # Q4_K
+    13: (256, 176),  # Q5_K
+    14: (256, 210),  # Q6_K
+    30: (1, 2),  # BF16
+}
+_GGML_DTYPES = {0: torch.float32, 1: torch.float16, 30: torch.bfloat16}  # the unquantized types' elements
 
 _lock = threading.Lock()
 _loaded: dict[Path, CPUKernels | None] = {}
@@ -78,6 +94,9 @@ class CPUKernels:
         self._q8_0 = function("q8_0_gemm", pointer, size, size, pointer, pointer, size, pointer, integer, integer)
         self._q4_1_to_bfloat16 = function("q4_1_to_bfloat16", pointer, pointer, pointer, size, size, pointer, integer)
         self._set_avx512 = function("set_avx512", integer)
+        self._ggml_gemm = function("ggml_gemm", integer, pointer, size, size, pointer, size, pointer, integer, integer)
+        self._ggml_dequantize_rows = function("ggml_dequantize_rows", integer, pointer, size, pointer, size, pointer)
+        self._ggml_set_avx512 = function("ggml_set_avx512", integer)
         self._set_activation_bits = function("set_activation_bits", integer)
         self._set_vnni = function("set_vnni", integer)
         self._set_vnni.restype = ctypes.c_int
@@ -115,6 +134,7 @@ class CPUKernels:
         keeps the choice made at load; tests and benchmarks compare the two."""
         self.avx512 = bool(on)
         self._set_avx512(int(self.avx512))
+        self._ggml_set_avx512(int(self.avx512))
 
     def set_vnni(self, on: bool) -> bool:
         """Whether the AVX-512 products of 7 rows and more multiply their 16-bit activations with
@@ -192,6 +212,48 @@ class CPUKernels:
         self._q4_1_to_bfloat16(
             qs.data_ptr(), d.data_ptr(), m.data_ptr(), rows, width, out.data_ptr(), torch.get_num_threads()
         )
+        return out
+
+    def ggml_gemm(
+        self, x: torch.Tensor, weight: torch.Tensor, ggml_type: int, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``x [M, K]`` times a weight stored as ggml blocks, transposed: ``[M, N]`` float32
+        (``csrc/ggml_blocks.cpp``; the layouts: ggml's ``ggml-common.h``).
+
+        ``weight``: uint8 ``[N, row bytes]``, contiguous, each row ``K / block`` blocks of
+        ``ggml_type`` (a ``gguf.GGMLQuantizationType`` id of :data:`GGML_BLOCKS`), as a GGUF stores it
+        (a view of the mapped file: it is read, never copied).  Computes ``x @ dequantize(weight).T``
+        in float32, up to the order of sums.  ``x`` is made contiguous float32 if it is not.  ``out``
+        given (``[M, N]``): the product is added into it and it is returned.  Raises ``ValueError``
+        for another type or a row size that does not match ``K``.
+        """
+        block, size = _ggml_block(ggml_type)
+        x = x.contiguous() if x.dtype == torch.float32 else x.float().contiguous()
+        rows, width = x.shape
+        _check_ggml_weight(weight, ggml_type, width, block, size)
+        if ggml_type in _GGML_DTYPES and width % GROUP:  # the kernel's unquantized rows go 32 at a time
+            product = x @ weight.view(_GGML_DTYPES[ggml_type]).float().T
+            return product if out is None else out.add_(product)
+        add = out is not None
+        out = torch.empty(rows, weight.shape[0], dtype=torch.float32) if out is None else out
+        self._ggml_gemm(
+            ggml_type, x.data_ptr(), rows, width, weight.data_ptr(), weight.shape[0], out.data_ptr(), add,
+            torch.get_num_threads(),
+        )  # fmt: skip
+        return out
+
+    def ggml_dequantize_rows(self, weight: torch.Tensor, ggml_type: int, K: int, rows: torch.Tensor) -> torch.Tensor:
+        """Rows ``rows`` (int64 ``[n]``) of a ggml-block weight (``weight`` as for :meth:`ggml_gemm`,
+        ``K`` values a row) as float32 ``[n, K]``, each value as gguf-py's ``dequantize`` gives it (an
+        embedding lookup; one thread).  Raises ``ValueError`` as :meth:`ggml_gemm` does, and
+        ``IndexError`` for a row out of range."""
+        block, size = _ggml_block(ggml_type)
+        _check_ggml_weight(weight, ggml_type, K, block, size)
+        rows = rows.to(torch.int64).contiguous()
+        if rows.numel() and not 0 <= int(rows.min()) <= int(rows.max()) < weight.shape[0]:
+            raise IndexError(f"rows out of range for a weight of {weight.shape[0]} rows")
+        out = torch.empty(rows.numel(), K, dtype=torch.float32)
+        self._ggml_dequantize_rows(ggml_type, weight.data_ptr(), K, rows.data_ptr(), rows.numel(), out.data_ptr())
         return out
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -339,6 +401,23 @@ class CPUKernels:
             cos.data_ptr(), sin.data_ptr(), positions.data_ptr(), keys.stride(0), keys.stride(1), dim**-0.5,
             torch.get_num_threads(),
         )  # fmt: skip
+
+
+def _ggml_block(ggml_type: int) -> tuple[int, int]:
+    """A ggml type's weights and bytes a block; ``ValueError`` for a type the kernels lack."""
+    if ggml_type not in GGML_BLOCKS:
+        raise ValueError(f"no ggml block kernel for type {ggml_type}")
+    return GGML_BLOCKS[ggml_type]
+
+
+def _check_ggml_weight(weight: torch.Tensor, ggml_type: int, width: int, block: int, size: int) -> None:
+    """Raises ``ValueError`` unless ``weight`` is contiguous uint8 rows of ``width`` values of the type."""
+    if weight.dtype != torch.uint8 or weight.dim() != 2 or not weight.is_contiguous():
+        raise ValueError(
+            f"a ggml weight is a contiguous uint8 [rows, row bytes], not {weight.dtype} {tuple(weight.shape)}"
+        )
+    if width % block or weight.shape[1] != width // block * size:
+        raise ValueError(f"ggml type {ggml_type} rows of {weight.shape[1]} bytes do not hold {width} values")
 
 
 def avx512_products() -> bool:
@@ -494,4 +573,38 @@ def _works(kernels: CPUKernels) -> bool:
     kernels.set_vnni(vnni)
     kernels.set_avx512(avx512)
     kernels.set_activation_bits(kernels.activation_bits)  # the default, or float32 where it failed
+    return bool(close) and _ggml_works(kernels)
+
+
+def _ggml_works(kernels: CPUKernels) -> bool:
+    """The ggml block products, one small product per family (Q8_0, Q4_K, Q6_K) at 1, 3 and 9 rows on
+    each ISA the CPU has, against torch's product of the kernels' own dequantized rows; Q8_0's
+    dequantized rows against torch's (its blocks built here).  The tests check every type against gguf-py."""
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(9, 256, generator=generator)
+    q8 = torch.randint(-127, 128, (8, 8, GROUP), dtype=torch.int8, generator=generator)
+    d = (torch.rand(8, 8, 1, generator=generator) * 0.1).half()
+    weights = {8: torch.cat([d.view(torch.uint8), q8.view(torch.uint8)], -1).reshape(8, -1)}
+    for ggml_type in (12, 14):  # random bytes, float16 scales (Q4_K: d and dmin first; Q6_K: d last) small
+        _, size = GGML_BLOCKS[ggml_type]
+        data = torch.randint(0, 256, (8, size), dtype=torch.uint8, generator=generator)
+        scales = (torch.rand(8, 2, generator=generator) * 0.1).half().view(torch.uint8)
+        data[:, -2:] = scales[:, :2]
+        if ggml_type == 12:
+            data[:, :4] = scales
+        weights[ggml_type] = data
+    avx512 = kernels.avx512
+    close = True
+    for wide in (False, True) if avx512_products() else (False,):
+        kernels.set_avx512(wide)
+        every = torch.arange(8)
+        close &= torch.equal(
+            kernels.ggml_dequantize_rows(weights[8], 8, 256, every), (q8.float() * d.float()).reshape(8, 256)
+        )
+        for ggml_type, data in weights.items():
+            dequantized = kernels.ggml_dequantize_rows(data, ggml_type, 256, every)
+            for rows in (1, 3, 9):
+                expected = x[:rows] @ dequantized.T
+                close &= torch.allclose(kernels.ggml_gemm(x[:rows], data, ggml_type), expected, rtol=1e-4, atol=1e-4)
+    kernels.set_avx512(avx512)
     return bool(close)

@@ -1,0 +1,184 @@
+// Products of float32 activations with ggml's block-quantized weights exactly as a GGUF file stores
+// them (ggml-common.h's block_q4_0, q4_1, q5_0, q5_1, q8_0, q4_K, q5_K, q6_K, and F32/F16/BF16
+// rows), for AVX2 + FMA and AVX-512: y[M, N] = x[M, K] @ W[N, K]^T, W's N rows each K / BLOCK
+// consecutive blocks, rows contiguous (a view of the memory-mapped file: nothing is repacked).
+//
+// Lossless: each block is decoded to float32 as gguf-py dequantizes it (same operations, same order)
+// and multiplied in float32 (no rounding of x), so the result is x @ dequantize(W)^T up to the order
+// of float32 sums.  A weight row's group of 32 is decoded once to registers and multiplied into up to
+// ROW_BLOCK rows of x; a one-row product reads each weight byte once from memory, prefetched ahead.
+//
+// The kernels' body is ggml_blocks.h, written once over a vector type V and included here twice:
+// with AVX2's 8-float vectors under the file's flags, and with AVX-512's 16-float ones under a target
+// pragma, chosen at run time (ggml_set_avx512, set with block_gemm.cpp's set_avx512 by
+// cpu_kernels.CPUKernels.set_avx512).  Threads: pool.h's workers over output rows.
+
+#include <immintrin.h>
+#include <stdint.h>
+
+#include <algorithm>
+#include <cstring>
+#include <type_traits>
+#include <utility>
+
+#include "pool.h"
+#include "simd.h"
+
+namespace {
+
+// ggml's type ids (ggml.h's enum ggml_type, gguf-py's GGMLQuantizationType).
+constexpr int TYPE_F32 = 0, TYPE_F16 = 1, TYPE_Q4_0 = 2, TYPE_Q4_1 = 3, TYPE_Q5_0 = 6, TYPE_Q5_1 = 7, TYPE_Q8_0 = 8,
+              TYPE_Q4_K = 12, TYPE_Q5_K = 13, TYPE_Q6_K = 14, TYPE_BF16 = 30;
+
+constexpr int GROUP = 32;      // weights decoded at a time (a block, or a K-quant's sub-block)
+constexpr int ROW_BLOCK = 8;   // rows of x sharing one decoded group
+constexpr int64_t PREFETCH_BYTES = 1024;      // how far ahead of the block it decodes a loop asks for the weight
+constexpr int64_t TILE_BYTES = 128 * 1024;    // weight rows multiplied by every row block of x before the next ones
+constexpr int64_t SMALL_WORK = int64_t(1) << 16;  // multiply-adds under which the caller works alone
+
+inline float half_to_float(const uint8_t* p) {
+  uint16_t bits;
+  std::memcpy(&bits, p, 2);
+  return _cvtsh_ss(bits);
+}
+
+// --- AVX2 + FMA: 8 floats a vector, 16 registers ------------------------------------------------
+namespace avx2 {
+
+struct V {
+  using F = __m256;
+  using I = __m256i;
+  static constexpr int LANES = 8, REGISTERS = 16;
+  static F zero() { return _mm256_setzero_ps(); }
+  static F set1(float v) { return _mm256_set1_ps(v); }
+  static F load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, F v) { _mm256_storeu_ps(p, v); }
+  static F fmadd(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static F add(F a, F b) { return _mm256_add_ps(a, b); }
+  static F sub(F a, F b) { return _mm256_sub_ps(a, b); }
+  static float sum(F v) { return kernels::horizontal_sum(v); }
+  static F cvt(I v) { return _mm256_cvtepi32_ps(v); }
+  // LANES bytes (unsigned, signed) or 16-bit values at p, one per 32-bit lane.
+  static I u8(const uint8_t* p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); }
+  static I i8(const uint8_t* p) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); }
+  static I u16(const uint8_t* p) { return _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+  static F f16(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+  static F bf16(const uint8_t* p) { return _mm256_castsi256_ps(_mm256_slli_epi32(u16(p), 16)); }
+  static I and_(I v, int mask) { return _mm256_and_si256(v, _mm256_set1_epi32(mask)); }
+  static I or_(I a, I b) { return _mm256_or_si256(a, b); }
+  static I srl(I v, int bits) { return _mm256_srli_epi32(v, bits); }
+  static I sll(I v, int bits) { return _mm256_slli_epi32(v, bits); }
+  static I subi(I v, int value) { return _mm256_sub_epi32(v, _mm256_set1_epi32(value)); }
+  // Lane i: bit first + i of word.
+  static I bits(uint32_t word, int first) {
+    const I shifts = _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(first));
+    return and_(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(word)), shifts), 1);
+  }
+};
+
+#include "ggml_blocks.h"
+
+}  // namespace avx2
+
+// --- AVX-512 (F, BW, DQ, VL): 16 floats a vector, 32 registers -------------------------------------
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl")
+#endif
+namespace avx512 {
+
+struct V {
+  using F = __m512;
+  using I = __m512i;
+  static constexpr int LANES = 16, REGISTERS = 32;
+  static F zero() { return _mm512_setzero_ps(); }
+  static F set1(float v) { return _mm512_set1_ps(v); }
+  static F load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, F v) { _mm512_storeu_ps(p, v); }
+  static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static F add(F a, F b) { return _mm512_add_ps(a, b); }
+  static F sub(F a, F b) { return _mm512_sub_ps(a, b); }
+  static float sum(F v) { return _mm512_reduce_add_ps(v); }
+  static F cvt(I v) { return _mm512_cvtepi32_ps(v); }
+  static I u8(const uint8_t* p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+  static I i8(const uint8_t* p) { return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+  static I u16(const uint8_t* p) { return _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+  static F f16(const uint8_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+  static F bf16(const uint8_t* p) { return _mm512_castsi512_ps(_mm512_slli_epi32(u16(p), 16)); }
+  static I and_(I v, int mask) { return _mm512_and_si512(v, _mm512_set1_epi32(mask)); }
+  static I or_(I a, I b) { return _mm512_or_si512(a, b); }
+  static I srl(I v, int bits) { return _mm512_srli_epi32(v, bits); }
+  static I sll(I v, int bits) { return _mm512_slli_epi32(v, bits); }
+  static I subi(I v, int value) { return _mm512_sub_epi32(v, _mm512_set1_epi32(value)); }
+  static I bits(uint32_t word, int first) {
+    const I shifts = _mm512_add_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                      _mm512_set1_epi32(first));
+    return and_(_mm512_srlv_epi32(_mm512_set1_epi32(static_cast<int>(word)), shifts), 1);
+  }
+};
+
+#include "ggml_blocks.h"
+
+}  // namespace avx512
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+bool use_avx512 = false;
+
+// F32, F16 and BF16 rows of any width, one value at a time (dequantize_rows' widths that are not a
+// multiple of 32).
+float element(int type, const uint8_t* row, int64_t k) {
+  if (type == TYPE_F32) {
+    float value;
+    std::memcpy(&value, row + 4 * k, 4);
+    return value;
+  }
+  if (type == TYPE_F16) return half_to_float(row + 2 * k);
+  uint32_t bits = 0;
+  std::memcpy(&bits, row + 2 * k, 2);
+  bits <<= 16;
+  float value;
+  std::memcpy(&value, &bits, 4);
+  return value;
+}
+
+}  // namespace
+
+extern "C" {
+
+// y[M, N] = (add: y +) x[M, K] @ W^T, W given as ggml blocks of `type` (see the file's comment); K a
+// multiple of the type's block (32 for F32/F16/BF16 too; cpu_kernels takes other widths to torch).
+// An unknown type leaves y untouched.
+KERNEL_EXPORT void ggml_gemm(int type, const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, float* y, int add,
+                             int threads) {
+  if (use_avx512)
+    avx512::gemm_type(type, x, M, K, w, N, y, add != 0, threads);
+  else
+    avx2::gemm_type(type, x, M, K, w, N, y, add != 0, threads);
+}
+
+// out[n, K] = the float32 values of weight rows rows[0 .. n) (an embedding lookup); one thread.
+KERNEL_EXPORT void ggml_dequantize_rows(int type, const uint8_t* w, int64_t K, const int64_t* rows, int64_t n, float* out) {
+  if ((type == TYPE_F32 || type == TYPE_F16 || type == TYPE_BF16) && K % GROUP != 0) {
+    const int64_t row_bytes = K * (type == TYPE_F32 ? 4 : 2);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t k = 0; k < K; ++k) out[i * K + k] = element(type, w + rows[i] * row_bytes, k);
+    return;
+  }
+  if (use_avx512)
+    avx512::dequantize_type(type, w, K, rows, n, out);
+  else
+    avx2::dequantize_type(type, w, K, rows, n, out);
+}
+
+// Whether these products use their AVX-512 versions (on != 0) or the AVX2 ones; off at load.
+KERNEL_EXPORT void ggml_set_avx512(int on) { use_avx512 = on != 0; }
+
+}

@@ -1,0 +1,130 @@
+"""The ggml block products (inference/cpu_kernels.py's ggml_gemm, csrc/ggml_blocks.cpp) compute
+x @ dequantize(W).T with gguf-py's dequantizer as the reference, for every type they take.
+
+The 32-weight types and the unquantized ones are quantized by gguf-py; the K-quants (which gguf-py
+does not quantize) are random bytes with their float16 scales set in a real range.  Each product is
+compared with float64's at row counts that cover the one-row path, the rests of the 8-row blocks
+and several blocks, on the AVX2 code and (where the CPU has it) the AVX-512 code.  Skipped where
+the kernels cannot run (no AVX2 or no C++ compiler).
+"""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from inference import cpu_kernels
+
+KERNELS = cpu_kernels.load(None)
+pytestmark = pytest.mark.skipif(KERNELS is None, reason=f"no CPU kernels here: {cpu_kernels.unavailable_reason()}")
+T = gguf.GGMLQuantizationType
+TYPES = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K]
+K_QUANTS = (T.Q4_K, T.Q5_K, T.Q6_K)
+ROWS = [1, 2, 5, 8, 33, 70]
+ISAS = [
+    "avx2",
+    pytest.param(
+        "avx512",
+        marks=pytest.mark.skipif(not cpu_kernels.avx512_products(), reason="no AVX-512 (or torch below it) here"),
+    ),
+]
+
+
+@pytest.fixture(params=ISAS)
+def isa(request):
+    """Runs a test on the AVX2 code, then on the AVX-512 one; restores the choice made at load."""
+    chosen = KERNELS.avx512
+    KERNELS.set_avx512(request.param == "avx512")
+    yield request.param
+    KERNELS.set_avx512(chosen)
+
+
+def blocks(qtype: T, rows: int, width: int, seed: int = 0) -> np.ndarray:
+    """A weight ``[rows, width]`` as GGUF stores it: uint8 ``[rows, row bytes]``."""
+    rng = np.random.default_rng(seed)
+    if qtype not in K_QUANTS:
+        values = rng.standard_normal((rows, width)).astype(np.float32)
+        stored = gguf.quants.quantize(values, qtype)
+        return np.ascontiguousarray(stored).view(np.uint8).reshape(rows, -1)
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    count = width // block
+    data = rng.integers(0, 256, size=(rows, count, size), dtype=np.uint8)
+
+    def scales() -> np.ndarray:  # float16 d (or dmin) in 1e-3 .. 1e-1
+        return rng.uniform(1e-3, 1e-1, size=(rows, count)).astype(np.float16).view(np.uint8).reshape(rows, count, 2)
+
+    if qtype == T.Q6_K:
+        data[..., 208:210] = scales()  # the 16 int8 scales are any bytes
+    else:
+        data[..., 0:2], data[..., 2:4] = scales(), scales()  # d, dmin; the 6-bit scales are any bytes
+    return data.reshape(rows, -1)
+
+
+def reference(data: np.ndarray, qtype: T, width: int) -> np.ndarray:
+    return gguf.quants.dequantize(data, qtype).reshape(data.shape[0], width)
+
+
+def width_for(qtype: T) -> int:
+    # K-quants: 3 super-blocks; the 32-weight types: 9 blocks (a step of 8, then one alone).
+    return 768 if qtype in K_QUANTS else 288
+
+
+def assert_product(got: torch.Tensor, x: torch.Tensor, weight: np.ndarray) -> None:
+    expected = x.double().numpy() @ weight.astype(np.float64).T
+    bound = 1e-5 * np.outer(np.linalg.norm(x.double().numpy(), axis=1), np.linalg.norm(weight, axis=1)) + 1e-30
+    error = np.abs(got.double().numpy() - expected)
+    assert (error <= bound).all(), f"worst error {float((error / bound).max()):.2f} of the bound"
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("rows", ROWS)
+def test_the_product_is_x_times_the_dequantized_weight(isa, qtype, rows):
+    width = width_for(qtype)
+    outputs = 40 if rows < 33 else 200  # 200 outputs of 33 rows and more: on several threads
+    data = blocks(qtype, outputs, width)
+    x = torch.randn(rows, width, generator=torch.Generator().manual_seed(rows))
+    got = KERNELS.ggml_gemm(x, torch.from_numpy(data), int(qtype))
+    assert got.shape == (rows, outputs) and got.dtype == torch.float32
+    assert_product(got, x, reference(data, qtype, width))
+
+
+@pytest.mark.parametrize("qtype", [T.Q8_0, T.Q4_K, T.Q6_K, T.F16], ids=lambda t: t.name)
+def test_the_product_adds_into_out(isa, qtype):
+    width = width_for(qtype)
+    data = blocks(qtype, 24, width, seed=1)
+    x = torch.randn(3, width, generator=torch.Generator().manual_seed(3))
+    residual = torch.randn(3, 24, generator=torch.Generator().manual_seed(4))
+    out = residual.clone()
+    assert KERNELS.ggml_gemm(x, torch.from_numpy(data), int(qtype), out=out) is out
+    assert torch.allclose(out - residual, KERNELS.ggml_gemm(x, torch.from_numpy(data), int(qtype)), atol=1e-5)
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_dequantized_rows_are_gguf_py_s_values(isa, qtype):
+    width = width_for(qtype)
+    data = blocks(qtype, 16, width, seed=2)
+    rows = torch.tensor([3, 0, 15, 3], dtype=torch.int64)
+    got = KERNELS.ggml_dequantize_rows(torch.from_numpy(data), int(qtype), width, rows)
+    np.testing.assert_array_equal(got.numpy(), reference(data, qtype, width)[rows.numpy()])
+
+
+@pytest.mark.parametrize("qtype", [T.F32, T.F16, T.BF16], ids=lambda t: t.name)
+def test_unquantized_rows_of_any_width(isa, qtype):
+    data = blocks(qtype, 8, 40, seed=5)
+    x = torch.randn(2, 40, generator=torch.Generator().manual_seed(6))
+    assert_product(KERNELS.ggml_gemm(x, torch.from_numpy(data), int(qtype)), x, reference(data, qtype, 40))
+    rows = torch.tensor([7, 1], dtype=torch.int64)
+    got = KERNELS.ggml_dequantize_rows(torch.from_numpy(data), int(qtype), 40, rows)
+    np.testing.assert_array_equal(got.numpy(), reference(data, qtype, 40)[[7, 1]])
+
+
+def test_a_weight_that_does_not_fit_is_refused():
+    data = torch.from_numpy(blocks(T.Q4_K, 4, 512))
+    with pytest.raises(ValueError):
+        KERNELS.ggml_gemm(torch.randn(1, 256), data, int(T.Q4_K))  # rows hold 512 values
+    with pytest.raises(ValueError):
+        KERNELS.ggml_gemm(torch.randn(1, 512), data, int(T.Q2_K))  # a type without a kernel
+    with pytest.raises(IndexError):
+        KERNELS.ggml_dequantize_rows(data, int(T.Q4_K), 512, torch.tensor([4]))
