@@ -33,8 +33,13 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
-from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+from .families.llama import (
+    LinearFactory,
+    LlamaWeights,
+    transformers_weights,
+    unsupported_reason,
+)
 from .model_runner import PrefillChunk
 from .packed import PACKED_BATCH_HINT, onednn_linear_available
 from .prefix_cache import PrefixCache
@@ -43,13 +48,7 @@ if TYPE_CHECKING:
     from .cpu_kernels import CPUKernels
 
 Linear = Callable[[torch.Tensor], torch.Tensor]
-# (weight [out, in], activation dtype, names of the model's parameters stacked into weight) -> linear
-LinearFactory = Callable[[torch.Tensor, torch.dtype, tuple[str, ...]], Linear]
 
-MODEL_TYPES = ("llama",)
-# Rope variants whose frequencies do not depend on the sequence length within max_position_embeddings
-# ("dynamic" NTK scaling only changes them beyond it, where this runner never goes).
-STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "dynamic")
 ROW_CHUNK = 8  # the running batch's cache grows by this many rows: at most 4 copies on the way to 32
 COLUMN_CHUNK = 64  # ... and by this many positions: one copy per 64 decode steps, little unused memory
 OUTPUT_NAME = "lm_head.weight"  # the name a factory is given for the output layer (tied or not)
@@ -85,44 +84,6 @@ def make_linear(weight: torch.Tensor, dtype: torch.dtype, names: tuple[str, ...]
         return F.linear(x, converted)
 
     return linear
-
-
-def unsupported_reason(model) -> str | None:
-    """Why :class:`LlamaModelRunner` cannot run ``model`` (a transformers causal LM), or None if it can.
-
-    Supported: ``model_type`` ``llama`` with no attention or MLP bias, SiLU MLP, full rotary
-    embeddings of a static variant (:data:`STATIC_ROPE_TYPES`), plain ``nn.Linear`` layers (not
-    prepacked or quantized).  Mistral (sliding windows), Qwen2 (q/k/v bias), Qwen3 (q/k norms) and
-    longrope's length-dependent frequencies are not.
-    """
-    config = model.config
-    if getattr(config, "model_type", None) not in MODEL_TYPES:
-        return f"model_type {getattr(config, 'model_type', None)!r} is not one of {MODEL_TYPES}"
-    if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
-        return "attention or MLP layers have a bias"
-    if getattr(config, "hidden_act", "silu") != "silu":
-        return f"hidden_act {config.hidden_act!r} is not silu"
-    rope = getattr(config, "rope_parameters", None) or {}
-    if rope.get("rope_type", "default") not in STATIC_ROPE_TYPES:
-        return f"rope_type {rope.get('rope_type')!r} is not one of {STATIC_ROPE_TYPES}"
-    if rope.get("partial_rotary_factor", 1.0) != 1.0 or getattr(config, "partial_rotary_factor", 1.0) != 1.0:
-        return "partial rotary embeddings"
-    for layer in model.model.layers:
-        attention, mlp = layer.self_attn, layer.mlp
-        modules = (
-            attention.q_proj,
-            attention.k_proj,
-            attention.v_proj,
-            attention.o_proj,
-            mlp.gate_proj,
-            mlp.up_proj,
-            mlp.down_proj,
-        )
-        if any(type(module) is not torch.nn.Linear for module in modules):
-            return "linear layers are not plain nn.Linear (prepacked or quantized)"
-    if type(model.get_output_embeddings()) is not torch.nn.Linear:
-        return "the output layer is not a plain nn.Linear"
-    return None
 
 
 def supports(model) -> bool:
@@ -185,8 +146,10 @@ def _round_up(value: int, chunk: int) -> int:
 class LlamaModelRunner:
     """The ModelRunner (:mod:`inference.model_runner`) for Llama-family models, forward pass our own.
 
-    ``model``: a loaded transformers Llama causal LM, on the CPU or one device, unchanged by the
-    runner.  Its q/k/v and gate/up weights are copied into stacked matrices; the others are shared
+    ``model``: the weights, :class:`inference.families.llama.LlamaWeights` (a GGUF file's, from
+    :func:`~inference.families.llama.gguf_weights`), or a loaded transformers Llama causal LM, on the
+    CPU or one device, unchanged by the runner (read through ``linear_factory``,
+    :func:`~inference.families.llama.transformers_weights`).  Its q/k/v and gate/up weights are copied into stacked matrices; the others are shared
     with it where ``make_linear`` keeps them as they are (float32 into float32), so an engine that
     keeps only the runner should drop the model's decoder layers, or their memory counts twice.  ``dtype``:
     the activation dtype (float32 or bfloat16).  ``kv_cache_dtype``: the KV cache's (vLLM's
@@ -211,10 +174,8 @@ class LlamaModelRunner:
         kv_cache_dtype: torch.dtype | str | None = None,
         prefix_cache_bytes: int = 0,
     ) -> None:
-        reason = unsupported_reason(model)
-        if reason is not None:
-            raise ValueError(f"LlamaModelRunner cannot run this model: {reason}")
-        config = model.config
+        weights = model if isinstance(model, LlamaWeights) else transformers_weights(model, dtype, linear_factory)
+        config = weights.config
         self.dtype = dtype
         self.max_batch_size = max_batch_size
         self.num_heads = config.num_attention_heads
@@ -225,33 +186,23 @@ class LlamaModelRunner:
         self.eps = float(config.rms_norm_eps)
         self.num_layers = config.num_hidden_layers
         self.max_context = int(config.max_position_embeddings)
-        output = model.get_output_embeddings()
-        self.vocab_size = int(output.out_features)
-        self.device = output.weight.device
-        with torch.no_grad():
-            self._embedding = model.get_input_embeddings().weight.detach().to(dtype)
-            self._layers = [
-                self._load_layer(index, layer, linear_factory) for index, layer in enumerate(model.model.layers)
-            ]
-            self._final_norm = model.model.norm.weight.detach().to(dtype)
-            self._lm_head = linear_factory(output.weight, dtype, (OUTPUT_NAME,))
-            # A tied embedding read from the output layer's own blocks where its format keeps them
-            # exactly (Q8_0 from a GGUF): no float32 copy of the vocabulary's rows (113 MB for SmolLM2).
-            rows_of = getattr(self._lm_head, "embedding_rows", None)
-            tied = model.get_input_embeddings().weight.data_ptr() == output.weight.data_ptr()
-            probe = torch.zeros(1, dtype=torch.long, device=self.device)
-            if tied and dtype == torch.float32 and rows_of is not None and rows_of(probe) is not None:
-                self._embedding = None
-                self._embedding_rows = rows_of
-        self._inv_freq, self._rope_scaling = self._rope_frequencies(model)
+        self.vocab_size = weights.vocab_size
+        self.device = weights.final_norm.device
+        self._embedding = weights.embedding
+        if weights.embedding_rows is not None:
+            self._embedding_rows = weights.embedding_rows
+        self._layers = [self._load_layer(layer) for layer in weights.layers]
+        self._final_norm = weights.final_norm
+        self._lm_head = weights.lm_head
+        self._inv_freq, self._rope_scaling = weights.inv_freq.to(self.device), weights.rope_scaling
         self._cos = self._sin = torch.empty(0, self.head_dim, dtype=dtype, device=self.device)
         linear_kind = (
             "oneDNN-packed bfloat16"
             if dtype == torch.bfloat16 and onednn_linear_available()
             else str(dtype).removeprefix("torch.")
         )
-        if linear_factory is not make_linear:
-            linear_kind = getattr(linear_factory, "description", linear_factory.__name__)
+        if isinstance(model, LlamaWeights) or linear_factory is not make_linear:
+            linear_kind = weights.description
         self.description = f"llama runner, weights {linear_kind}, activations {str(dtype).removeprefix('torch.')}"
         self.weight_formats = linear_kind
         self._partials: dict[int, _Partial] = {}
@@ -294,31 +245,17 @@ class LlamaModelRunner:
 
     # --- weights ---------------------------------------------------------------------------------
 
-    def _load_layer(self, index: int, layer, linear_factory: LinearFactory) -> _Layer:
-        attention, mlp = layer.self_attn, layer.mlp
-        qkv = torch.cat([attention.q_proj.weight, attention.k_proj.weight, attention.v_proj.weight])
-        gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
-        prefix = f"model.layers.{index}"
-
-        def names(*parts: str) -> tuple[str, ...]:
-            return tuple(f"{prefix}.{part}.weight" for part in parts)
-
-        qkv_linear = linear_factory(
-            qkv.detach(), self.dtype, names("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
-        )
-        o = linear_factory(attention.o_proj.weight.detach(), self.dtype, names("self_attn.o_proj"))
-        gate_up_linear = linear_factory(gate_up.detach(), self.dtype, names("mlp.gate_proj", "mlp.up_proj"))
-        down = linear_factory(mlp.down_proj.weight.detach(), self.dtype, names("mlp.down_proj"))
+    def _load_layer(self, layer) -> _Layer:
         return _Layer(
-            input_norm=layer.input_layernorm.weight.detach().to(self.dtype),
-            qkv=qkv_linear,
-            o=self._residual_linear(o),
-            post_norm=layer.post_attention_layernorm.weight.detach().to(self.dtype),
-            gate_up=gate_up_linear,
-            down=self._residual_linear(down),
-            o_add=self._residual_add(o),
-            down_add=self._residual_add(down),
-            products=(qkv_linear, o, gate_up_linear, down),
+            input_norm=layer.input_norm,
+            qkv=layer.qkv,
+            o=self._residual_linear(layer.o),
+            post_norm=layer.post_norm,
+            gate_up=layer.gate_up,
+            down=self._residual_linear(layer.down),
+            o_add=self._residual_add(layer.o),
+            down_add=self._residual_add(layer.down),
+            products=(layer.qkv, layer.o, layer.gate_up, layer.down),
         )
 
     def _residual_linear(self, linear: Linear) -> Linear:
@@ -346,18 +283,6 @@ class LlamaModelRunner:
             residual += compute(x)
 
         return add
-
-    @staticmethod
-    def _rope_frequencies(model) -> tuple[torch.Tensor, float]:
-        """Inverse frequencies ``[head_dim / 2]`` (float32) and the cos/sin scale, as transformers computes them."""
-        config = model.config
-        rope_type = (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default")
-        if rope_type == "default":
-            init = type(model.model.rotary_emb).compute_default_rope_parameters
-        else:
-            init = ROPE_INIT_FUNCTIONS[rope_type]
-        inv_freq, scaling = init(config)
-        return inv_freq.float().to(model.get_output_embeddings().weight.device), float(scaling)
 
     def _rope_table(self, positions: int) -> None:
         """Make the cos/sin table cover ``positions`` positions (in chunks, up to ``max_context``).

@@ -502,6 +502,19 @@ class Q4_1Linear(_BlockLinear):
     def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Q4_1Linear:
         return cls(quantize_q4_1(weight), bias)
 
+    @classmethod
+    def from_parts(
+        cls, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> Q4_1Linear:
+        """The layer of packed nibbles ``qs`` ``[out, in / 2]`` (Q4_1's byte order) and float32 ``d``/``m``
+        ``[out, in / 32]`` as they are (:func:`inference.formats.ggml.q4_1_parts`)."""
+        layer = cls.__new__(cls)
+        layer.kernels = _cpu_kernels()
+        layer.out_features, layer.in_features = d.shape[0], d.shape[1] * INT4_GROUP
+        layer.qs, layer.d, layer.m = qs.contiguous(), d.float().contiguous(), m.float().contiguous()
+        layer.bias = None if bias is None else bias.detach().float()
+        return layer
+
     def _product(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         return self.kernels.q4_1(x, self.qs, self.d, self.m, out=out)
 
@@ -559,6 +572,19 @@ class Q8_0Linear(_BlockLinear):
         self.q, self.d = quantize_q8_0(weight)
         self.bias = None if bias is None else bias.detach().float()
         self.lossless = _holds_exactly(weight, self.q, self.d)  # an embedding may be read from it
+
+    @classmethod
+    def from_parts(cls, q: torch.Tensor, d: torch.Tensor, bias: torch.Tensor | None = None) -> Q8_0Linear:
+        """The layer of int8 values ``q`` ``[out, in]`` and float32 scales ``d`` ``[out, in / 32]`` as
+        they are (a GGUF's Q8_0 blocks, :func:`inference.formats.ggml.q8_0_parts`): its rows serve as
+        an embedding."""
+        layer = cls.__new__(cls)
+        layer.kernels = _cpu_kernels()
+        layer.out_features, layer.in_features = q.shape
+        layer.q, layer.d = q.contiguous(), d.float().contiguous()
+        layer.bias = None if bias is None else bias.detach().float()
+        layer.lossless = True
+        return layer
 
     def _product(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         return self.kernels.q8_0(x, self.q, self.d, out=out)

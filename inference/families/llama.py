@@ -1,0 +1,378 @@
+"""The Llama family's checkpoints as the runner reads them: a transformers model, or a GGUF file.
+
+Both give a :class:`LlamaWeights`: the model's dimensions, rotary frequencies, norm scales and linear
+layers, with q/k/v and gate/up stacked along their output rows (one product each).  The runner
+(:class:`inference.llama.LlamaModelRunner`) reads nothing else.
+
+A GGUF file of architecture ``llama`` (llama.cpp's converter writes SmolLM2, Llama 2/3.x, TinyLlama
+so) has its dimensions under ``llama.*`` metadata keys and its tensors under ggml's names
+(``blk.0.attn_q.weight``).  llama.cpp's converter interleaves each head's rotary halves in the q/k
+rows (``convert_hf_to_gguf``'s ``LlamaModel.permute``); :func:`unpermute_rows` puts them back in
+transformers' order.  Llama 3.1's rope scaling is stored as a tensor, ``rope_freqs.weight``, the
+divisor of each inverse frequency (llama.cpp's ``freq_factors``); linear scaling as metadata.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from transformers import LlamaConfig
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+from ..formats import ggml
+from ..formats.gguf import GGUFFile, ModelFileError
+
+logger = logging.getLogger(__name__)
+
+Linear = Callable[[torch.Tensor], torch.Tensor]
+ARCHITECTURES = ("llama",)
+MODEL_TYPES = ("llama",)
+# Rope variants whose frequencies do not depend on the sequence length within max_position_embeddings
+# ("dynamic" NTK scaling only changes them beyond it, where the runner never goes).
+STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "dynamic")
+OUTPUT_NAME = "lm_head.weight"  # the name a linear factory is given for the output layer (tied or not)
+
+# A decoder layer's tensors: transformers' name -> ggml's.
+LAYER_TENSORS = {
+    "input_layernorm": "attn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "post_attention_layernorm": "ffn_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+
+
+@dataclass
+class LlamaLayer:
+    """One decoder layer: RMSNorm scales ``[hidden]`` (float, the runner's dtype) and its linears."""
+
+    input_norm: torch.Tensor
+    qkv: Linear  # [tokens, hidden] -> [tokens, (heads + 2 kv_heads) * head_dim]
+    o: Linear  # [tokens, heads * head_dim] -> [tokens, hidden]
+    post_norm: torch.Tensor
+    gate_up: Linear  # [tokens, hidden] -> [tokens, 2 * intermediate]
+    down: Linear  # [tokens, intermediate] -> [tokens, hidden]
+
+
+@dataclass
+class LlamaWeights:
+    """What the runner runs: dimensions, rotary inverse frequencies ``[head_dim / 2]`` (float32) and
+    their cos/sin scale, and the weights.  ``embedding``: a table ``[vocab, hidden]``, or None when
+    ``embedding_rows(ids) -> [n, hidden]`` float32 reads the rows from the output layer's or the
+    file's blocks (no float copy of the vocabulary).  ``description``: the weights' formats, for the log."""
+
+    config: LlamaConfig
+    inv_freq: torch.Tensor
+    rope_scaling: float
+    embedding: torch.Tensor | None
+    embedding_rows: Callable[[torch.Tensor], torch.Tensor] | None
+    layers: list[LlamaLayer]
+    final_norm: torch.Tensor
+    lm_head: Linear
+    vocab_size: int
+    description: str
+    formats: dict[str, int] = field(default_factory=dict)  # GGUF: tensors per ggml type
+
+
+def head_dim(config) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def rope_frequencies(config) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies ``[head_dim / 2]`` (float32) and the cos/sin scale, as transformers computes them."""
+    rope_type = (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default")
+    if rope_type == "default":
+        from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+        inv_freq, scaling = LlamaRotaryEmbedding.compute_default_rope_parameters(config)
+    else:
+        inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config)
+    return inv_freq.float(), float(scaling)
+
+
+def unpermute_rows(rows: int, heads: int) -> torch.Tensor:
+    """The row index that undoes llama.cpp's q/k interleaving of ``rows`` rows of ``heads`` heads:
+    ``weight[index]`` is in transformers' order."""
+    index = torch.arange(rows)
+    return index.reshape(heads, rows // heads // 2, 2).transpose(1, 2).reshape(rows)
+
+
+# --- A GGUF file ------------------------------------------------------------------------------------
+
+
+def config_from_gguf(file: GGUFFile) -> LlamaConfig:
+    """The transformers config of a ``llama`` GGUF (its ``llama.*`` metadata and tensor shapes);
+    raises :class:`ModelFileError` when a key is missing or a tensor's shape disagrees with it."""
+    arch = file.require("general.architecture")
+    if arch not in ARCHITECTURES:
+        raise ModelFileError(f"{file.path}: architecture {arch!r} is not a Llama one ({', '.join(ARCHITECTURES)})")
+
+    def key(name: str, default=None):
+        value = file.get(f"{arch}.{name}", default)
+        if value is None:
+            raise ModelFileError(f"{file.path}: the metadata lacks {arch}.{name}")
+        return value
+
+    if "token_embd.weight" not in file.tensors:
+        raise ModelFileError(f"{file.path}: the file has no token_embd.weight tensor")
+    vocab, hidden = file.tensors["token_embd.weight"].shape
+    heads = int(key("attention.head_count"))
+    kv_heads = int(key("attention.head_count_kv", heads))
+    dim = int(key("attention.key_length", 0) or key("rope.dimension_count", 0) or int(key("embedding_length")) // heads)
+    rope: dict = {"rope_type": "default", "rope_theta": float(key("rope.freq_base", 10000.0))}
+    scaling = file.get(f"{arch}.rope.scaling.type")
+    if scaling == "linear":
+        rope = {**rope, "rope_type": "linear", "factor": float(key("rope.scaling.factor"))}
+    elif scaling not in (None, "none"):
+        raise ModelFileError(f"{file.path}: rope scaling {scaling!r} is not supported (none, linear, or rope_freqs)")
+    config = LlamaConfig(
+        vocab_size=int(vocab),
+        hidden_size=int(key("embedding_length")),
+        intermediate_size=int(key("feed_forward_length")),
+        num_hidden_layers=int(key("block_count")),
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=dim,
+        max_position_embeddings=int(key("context_length", 4096)),
+        rms_norm_eps=float(key("attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_parameters=rope,
+        tie_word_embeddings="output.weight" not in file.tensors,
+        bos_token_id=file.get("tokenizer.ggml.bos_token_id"),
+        eos_token_id=file.get("tokenizer.ggml.eos_token_id"),
+    )
+    if hidden != config.hidden_size:
+        raise ModelFileError(
+            f"{file.path}: token_embd.weight is {hidden} wide, but {arch}.embedding_length says {config.hidden_size}"
+        )
+    _check_shapes(file, config)
+    return config
+
+
+def _check_shapes(file: GGUFFile, config: LlamaConfig) -> None:
+    dim, hidden, inter = head_dim(config), config.hidden_size, config.intermediate_size
+    heads, kv_heads = int(config.num_attention_heads), int(config.num_key_value_heads or config.num_attention_heads)
+    expected = {
+        "attn_norm": (hidden,),
+        "attn_q": (heads * dim, hidden),
+        "attn_k": (kv_heads * dim, hidden),
+        "attn_v": (kv_heads * dim, hidden),
+        "attn_output": (hidden, heads * dim),
+        "ffn_norm": (hidden,),
+        "ffn_gate": (inter, hidden),
+        "ffn_up": (inter, hidden),
+        "ffn_down": (hidden, inter),
+    }
+    names = {
+        f"blk.{i}.{part}.weight": shape for i in range(config.num_hidden_layers) for part, shape in expected.items()
+    }
+    names["output_norm.weight"] = (hidden,)
+    if "output.weight" in file.tensors:
+        names["output.weight"] = (config.vocab_size, hidden)
+    for name, shape in names.items():
+        info = file.tensors.get(name)
+        if info is None:
+            raise ModelFileError(f"{file.path}: the file has no {name} tensor ({config.num_hidden_layers} layers)")
+        if info.shape != shape:
+            raise ModelFileError(
+                f"{file.path}: tensor {name} has shape {list(info.shape)}, but the metadata says {list(shape)}"
+            )
+
+
+def gguf_weights(file: GGUFFile, config: LlamaConfig, dtype: torch.dtype, weights: str = "auto") -> LlamaWeights:
+    """The runner's weights from ``file``: each linear in its stored type (``weights`` ``auto``,
+    :func:`inference.formats.ggml.linear`), or dequantized and rebuilt in a format of
+    :mod:`inference.weights` (``weights`` a format name, e.g. ``float32`` for the deterministic
+    mode; tensor by tensor, so the peak is one tensor's float32 copy more).  ``dtype``: the
+    activations' (norms are kept in it).  Raises ``NotImplementedError`` where a stored block type
+    needs our kernels and they cannot run here."""
+    from .. import weights as formats
+
+    heads, kv_heads = int(config.num_attention_heads), int(config.num_key_value_heads or config.num_attention_heads)
+    counts: dict[str, int] = {}
+
+    def part(name: str) -> tuple[torch.Tensor, int, int]:
+        info = file.tensors[name]
+        counts[info.type_name] = counts.get(info.type_name, 0) + 1
+        raw = file.raw(name)
+        if ".attn_q." in name or ".attn_k." in name:
+            raw = raw[unpermute_rows(raw.shape[0], heads if ".attn_q." in name else kv_heads)]
+        return raw, info.ggml_type, info.shape[-1]
+
+    def build(*names: str) -> Linear:
+        parts = [part(name) for name in names]
+        if weights != "auto":
+            weight = torch.cat([ggml.dequantize(raw, kind, width) for raw, kind, width in parts])
+            return formats.make_linear(weight, None, weights)
+        kinds = {kind for _, kind, _ in parts}
+        if len(kinds) == 1:  # one product over the stacked rows (a copy of them: the file's are apart)
+            raw = parts[0][0] if len(parts) == 1 else torch.cat([raw for raw, _, _ in parts])
+            return ggml.linear(raw, parts[0][1], parts[0][2])
+        return ggml.StackedLinear([ggml.linear(raw, kind, width) for raw, kind, width in parts])
+
+    def vector(name: str) -> torch.Tensor:
+        counts[file.tensors[name].type_name] = counts.get(file.tensors[name].type_name, 0) + 1
+        return file.floats(name).to(dtype)
+
+    layers = []
+    for index in range(config.num_hidden_layers):
+        prefix = f"blk.{index}."
+        layers.append(
+            LlamaLayer(
+                input_norm=vector(prefix + "attn_norm.weight"),
+                qkv=build(prefix + "attn_q.weight", prefix + "attn_k.weight", prefix + "attn_v.weight"),
+                o=build(prefix + "attn_output.weight"),
+                post_norm=vector(prefix + "ffn_norm.weight"),
+                gate_up=build(prefix + "ffn_gate.weight", prefix + "ffn_up.weight"),
+                down=build(prefix + "ffn_down.weight"),
+            )
+        )
+    tied = "output.weight" not in file.tensors
+    lm_head = build("token_embd.weight" if tied else "output.weight")
+    embedding, embedding_rows = None, None
+    rows_of = getattr(lm_head, "embedding_rows", None)
+    if (
+        tied
+        and dtype == torch.float32
+        and rows_of is not None
+        and rows_of(torch.zeros(1, dtype=torch.long)) is not None
+    ):
+        embedding_rows = rows_of  # the output layer's own blocks, read row by row
+    elif tied and isinstance(lm_head, formats.Float32Linear) and dtype == torch.float32:
+        embedding = lm_head.weight  # one float32 copy for both
+    else:
+        info = file.tensors["token_embd.weight"]
+        embed = (
+            ggml.linear(file.raw("token_embd.weight"), info.ggml_type, info.shape[-1]) if weights == "auto" else None
+        )
+        rows = getattr(embed, "embedding_rows", None)
+        if dtype == torch.float32 and rows is not None and rows(torch.zeros(1, dtype=torch.long)) is not None:
+            embedding_rows = rows
+        else:
+            embedding = file.floats("token_embd.weight").to(dtype)
+    inv_freq, rope_scaling = rope_frequencies(config)
+    if "rope_freqs.weight" in file.tensors:  # Llama 3.1's scaling: a divisor per frequency
+        inv_freq = inv_freq / file.floats("rope_freqs.weight").reshape(-1)
+    described = ", ".join(f"{name} x {count}" for name, count in sorted(counts.items(), key=lambda c: -c[1]))
+    kind = "GGUF blocks as stored" if weights == "auto" else f"{weights} from the GGUF"
+    return LlamaWeights(
+        config=config,
+        inv_freq=inv_freq,
+        rope_scaling=rope_scaling,
+        embedding=embedding,
+        embedding_rows=embedding_rows,
+        layers=layers,
+        final_norm=vector("output_norm.weight"),
+        lm_head=lm_head,
+        vocab_size=config.vocab_size,
+        description=f"{kind} ({described})",
+        formats=counts,
+    )
+
+
+# --- A transformers model -----------------------------------------------------------------------------
+
+# (weight [out, in], activation dtype, names of the model's parameters stacked into weight) -> linear
+LinearFactory = Callable[[torch.Tensor, torch.dtype, tuple[str, ...]], Linear]
+
+
+def unsupported_reason(model) -> str | None:
+    """Why the runner cannot run ``model`` (a transformers causal LM), or None if it can.
+
+    Supported: ``model_type`` ``llama`` with no attention or MLP bias, SiLU MLP, full rotary
+    embeddings of a static variant (:data:`STATIC_ROPE_TYPES`), plain ``nn.Linear`` layers (not
+    prepacked or quantized).
+    """
+    config = model.config
+    if getattr(config, "model_type", None) not in MODEL_TYPES:
+        return f"model_type {getattr(config, 'model_type', None)!r} is not one of {MODEL_TYPES}"
+    if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
+        return "attention or MLP layers have a bias"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"hidden_act {config.hidden_act!r} is not silu"
+    rope = getattr(config, "rope_parameters", None) or {}
+    if rope.get("rope_type", "default") not in STATIC_ROPE_TYPES:
+        return f"rope_type {rope.get('rope_type')!r} is not one of {STATIC_ROPE_TYPES}"
+    if rope.get("partial_rotary_factor", 1.0) != 1.0 or getattr(config, "partial_rotary_factor", 1.0) != 1.0:
+        return "partial rotary embeddings"
+    for layer in model.model.layers:
+        attention, mlp = layer.self_attn, layer.mlp
+        modules = (
+            attention.q_proj,
+            attention.k_proj,
+            attention.v_proj,
+            attention.o_proj,
+            mlp.gate_proj,
+            mlp.up_proj,
+            mlp.down_proj,
+        )
+        if any(type(module) is not torch.nn.Linear for module in modules):
+            return "linear layers are not plain nn.Linear (prepacked or quantized)"
+    if type(model.get_output_embeddings()) is not torch.nn.Linear:
+        return "the output layer is not a plain nn.Linear"
+    return None
+
+
+def transformers_weights(model, dtype: torch.dtype, linear_factory: LinearFactory) -> LlamaWeights:
+    """The runner's weights from a loaded transformers Llama model: q/k/v and gate/up stacked (copies),
+    every linear built by ``linear_factory`` (which may share the model's float32 weights), norms in
+    ``dtype``.  Raises ``ValueError`` when :func:`unsupported_reason` names a reason."""
+    reason = unsupported_reason(model)
+    if reason is not None:
+        raise ValueError(f"LlamaModelRunner cannot run this model: {reason}")
+    config = model.config
+    with torch.no_grad():
+        layers = [
+            _transformers_layer(index, layer, dtype, linear_factory) for index, layer in enumerate(model.model.layers)
+        ]
+        output = model.get_output_embeddings()
+        lm_head = linear_factory(output.weight, dtype, (OUTPUT_NAME,))
+        embedding: torch.Tensor | None = model.get_input_embeddings().weight.detach().to(dtype)
+        embedding_rows = None
+        # A tied embedding read from the output layer's own blocks where its format keeps them
+        # exactly (Q8_0): no float32 copy of the vocabulary's rows (113 MB for SmolLM2).
+        rows_of = getattr(lm_head, "embedding_rows", None)
+        tied = model.get_input_embeddings().weight.data_ptr() == output.weight.data_ptr()
+        probe = torch.zeros(1, dtype=torch.long, device=output.weight.device)
+        if tied and dtype == torch.float32 and rows_of is not None and rows_of(probe) is not None:
+            embedding, embedding_rows = None, rows_of
+        final_norm = model.model.norm.weight.detach().to(dtype)
+    inv_freq, rope_scaling = rope_frequencies(config)
+    description = getattr(linear_factory, "description", getattr(linear_factory, "__name__", "linear"))
+    return LlamaWeights(
+        config=config,
+        inv_freq=inv_freq.to(output.weight.device),
+        rope_scaling=rope_scaling,
+        embedding=embedding,
+        embedding_rows=embedding_rows,
+        layers=layers,
+        final_norm=final_norm,
+        lm_head=lm_head,
+        vocab_size=int(output.out_features),
+        description=description,
+    )
+
+
+def _transformers_layer(index: int, layer, dtype: torch.dtype, linear_factory: LinearFactory) -> LlamaLayer:
+    attention, mlp = layer.self_attn, layer.mlp
+    prefix = f"model.layers.{index}"
+
+    def names(*parts: str) -> tuple[str, ...]:
+        return tuple(f"{prefix}.{part}.weight" for part in parts)
+
+    qkv = torch.cat([attention.q_proj.weight, attention.k_proj.weight, attention.v_proj.weight])
+    gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
+    return LlamaLayer(
+        input_norm=layer.input_layernorm.weight.detach().to(dtype),
+        qkv=linear_factory(qkv.detach(), dtype, names("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
+        o=linear_factory(attention.o_proj.weight.detach(), dtype, names("self_attn.o_proj")),
+        post_norm=layer.post_attention_layernorm.weight.detach().to(dtype),
+        gate_up=linear_factory(gate_up.detach(), dtype, names("mlp.gate_proj", "mlp.up_proj")),
+        down=linear_factory(mlp.down_proj.weight.detach(), dtype, names("mlp.down_proj")),
+    )

@@ -1,0 +1,219 @@
+"""ggml's tensor types: their block layouts, a reference dequantizer, and the linear layers that
+multiply a GGUF's blocks on our kernels.
+
+Layouts are ggml's (``ggml-common.h``): a row of ``K`` weights is ``K / block_size`` blocks of
+``type_size`` bytes.  The types served, as the Q4_K_M, Q5_K_M, Q6_K and Q8_0 files people download
+contain them: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K.
+
+:func:`linear` builds a layer from a tensor's raw bytes (``uint8 [rows, row_bytes]``):
+
+- Q4_0, Q4_1 and Q4_K become :class:`inference.weights.Q4_1Linear` (4-bit values with a float32
+  scale and minimum per group of 32): the same weights exactly (Q4_K's per-group scale ``d * sc``
+  and minimum ``dmin * m`` are exact in float32), on our tuned Q4_1 products.
+- Q8_0 becomes :class:`inference.weights.Q8_0Linear` (int8 values, float32 scales): exact.
+- The other types run on :class:`GGMLLinear`, our kernels' products of the blocks as stored
+  (:meth:`inference.cpu_kernels.CPUKernels.ggml_gemm`), float32 activations.
+
+No Django, no transformers here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..weights import Float32Linear, Q4_1Linear, Q8_0Linear, WeightLinear, _BlockLinear, _cpu_kernels
+
+F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 6, 7, 8, 12, 13, 14, 30
+
+# type id -> (name, weights per block, bytes per block)
+TYPES: dict[int, tuple[str, int, int]] = {
+    F32: ("F32", 1, 4),
+    F16: ("F16", 1, 2),
+    BF16: ("BF16", 1, 2),
+    Q4_0: ("Q4_0", 32, 18),
+    Q4_1: ("Q4_1", 32, 20),
+    Q5_0: ("Q5_0", 32, 22),
+    Q5_1: ("Q5_1", 32, 24),
+    Q8_0: ("Q8_0", 32, 34),
+    Q4_K: ("Q4_K", 256, 144),
+    Q5_K: ("Q5_K", 256, 176),
+    Q6_K: ("Q6_K", 256, 210),
+}
+GROUP = 32
+
+
+def is_known(kind: int) -> bool:
+    return kind in TYPES
+
+
+def type_name(kind: int) -> str:
+    """The type's ggml name (``Q4_K``); for a type not served here, gguf-py's name or its number."""
+    if kind in TYPES:
+        return TYPES[kind][0]
+    try:
+        from gguf import GGMLQuantizationType
+
+        return f"{GGMLQuantizationType(kind).name} (ggml type {kind})"
+    except (ImportError, ValueError):
+        return f"ggml type {kind}"
+
+
+def supported_names() -> list[str]:
+    return [name for name, _, _ in TYPES.values()]
+
+
+def block_size(kind: int) -> int:
+    return TYPES[kind][1]
+
+
+def type_size(kind: int) -> int:
+    return TYPES[kind][2]
+
+
+def bits_per_weight(kind: int) -> float:
+    return 8 * type_size(kind) / block_size(kind)
+
+
+def dequantize(raw: torch.Tensor, kind: int, width: int) -> torch.Tensor:
+    """Float32 values ``[rows, width]`` of ``raw`` (``uint8 [rows, row_bytes]``): gguf-py's reference
+    dequantizers (``gguf.quants``), or a view's conversion for the float types."""
+    rows = raw.shape[0]
+    if kind == F32:
+        return raw.contiguous().view(torch.float32).reshape(rows, width).clone()
+    if kind == F16:
+        return raw.contiguous().view(torch.float16).reshape(rows, width).float()
+    if kind == BF16:
+        return raw.contiguous().view(torch.bfloat16).reshape(rows, width).float()
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize as reference
+
+    values = reference(raw.numpy(), GGMLQuantizationType(kind))
+    return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(rows, width)
+
+
+# --- Exact conversions to our Q4_1 and Q8_0 layouts ---------------------------------------------------
+
+
+def _halves(raw: np.ndarray, start: int) -> np.ndarray:
+    return raw[..., start : start + 2].copy().view(np.float16)[..., 0].astype(np.float32)
+
+
+def q4_1_parts(raw: torch.Tensor, kind: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(qs, d, m)`` of a Q4_0, Q4_1 or Q4_K tensor in :class:`inference.weights.Q4_1Linear`'s
+    layout: ``qs`` uint8 ``[rows, K / 2]`` (per group of 32, byte ``i`` holds weights ``i`` (low
+    nibble) and ``i + 16``), ``d``/``m`` float32 ``[rows, K / 32]``; weight ``= d q + m`` exactly as
+    ggml's ``dequantize_row_*`` computes it.  Raises ``ValueError`` for another type."""
+    data = raw.numpy()
+    rows = data.shape[0]
+    if kind in (Q4_0, Q4_1):
+        blocks = data.reshape(rows, -1, type_size(kind))
+        d = _halves(blocks, 0)
+        m = -8 * d if kind == Q4_0 else _halves(blocks, 2)
+        qs = blocks[..., type_size(kind) - 16 :].reshape(rows, -1)
+        return torch.from_numpy(np.ascontiguousarray(qs)), torch.from_numpy(d), torch.from_numpy(m)
+    if kind != Q4_K:
+        raise ValueError(f"{type_name(kind)} has no Q4_1 form")
+    blocks = data.reshape(rows, -1, 144)
+    d, dmin = _halves(blocks, 0), _halves(blocks, 2)
+    scales, mins = _k_scales(blocks[..., 4:16])  # [rows, blocks, 8] each
+    chunks = blocks[..., 16:].reshape(rows, -1, 4, 32)  # four 64-weight chunks of 32 bytes
+    # Chunk c's low nibbles are group 2c, its high nibbles group 2c + 1.
+    values = np.stack([chunks & 0x0F, chunks >> 4], axis=3).reshape(rows, -1, 32)  # [rows, groups, 32]
+    packed = values[..., :16] | (values[..., 16:] << 4)
+    d_groups = (d[..., None] * scales).reshape(rows, -1)
+    m_groups = -(dmin[..., None] * mins).reshape(rows, -1)
+    return (
+        torch.from_numpy(np.ascontiguousarray(packed.reshape(rows, -1))),
+        torch.from_numpy(np.ascontiguousarray(d_groups, dtype=np.float32)),
+        torch.from_numpy(np.ascontiguousarray(m_groups, dtype=np.float32)),
+    )
+
+
+def _k_scales(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The 8 six-bit scales and minimums of Q4_K/Q5_K blocks from their 12 bytes (ggml's
+    ``get_scale_min_k4``), as float32 ``[..., 8]`` each."""
+    q = packed.astype(np.uint8)
+    low_scales, low_mins = q[..., 0:4] & 63, q[..., 4:8] & 63
+    high_scales = (q[..., 8:12] & 0x0F) | ((q[..., 0:4] >> 6) << 4)
+    high_mins = (q[..., 8:12] >> 4) | ((q[..., 4:8] >> 6) << 4)
+    scales = np.concatenate([low_scales, high_scales], axis=-1).astype(np.float32)
+    mins = np.concatenate([low_mins, high_mins], axis=-1).astype(np.float32)
+    return scales, mins
+
+
+def q8_0_parts(raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(q, d)`` of a Q8_0 tensor in :class:`inference.weights.Q8_0Linear`'s layout: int8 ``[rows, K]``
+    and float32 ``[rows, K / 32]`` (ggml's float16 scales, exact)."""
+    data = raw.numpy()
+    rows = data.shape[0]
+    blocks = data.reshape(rows, -1, 34)
+    q = np.ascontiguousarray(blocks[..., 2:]).view(np.int8).reshape(rows, -1)
+    return torch.from_numpy(q), torch.from_numpy(_halves(blocks, 0))
+
+
+# --- Layers -------------------------------------------------------------------------------------------
+
+
+def linear(raw: torch.Tensor, kind: int, width: int) -> WeightLinear:
+    """The layer ``x [rows, width] -> [rows, out]`` of a tensor's bytes ``raw`` (``uint8 [out, row_bytes]``),
+    in the form the module docstring gives for its type.  Float types are exact float32 products.
+    Raises ``NotImplementedError`` where our kernels cannot run here (the block types need them)."""
+    if kind in (Q4_0, Q4_1, Q4_K):
+        return Q4_1Linear.from_parts(*q4_1_parts(raw, kind))
+    if kind == Q8_0:
+        return Q8_0Linear.from_parts(*q8_0_parts(raw))
+    if kind == F32:
+        return Float32Linear(raw.view(torch.float32).reshape(raw.shape[0], width))
+    return GGMLLinear(raw, kind, width)
+
+
+class GGMLLinear(_BlockLinear):
+    """A ggml tensor's blocks as stored (``raw`` ``uint8 [out, row_bytes]``, often a view of the
+    memory-mapped file), multiplied in float32 activations by our kernels
+    (:meth:`inference.cpu_kernels.CPUKernels.ggml_gemm`): ``x`` times the dequantized weight, up to
+    float32 summation order.  Raises ``NotImplementedError`` where the kernels cannot run here."""
+
+    def __init__(self, raw: torch.Tensor, kind: int, width: int, bias: torch.Tensor | None = None) -> None:
+        self.kernels = _cpu_kernels()
+        if not hasattr(self.kernels, "ggml_gemm"):
+            raise NotImplementedError("this build of our kernels has no ggml block products")
+        self.raw, self.kind = raw, kind
+        self.format = type_name(kind).lower()
+        self.out_features, self.in_features = raw.shape[0], width
+        self.bias = None if bias is None else bias.detach().float()
+
+    def _product(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        return self.kernels.ggml_gemm(x, self.raw, self.kind, out=out)
+
+    def embedding_rows(self, ids: torch.Tensor) -> torch.Tensor | None:
+        return self.kernels.ggml_dequantize_rows(self.raw, self.kind, self.in_features, ids)
+
+    def dequantized(self) -> torch.Tensor:
+        """The float32 weight ``[out, in]`` (gguf-py's reference dequantizer)."""
+        return dequantize(self.raw, self.kind, self.in_features)
+
+    def _tensors(self):
+        return (self.raw, self.bias)
+
+
+class StackedLinear(WeightLinear):
+    """Several layers over one input, their outputs side by side: ``[rows, sum of out_features]``
+    (q/k/v or gate/up whose tensors have different types, as a Q4_K_M file's do)."""
+
+    format = "stacked"
+
+    def __init__(self, parts: list[WeightLinear]) -> None:
+        self.parts = parts
+        self.in_features = parts[0].in_features
+        self.out_features = sum(part.out_features for part in parts)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([part(x) for part in self.parts], dim=-1)
+
+    def compute(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([part.compute(x).float() for part in self.parts], dim=-1)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(part.nbytes for part in self.parts)

@@ -1,0 +1,223 @@
+"""A GGUF file is a model: a tiny random Llama written as GGUF (gguf-py's writer, llama.cpp's q/k
+row order) gives the logits of transformers' modeling on the same (dequantized) weights, and a
+broken file is a start-up error naming the problem."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+gguf = pytest.importorskip("gguf")
+
+from inference import cpu_kernels  # noqa: E402
+from inference.families import llama as family  # noqa: E402
+from inference.formats import ggml  # noqa: E402
+from inference.formats.gguf import GGUFFile, ModelFileError  # noqa: E402
+from inference.llama import LlamaModelRunner  # noqa: E402
+from inference.model_runner import PrefillChunk  # noqa: E402
+
+HIDDEN, HEADS, KV_HEADS, LAYERS, INTER, VOCAB = 64, 4, 2, 2, 128, 96
+
+
+def _tiny_llama(seed: int = 0):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=INTER, num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=256,
+        rms_norm_eps=1e-5, tie_word_embeddings=False,
+    )  # fmt: skip
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_(0, 0.2)
+    return model
+
+
+def _permute(weight: np.ndarray, heads: int) -> np.ndarray:
+    # convert_hf_to_gguf's LlamaModel.permute: each head's rotary halves interleaved.
+    rows = weight.shape[0]
+    return weight.reshape(heads, 2, rows // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+
+
+def _write(model, path: Path, kind: int, *, corrupt: str = "") -> dict[str, np.ndarray]:
+    """Write ``model`` as a llama GGUF with its matrices in ggml type ``kind``; returns the values
+    each tensor holds as stored (dequantized), under GGUF names."""
+    writer = gguf.GGUFWriter(str(path), "llama")
+    config = model.config
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(HIDDEN)
+    writer.add_block_count(LAYERS)
+    writer.add_feed_forward_length(INTER)
+    writer.add_head_count(HEADS)
+    writer.add_head_count_kv(KV_HEADS if corrupt != "kv_heads" else 3)
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_rope_freq_base(10000.0)
+    state = {name: tensor.detach().float().numpy() for name, tensor in model.state_dict().items()}
+    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+             "lm_head.weight": "output.weight"}  # fmt: skip
+    for i in range(LAYERS):
+        for hf, ours in family.LAYER_TENSORS.items():
+            names[f"model.layers.{i}.{hf}.weight"] = f"blk.{i}.{ours}.weight"
+    stored = {}
+    qtype = gguf.GGMLQuantizationType(kind)
+    for hf, name in names.items():
+        values = state[hf]
+        if name.endswith("attn_q.weight"):
+            values = _permute(values, HEADS)
+        elif name.endswith("attn_k.weight"):
+            values = _permute(values, KV_HEADS)
+        if values.ndim == 1:
+            writer.add_tensor(name, values.astype(np.float32))
+            stored[name] = values
+            continue
+        if kind == ggml.F32:
+            data = values.astype(np.float32)
+        elif kind == ggml.F16:
+            data = values.astype(np.float16)
+        else:
+            data = gguf.quants.quantize(values, qtype)
+        writer.add_tensor(name, data, raw_dtype=qtype if kind not in (ggml.F32, ggml.F16) else None)
+        raw = np.ascontiguousarray(data).view(np.uint8).reshape(values.shape[0], -1)
+        stored[name] = ggml.dequantize(torch.from_numpy(raw.copy()), kind, values.shape[1]).numpy()
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return stored
+
+
+def _reference(model, stored: dict[str, np.ndarray]):
+    """``model`` with every weight replaced by what the file stores, q/k rows back in transformers' order."""
+    state = {}
+    for name, tensor in model.state_dict().items():
+        ours = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+                "lm_head.weight": "output.weight"}.get(name)  # fmt: skip
+        if ours is None:
+            _, _, i, *rest = name.split(".")
+            ours = f"blk.{i}.{family.LAYER_TENSORS['.'.join(rest[:-1])]}.weight"
+        values = torch.from_numpy(stored[ours].copy()).reshape(tensor.shape)
+        if ours.endswith(("attn_q.weight", "attn_k.weight")):
+            heads = HEADS if "attn_q" in ours else KV_HEADS
+            values = values[family.unpermute_rows(values.shape[0], heads)]
+        state[name] = values
+    model.load_state_dict(state)
+    return model
+
+
+TYPES = [ggml.F32, ggml.F16, ggml.Q8_0, ggml.Q4_0, ggml.Q4_1, ggml.Q5_0, ggml.Q5_1]
+
+
+@pytest.mark.parametrize("kind", TYPES, ids=[ggml.type_name(kind) for kind in TYPES])
+def test_a_gguf_llama_gives_transformers_logits_on_its_stored_weights(tmp_path, kind):
+    needs_kernels = kind not in (ggml.F32,)
+    if needs_kernels and cpu_kernels.load(tmp_path / "cache") is None:
+        pytest.skip("our CPU kernels cannot run here")
+    model = _tiny_llama()
+    stored = _write(model, tmp_path / "tiny.gguf", kind)
+    reference = _reference(model, stored)
+    file = GGUFFile(tmp_path / "tiny.gguf")
+    config = family.config_from_gguf(file)
+    try:
+        weights = family.gguf_weights(file, config, torch.float32)
+    except NotImplementedError as error:
+        pytest.skip(str(error))
+    runner = LlamaModelRunner(weights, max_batch_size=2)
+    ids = [5, 17, 33, 2, 90, 41, 8]
+    with torch.inference_mode():
+        got = runner.prefill([PrefillChunk(1, ids, 0, True)])[0]
+        expected = reference(torch.tensor([ids])).logits[0]
+    scale = expected.abs().max()
+    # Float formats: float32 rounding; block formats: our products may round x to 16 bits per group.
+    tolerance = 1e-4 if kind == ggml.F32 else 2e-3
+    assert (got - expected).abs().max() <= tolerance * scale
+
+
+def test_decode_continues_a_gguf_prompt_as_transformers_does(tmp_path):
+    if cpu_kernels.load(tmp_path / "cache") is None:
+        pytest.skip("our CPU kernels cannot run here")
+    model = _tiny_llama(1)
+    reference = _reference(model, _write(model, tmp_path / "tiny.gguf", ggml.Q8_0))
+    file = GGUFFile(tmp_path / "tiny.gguf")
+    runner = LlamaModelRunner(family.gguf_weights(file, family.config_from_gguf(file), torch.float32), max_batch_size=2)
+    ids = [3, 9, 27, 81]
+    with torch.inference_mode():
+        runner.prefill([PrefillChunk(1, ids, 0, False)])
+        runner.join(1, 1)
+        got = runner.decode([44])[0]
+        expected = reference(torch.tensor([ids + [44]])).logits[0, -1]
+    assert (got - expected).abs().max() <= 2e-3 * expected.abs().max()
+
+
+def test_the_float32_mode_dequantizes_a_gguf_into_exact_float32_layers(tmp_path):
+    model = _tiny_llama(2)
+    reference = _reference(model, _write(model, tmp_path / "tiny.gguf", ggml.Q4_1))
+    file = GGUFFile(tmp_path / "tiny.gguf")
+    runner = LlamaModelRunner(
+        family.gguf_weights(file, family.config_from_gguf(file), torch.float32, "float32"), kernels=None
+    )
+    ids = [1, 2, 3, 4, 5]
+    with torch.inference_mode():
+        got = runner.prefill([PrefillChunk(1, ids, 0, True)])[0]
+        expected = reference(torch.tensor([ids])).logits[0]
+    assert torch.allclose(got, expected, rtol=1e-4, atol=1e-4 * expected.abs().max())
+
+
+# --- broken files ---------------------------------------------------------------------------------
+
+
+def test_a_file_that_is_not_gguf_is_refused_by_name(tmp_path):
+    path = tmp_path / "model.gguf"
+    path.write_bytes(b'{"model_type": "llama"}' + bytes(64))
+    with pytest.raises(ModelFileError, match="not a GGUF file"):
+        GGUFFile(path)
+
+
+def test_a_truncated_file_is_refused_naming_the_tensor(tmp_path):
+    path = tmp_path / "tiny.gguf"
+    _write(_tiny_llama(), path, ggml.Q8_0)
+    data = path.read_bytes()
+    (tmp_path / "cut.gguf").write_bytes(data[: len(data) - 100])
+    with pytest.raises(ModelFileError, match="truncated"):
+        GGUFFile(tmp_path / "cut.gguf")
+    (tmp_path / "header.gguf").write_bytes(data[:200])
+    with pytest.raises(ModelFileError, match="truncated"):
+        GGUFFile(tmp_path / "header.gguf")
+
+
+def test_a_tensor_of_a_type_we_cannot_run_is_refused_by_name_and_type(tmp_path):
+    path = tmp_path / "q2k.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_tensor(
+        "blk.0.attn_q.weight", np.zeros((4, 84), dtype=np.uint8), raw_dtype=gguf.GGMLQuantizationType.Q2_K
+    )
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ModelFileError, match=r"blk\.0\.attn_q\.weight has ggml type Q2_K"):
+        GGUFFile(path)
+
+
+def test_shapes_that_disagree_with_the_metadata_are_refused(tmp_path):
+    path = tmp_path / "tiny.gguf"
+    _write(_tiny_llama(), path, ggml.F32, corrupt="kv_heads")
+    with pytest.raises(ModelFileError, match=r"attn_k\.weight has shape \[32, 64\], but the metadata says \[48, 64\]"):
+        family.config_from_gguf(GGUFFile(path))
+
+
+def test_q4_k_blocks_become_q4_1_groups_of_the_same_values():
+    rng = np.random.default_rng(0)
+    rows, width = 6, 512
+    blocks = rng.integers(0, 256, size=(rows, width // 256, 144), dtype=np.uint8)
+    scales = rng.uniform(1e-3, 1e-1, size=(rows, width // 256, 2)).astype(np.float16)
+    blocks[..., 0:4] = scales.view(np.uint8).reshape(rows, width // 256, 4)  # d and dmin in their real range
+    raw = torch.from_numpy(blocks.reshape(rows, -1))
+    qs, d, m = ggml.q4_1_parts(raw, ggml.Q4_K)
+    values = torch.cat([(qs.reshape(rows, -1, 16) & 0x0F), (qs.reshape(rows, -1, 16) >> 4)], dim=-1).float()
+    ours = (values * d[..., None] + m[..., None]).reshape(rows, width)
+    assert torch.equal(ours, ggml.dequantize(raw, ggml.Q4_K, width))
