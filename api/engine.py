@@ -44,6 +44,7 @@ def engine_configs() -> tuple[ModelConfig, EngineConfig]:
         prefix_cache_mb=settings.ENGINE_PREFIX_CACHE_MB,
         activation_bits=8 if settings.ENGINE_Q8_ACTIVATIONS else 16,
         freeze_gc=True,  # a serving process keeps what it loaded until it exits
+        exit_on_load_failure=True,
     )
     return model, engine
 

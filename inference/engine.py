@@ -20,12 +20,14 @@ a :class:`RequestStream` (an async iterator of :class:`RequestOutput`) fed from 
 The worker updates the Prometheus metrics of :mod:`inference.metrics` (vLLM's names) once per step
 and once per request, never per token.
 """
+
 from __future__ import annotations
 
 import asyncio
 import collections
 import gc
 import logging
+import os
 import sys
 import threading
 import time
@@ -77,13 +79,16 @@ class EngineConfig:
     max_batch_size: int = 32
     max_queue: int = 256
     prefill_chunk: int = 256
-    num_threads: int = 0  # 0: torch's count (one per core), one fewer while other work keeps one busy (thread_budget.py)
+    num_threads: int = (
+        0  # 0: torch's count (one per core), one fewer while other work keeps one busy (thread_budget.py)
+    )
     runner: str = "auto"  # auto | llama | transformers (inference.model_runner.build_runner)
     kv_cache_dtype: str = "auto"  # auto | float32 | float16 | bfloat16 (the Llama runner's KV cache)
     prefix_caching: str = "auto"  # auto | on | off (inference.prefix_cache; auto: off with MODEL_WEIGHTS=float32)
     prefix_cache_mb: int = 128  # the prefix cache's budget, shared with the running rows' positions
     activation_bits: int = 16  # what one-row Q4_1 products on the AVX2 code round x to: 32, 16 or 8 (cpu_kernels.set_activation_bits; the rest round to 16 under 8)
     freeze_gc: bool = False  # once loaded, gc.freeze() what is alive (a serving process's choice; see Engine._run)
+    exit_on_load_failure: bool = False  # a model that cannot load ends the process with status 1 (a server's choice)
 
 
 class RequestStream:
@@ -149,7 +154,9 @@ class Engine:
         self._aborted: set[str] = set()
         self.scheduler = Scheduler(self.config.max_batch_size, self.config.prefill_chunk)
         self._running: list[SequenceState] = []
-        self._first_in_decode: list[Request] = []  # started by _join_reused: their first token comes from the next decode step
+        self._first_in_decode: list[
+            Request
+        ] = []  # started by _join_reused: their first token comes from the next decode step
         self.runner: ModelRunner | None = None
         self._recent_tokens: collections.deque[tuple[float, int]] = collections.deque()
         self._thread: threading.Thread | None = None
@@ -261,7 +268,9 @@ class Engine:
                 return [token_id]
         return [0]
 
-    def submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams, group: str | None = None) -> RequestStream:
+    def submit(
+        self, request_id: str, prompt_ids: list[int], params: SamplingParams, group: str | None = None
+    ) -> RequestStream:
         """Queue ``params.best_of`` candidates for ``prompt_ids``; iterate the result for each step's outputs.
 
         ``group`` names the API request the prompt belongs to (default: ``request_id``): prefill
@@ -328,6 +337,11 @@ class Engine:
         except BaseException as error:  # noqa: BLE001 - reported through /healthz and the log
             logger.exception("The model failed to load")
             self.load_error = error
+            if self.config.exit_on_load_failure:
+                # As vLLM and llama-server do: make run shows it, a process manager sees it; a 503 for ever helps no one.
+                logger.critical("Exiting: the model %s cannot load: %s", self.model_id, error)
+                logging.shutdown()
+                os._exit(1)
             return
         # Not in the deterministic mode (float32 weights): a product's last bits may depend on its thread count.
         if not self.config.num_threads and self.model_config.weights != "float32" and self.device.type == "cpu":
@@ -384,14 +398,18 @@ class Engine:
         self.system_fingerprint = model_fingerprint(model, self.runner.weight_formats)
         if not self.has_chat_template:
             logger.warning("%s has no chat template: /v1/chat/completions will refuse it", self.model_id)
-        self.output_processor = OutputProcessor(tokenizer, self.eos_token_ids, self.vocab_size, self.max_context, self.device)
+        self.output_processor = OutputProcessor(
+            tokenizer, self.eos_token_ids, self.vocab_size, self.max_context, self.device
+        )
 
     def _loop_once(self) -> None:
         self._take_inbox()
         if self._thread_budget is not None and (threads := self._thread_budget.update()) is not None:
             logger.debug(
                 "Engine threads: %d (other work used %.2f of a core, the process's other Python threads %.2f)",
-                threads, self._thread_budget.share, self._thread_budget.threads_share,
+                threads,
+                self._thread_budget.share,
+                self._thread_budget.threads_share,
             )
             torch.set_num_threads(threads)
         if not self._running and not len(self.scheduler):
@@ -495,7 +513,12 @@ class Engine:
             return
         started = time.monotonic()
         chunks = [
-            PrefillChunk(item.request.key, item.request.prompt_ids[item.start : item.end], item.start, item.request.prompt_logprobs is not None)
+            PrefillChunk(
+                item.request.key,
+                item.request.prompt_ids[item.start : item.end],
+                item.start,
+                item.request.prompt_logprobs is not None,
+            )
             for item in scheduled
         ]
         for item in scheduled:
@@ -507,7 +530,9 @@ class Engine:
             request = item.request
             request.prefilled = item.end
             if request.prompt_logprobs is not None:
-                self.output_processor.add_prompt_logprobs(request, logits, request.prompt_ids[item.start + 1 : item.end + 1])
+                self.output_processor.add_prompt_logprobs(
+                    request, logits, request.prompt_ids[item.start + 1 : item.end + 1]
+                )
             if not item.final:
                 continue
             alive = self._start_sequences(request, logits[-1:])

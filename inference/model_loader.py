@@ -14,6 +14,7 @@ import hashlib
 import importlib.util
 import json
 import logging
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -156,14 +157,112 @@ def converted_gguf_dir(gguf: Path, cache_dir: Path) -> Path:
     return target
 
 
+class GGUFCheckpoint:
+    """A GGUF file the Llama runner reads as it is (:func:`inference.families.llama.gguf_weights`):
+    the parsed, checked file, its transformers config and generation config.  It stands where a
+    transformers model would for :func:`inference.model_runner.build_runner` and the engine."""
+
+    def __init__(self, file, config) -> None:
+        from transformers import GenerationConfig
+
+        self.file, self.config = file, config
+        self.generation_config = GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id)
+        self.dtype = torch.float32
+
+
+def gguf_file_of(path: str) -> Path | None:
+    """The GGUF file ``MODEL_PATH`` names: the file itself, or the one ``.gguf`` file of a folder
+    without a ``config.json``; None for a transformers folder or a hub id.  Raises
+    :class:`inference.formats.gguf.ModelFileError` for a folder holding several GGUF files."""
+    from .formats.gguf import ModelFileError
+
+    candidate = Path(path).expanduser()
+    if candidate.is_file():
+        return candidate if candidate.suffix == ".gguf" or _starts_with_magic(candidate) else None
+    if candidate.is_dir() and not (candidate / "config.json").is_file():
+        files = sorted(candidate.glob("*.gguf"))
+        if len(files) > 1:
+            names = ", ".join(file.name for file in files)
+            raise ModelFileError(f"{candidate} holds several GGUF files ({names}): name one in MODEL_PATH")
+        return files[0] if files else None
+    return None
+
+
+def _starts_with_magic(path: Path) -> bool:
+    try:
+        with open(path, "rb") as file:
+            return file.read(4) == b"GGUF"
+    except OSError:
+        return False
+
+
+def gguf_tokenizer(gguf: Path, cache_dir: Path) -> PreTrainedTokenizerBase:
+    """The tokenizer and chat template in ``gguf``'s metadata (transformers' GGUF conversion, a few
+    seconds), saved under ``cache_dir/tokenizers`` keyed by the file's name, size and modification
+    time: a second start loads it in well under a second."""
+    stat = gguf.stat()
+    target = Path(cache_dir) / "tokenizers" / f"{gguf.stem}-{stat.st_size}-{stat.st_mtime_ns}"
+    if (target / "tokenizer_config.json").is_file():
+        try:
+            return AutoTokenizer.from_pretrained(target)
+        except (OSError, ValueError):
+            pass
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    try:
+        partial = target.with_name(target.name + f".{os.getpid()}.partial")
+        tokenizer.save_pretrained(partial)
+        partial.replace(target)
+    except OSError as error:
+        logger.warning("Could not cache the tokenizer of %s in %s: %s", gguf, target, error)
+    return tokenizer
+
+
+def load_gguf(path: Path, config: ModelConfig, runner: str = "auto"):
+    """``(model, tokenizer, device)`` of a GGUF file: a :class:`GGUFCheckpoint` where the Llama runner
+    reads the file as it is (a ``llama`` architecture, ``ENGINE_RUNNER`` not ``transformers``, a CPU),
+    else transformers' model dequantized from it in memory (slower; logged).  Raises
+    :class:`inference.formats.gguf.ModelFileError` for a broken file."""
+    from .families import llama as family
+    from .formats.gguf import GGUFFile
+
+    started = time.perf_counter()
+    logger.info("Reading %s (%.2f GB)", path, path.stat().st_size / 1e9)
+    file = GGUFFile(path)
+    architecture = file.require("general.architecture")
+    device = resolve_device(config.device)
+    tokenizer = gguf_tokenizer(path, Path(config.cache_dir))
+    if architecture in family.ARCHITECTURES and runner != "transformers" and device.type == "cpu":
+        checkpoint = GGUFCheckpoint(file, family.config_from_gguf(file))
+        logger.info(
+            "Opened %s: %s, %d layers, %d tensors, in %.1f s",
+            path.name, architecture, checkpoint.config.num_hidden_layers, len(file.tensors), time.perf_counter() - started,
+        )  # fmt: skip
+        return checkpoint, tokenizer, device
+    logger.warning(
+        "%s (architecture %s) runs on transformers' modeling, dequantized to float in memory: "
+        "the Llama runner reads only %s GGUF files on a CPU (ENGINE_RUNNER=%s)",
+        path.name, architecture, ", ".join(family.ARCHITECTURES), runner,
+    )  # fmt: skip
+    dtype = resolve_dtype(config.dtype, device)
+    model = AutoModelForCausalLM.from_pretrained(
+        path.parent, gguf_file=path.name, dtype=dtype, quantization_config=GgufConfig(dequantize=True)
+    )
+    model.to(device).eval()
+    return model, tokenizer, device
+
+
 def load_model(
     config: ModelConfig, runner: str = "auto"
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, torch.device]:
     """Load ``(model, tokenizer, device)`` in eval mode on the configured device and dtype.
 
     ``runner``: the model runner the engine will build (``ENGINE_RUNNER``), which ``auto`` dtype
-    takes into account (:func:`resolve_dtype`).
+    takes into account (:func:`resolve_dtype`).  ``config.path`` naming a GGUF file (or a folder
+    holding one) loads it with :func:`load_gguf`.
     """
+    gguf = gguf_file_of(config.path) if config.path else None
+    if gguf is not None:
+        return load_gguf(gguf, config, runner)  # type: ignore[return-value]
     device = resolve_device(config.device)
     source: str | Path = config.path or converted_gguf_dir(embedded_gguf_path(), Path(config.cache_dir))
     model_config = AutoConfig.from_pretrained(source)  # read once: the runner's choice and the load use it
@@ -192,7 +291,7 @@ def _llama_runner_takes(model_config, runner: str) -> bool:
     need the loaded model; a model failing them runs on transformers' modeling, in float32 here)."""
     if runner == "transformers":
         return False
-    from . import llama
+    from .families import llama
 
     return getattr(model_config, "model_type", None) in llama.MODEL_TYPES
 
@@ -208,6 +307,10 @@ def model_fingerprint(model: PreTrainedModel, weight_formats: str = "") -> str:
     ``fp_3e1a2b9c0d_gguf-q4_1_bfloat16``.  OpenAI documents the field as identifying "the backend
     configuration that the model runs with".
     """
+    if isinstance(model, GGUFCheckpoint):
+        stat = model.file.path.stat()
+        digest = hashlib.sha256(f"{model.file.path.name}:{stat.st_size}:{stat.st_mtime_ns}|{weight_formats}".encode())
+        return f"fp_{digest.hexdigest()[:10]}_gguf_float32"
     folder = Path(str(model.config._name_or_path))
     digest = hashlib.sha256(f"{folder}|{weight_formats}".encode())
     weight_format = "unknown"

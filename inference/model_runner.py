@@ -14,6 +14,7 @@ same protocol; :func:`build_runner` picks one.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,7 @@ import torch
 
 from . import memory
 from .kv_cache import BatchKVCache
-from .model_loader import DTYPES
+from .model_loader import DTYPES, GGUFCheckpoint
 from .packed import onednn_linear_available, prepack_linear_layers
 
 logger = logging.getLogger(__name__)
@@ -136,6 +137,27 @@ def build_runner(
     kv_dtype: str | torch.dtype | None = kv_cache_dtype if kv_cache_dtype == "auto" else DTYPES[kv_cache_dtype]
     if kv_cache_dtype == "auto" and deterministic:
         kv_dtype = None
+    if isinstance(model, GGUFCheckpoint):
+        from . import cpu_kernels
+        from .families.llama import gguf_weights
+        from .llama import LlamaModelRunner
+
+        cpu_kernels.load(Path(cache_dir or ".cache"))  # built into the configured cache, before the layers ask
+        started = time.perf_counter()
+        checkpoint = gguf_weights(model.file, model.config, torch.float32, weights)
+        logger.info(
+            "Built the layers of %s in %.1f s: %s",
+            model.file.path.name,
+            time.perf_counter() - started,
+            checkpoint.description,
+        )
+        return LlamaModelRunner(
+            checkpoint,
+            dtype=torch.float32,
+            max_batch_size=max_batch_size,
+            kv_cache_dtype=kv_dtype,
+            prefix_cache_bytes=prefix_cache_bytes,
+        )
     if kind != "transformers":
         try:
             # Imported here: the module is optional, and importing it is the test of its presence.
