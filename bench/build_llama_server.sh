@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Builds llama.cpp's llama-server (the benchmark's reference server) from the llama.cpp source
-# vendored inside the llama-cpp-python sdist, into .cache/llama.cpp/. Nothing of llama.cpp is
-# committed. Idempotent: does nothing when the binary already exists.
+# Builds llama.cpp's llama-server (the benchmark's reference server) and llama-quantize (which
+# bench/make_models.py runs) from the llama.cpp source vendored inside the llama-cpp-python sdist,
+# into .cache/llama.cpp/. Nothing of llama.cpp is committed. Idempotent: builds only the binaries
+# missing, and does nothing when both exist.
 #   bench/build_llama_server.sh            # then `make bench` finds it
 #   JOBS=4 bench/build_llama_server.sh     # more parallel jobs (default 2)
 #   LLAMA_ISA=avx2 bench/build_llama_server.sh
@@ -36,12 +37,15 @@ case "$ISA" in
         ;;
     *) echo "LLAMA_ISA must be native, avx2 or avx512, not $ISA" >&2; exit 2 ;;
 esac
-BIN="$BUILD/bin/llama-server"
-
-if [ -x "$BIN" ]; then
-    echo "llama-server already built: $BIN"
-    exit 0
-fi
+TARGETS=()
+for target in llama-server llama-quantize; do
+    if [ -x "$BUILD/bin/$target" ]; then
+        echo "$target already built: $BUILD/bin/$target"
+    else
+        TARGETS+=("$target")
+    fi
+done
+[ "${#TARGETS[@]}" -eq 0 ] && exit 0
 mkdir -p "$ROOT"
 if [ ! -f "$SRC/CMakeLists.txt" ]; then
     echo "downloading the llama-cpp-python==$VERSION sdist"
@@ -52,6 +56,7 @@ if [ ! -f "$SRC/CMakeLists.txt" ]; then
 fi
 GEN=()
 command -v ninja >/dev/null && GEN=(-G Ninja)
+[ -f "$BUILD/CMakeCache.txt" ] && GEN=()  # configured before: keep its generator
 cmake -S "$SRC" -B "$BUILD" "${GEN[@]}" \
     -DCMAKE_BUILD_TYPE=Release \
     -DLLAMA_CURL=OFF \
@@ -60,6 +65,8 @@ cmake -S "$SRC" -B "$BUILD" "${GEN[@]}" \
     -DLLAMA_BUILD_SERVER=ON \
     -DBUILD_SHARED_LIBS=OFF \
     "${ISA_FLAGS[@]}"
-cmake --build "$BUILD" --config Release --target llama-server -j "$JOBS"
-test -x "$BIN"
-echo "built $BIN"
+cmake --build "$BUILD" --config Release --target "${TARGETS[@]}" -j "$JOBS"
+for target in "${TARGETS[@]}"; do
+    test -x "$BUILD/bin/$target"
+    echo "built $BUILD/bin/$target"
+done
