@@ -169,7 +169,6 @@ class GGUFCheckpoint:
 
         self.file, self.config = file, config
         self.generation_config = GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id)
-        self.dtype = torch.float32
 
 
 def gguf_file_of(path: str) -> Path | None:

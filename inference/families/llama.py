@@ -97,6 +97,15 @@ def rope_frequencies(config) -> tuple[torch.Tensor, float]:
     return inv_freq.float(), float(scaling)
 
 
+def exact_rows(linear) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """``linear``'s ``embedding_rows`` where its format keeps the weight's rows exactly
+    (:meth:`inference.weights.WeightLinear.embedding_rows`), else None."""
+    rows_of = getattr(linear, "embedding_rows", None)
+    if rows_of is None or rows_of(torch.zeros(1, dtype=torch.long)) is None:
+        return None
+    return rows_of
+
+
 def unpermute_rows(rows: int, heads: int) -> torch.Tensor:
     """The row index that undoes llama.cpp's q/k interleaving of ``rows`` rows of ``heads`` heads:
     ``weight[index]`` is in transformers' order."""
@@ -236,26 +245,15 @@ def gguf_weights(file: GGUFFile, config: LlamaConfig, dtype: torch.dtype, weight
     tied = "output.weight" not in file.tensors
     lm_head = build("token_embd.weight" if tied else "output.weight")
     embedding, embedding_rows = None, None
-    rows_of = getattr(lm_head, "embedding_rows", None)
-    if (
-        tied
-        and dtype == torch.float32
-        and rows_of is not None
-        and rows_of(torch.zeros(1, dtype=torch.long)) is not None
-    ):
-        embedding_rows = rows_of  # the output layer's own blocks, read row by row
-    elif tied and isinstance(lm_head, formats.Float32Linear) and dtype == torch.float32:
-        embedding = lm_head.weight  # one float32 copy for both
-    else:
+    if tied and dtype == torch.float32:  # the output layer's exact rows (Q8_0), or its float32 weight
+        embedding_rows = exact_rows(lm_head)
+        if embedding_rows is None and isinstance(lm_head, formats.Float32Linear):
+            embedding = lm_head.weight
+    if embedding is None and embedding_rows is None and dtype == torch.float32:  # the file's own blocks
         info = file.tensors["token_embd.weight"]
-        embed = (
-            ggml.linear(file.raw("token_embd.weight"), info.ggml_type, info.shape[-1]) if weights == "auto" else None
-        )
-        rows = getattr(embed, "embedding_rows", None)
-        if dtype == torch.float32 and rows is not None and rows(torch.zeros(1, dtype=torch.long)) is not None:
-            embedding_rows = rows
-        else:
-            embedding = file.floats("token_embd.weight").to(dtype)
+        embedding_rows = ggml.rows_reader(file.raw("token_embd.weight"), info.ggml_type, info.shape[-1])
+    if embedding is None and embedding_rows is None:
+        embedding = file.floats("token_embd.weight").to(dtype)
     inv_freq, rope_scaling = rope_frequencies(config)
     if "rope_freqs.weight" in file.tensors:  # Llama 3.1's scaling: a divisor per frequency
         inv_freq = inv_freq / file.floats("rope_freqs.weight").reshape(-1)
@@ -337,11 +335,9 @@ def transformers_weights(model, dtype: torch.dtype, linear_factory: LinearFactor
         embedding_rows = None
         # A tied embedding read from the output layer's own blocks where its format keeps them
         # exactly (Q8_0): no float32 copy of the vocabulary's rows (113 MB for SmolLM2).
-        rows_of = getattr(lm_head, "embedding_rows", None)
         tied = model.get_input_embeddings().weight.data_ptr() == output.weight.data_ptr()
-        probe = torch.zeros(1, dtype=torch.long, device=output.weight.device)
-        if tied and dtype == torch.float32 and rows_of is not None and rows_of(probe) is not None:
-            embedding, embedding_rows = None, rows_of
+        if tied and dtype == torch.float32 and (rows := exact_rows(lm_head)) is not None:
+            embedding, embedding_rows = None, rows
         final_norm = model.model.norm.weight.detach().to(dtype)
     inv_freq, rope_scaling = rope_frequencies(config)
     description = getattr(linear_factory, "description", getattr(linear_factory, "__name__", "linear"))

@@ -19,6 +19,8 @@ No Django, no transformers here.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
@@ -168,6 +170,21 @@ def linear(raw: torch.Tensor, kind: int, width: int) -> WeightLinear:
     return GGMLLinear(raw, kind, width)
 
 
+def rows_reader(raw: torch.Tensor, kind: int, width: int) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """``read(ids)``: float32 rows ``[n, width]`` of ``raw``'s blocks (an embedding lookup from the
+    file's own bytes, :meth:`inference.cpu_kernels.CPUKernels.ggml_dequantize_rows`); None where
+    our kernels cannot run here."""
+    try:
+        kernels = _cpu_kernels()
+    except NotImplementedError:
+        return None
+
+    def read(ids: torch.Tensor) -> torch.Tensor:
+        return kernels.ggml_dequantize_rows(raw, kind, width, ids)
+
+    return read
+
+
 class GGMLLinear(_BlockLinear):
     """A ggml tensor's blocks as stored (``raw`` ``uint8 [out, row_bytes]``, often a view of the
     memory-mapped file), multiplied in float32 activations by our kernels
@@ -185,9 +202,6 @@ class GGMLLinear(_BlockLinear):
 
     def _product(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         return self.kernels.ggml_gemm(x, self.raw, self.kind, out=out)
-
-    def embedding_rows(self, ids: torch.Tensor) -> torch.Tensor | None:
-        return self.kernels.ggml_dequantize_rows(self.raw, self.kind, self.in_features, ids)
 
     def dequantized(self) -> torch.Tensor:
         """The float32 weight ``[out, in]`` (gguf-py's reference dequantizer)."""
