@@ -28,26 +28,6 @@ from inference.weights import (
 KERNELS = cpu_kernels.load(None)
 needs_kernels = pytest.mark.skipif(KERNELS is None, reason=f"no CPU kernels here: {cpu_kernels.unavailable_reason()}")
 ROWS = [1, 2, 3, 5, 8, 11, 33, 70]
-# The block products' two versions: AVX2 everywhere the kernels load, AVX-512 where the CPU has it.
-ISAS = [
-    "avx2",
-    pytest.param(
-        "avx512",
-        marks=pytest.mark.skipif(not cpu_kernels.avx512_products(), reason="no AVX-512 (or torch below it) here"),
-    ),
-]
-
-
-@pytest.fixture(params=ISAS)
-def isa(request):
-    """Runs a test with the block products' AVX2 version, then with their AVX-512 one, with float32
-    activations (an engine started earlier in the process sets 16 bits); restores both choices."""
-    chosen, bits = KERNELS.avx512, KERNELS.activation_bits
-    KERNELS.set_avx512(request.param == "avx512")
-    KERNELS.set_activation_bits(32)
-    yield request.param
-    KERNELS.set_avx512(chosen)
-    KERNELS.set_activation_bits(bits)
 
 
 @contextlib.contextmanager

@@ -23,22 +23,6 @@ T = gguf.GGMLQuantizationType
 TYPES = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K]
 K_QUANTS = (T.Q4_K, T.Q5_K, T.Q6_K)
 ROWS = [1, 2, 5, 8, 33, 70]
-ISAS = [
-    "avx2",
-    pytest.param(
-        "avx512",
-        marks=pytest.mark.skipif(not cpu_kernels.avx512_products(), reason="no AVX-512 (or torch below it) here"),
-    ),
-]
-
-
-@pytest.fixture(params=ISAS)
-def isa(request):
-    """Runs a test on the AVX2 code, then on the AVX-512 one; restores the choice made at load."""
-    chosen = KERNELS.avx512
-    KERNELS.set_avx512(request.param == "avx512")
-    yield request.param
-    KERNELS.set_avx512(chosen)
 
 
 def blocks(qtype: T, rows: int, width: int, seed: int = 0) -> np.ndarray:

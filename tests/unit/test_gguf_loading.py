@@ -20,6 +20,17 @@ from inference.llama import LlamaModelRunner  # noqa: E402
 from inference.model_runner import PrefillChunk  # noqa: E402
 
 HIDDEN, HEADS, KV_HEADS, LAYERS, INTER, VOCAB = 64, 4, 2, 2, 128, 96
+# transformers' parameter names -> the tiny model's GGUF tensor names
+GGUF_NAMES = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+    **{
+        f"model.layers.{i}.{hf}.weight": f"blk.{i}.{ours}.weight"
+        for i in range(LAYERS)
+        for hf, ours in family.LAYER_TENSORS.items()
+    },
+}
 
 
 def _tiny_llama(seed: int = 0):
@@ -58,14 +69,9 @@ def _write(model, path: Path, kind: int, *, corrupt: str = "") -> dict[str, np.n
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_rope_freq_base(10000.0)
     state = {name: tensor.detach().float().numpy() for name, tensor in model.state_dict().items()}
-    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-             "lm_head.weight": "output.weight"}  # fmt: skip
-    for i in range(LAYERS):
-        for hf, ours in family.LAYER_TENSORS.items():
-            names[f"model.layers.{i}.{hf}.weight"] = f"blk.{i}.{ours}.weight"
     stored = {}
     qtype = gguf.GGMLQuantizationType(kind)
-    for hf, name in names.items():
+    for hf, name in GGUF_NAMES.items():
         values = state[hf]
         if name.endswith("attn_q.weight"):
             values = _permute(values, HEADS)
@@ -95,11 +101,7 @@ def _reference(model, stored: dict[str, np.ndarray]):
     """``model`` with every weight replaced by what the file stores, q/k rows back in transformers' order."""
     state = {}
     for name, tensor in model.state_dict().items():
-        ours = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-                "lm_head.weight": "output.weight"}.get(name)  # fmt: skip
-        if ours is None:
-            _, _, i, *rest = name.split(".")
-            ours = f"blk.{i}.{family.LAYER_TENSORS['.'.join(rest[:-1])]}.weight"
+        ours = GGUF_NAMES[name]
         values = torch.from_numpy(stored[ours].copy()).reshape(tensor.shape)
         if ours.endswith(("attn_q.weight", "attn_k.weight")):
             heads = HEADS if "attn_q" in ours else KV_HEADS

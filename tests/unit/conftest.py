@@ -1,0 +1,37 @@
+"""Fixtures the unit tests of our CPU kernels share."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def _avx512_products() -> bool:
+    from inference import cpu_kernels
+
+    return cpu_kernels.avx512_products()
+
+
+# The block products' two versions: AVX2 everywhere the kernels load, AVX-512 where the CPU has it.
+ISAS = [
+    "avx2",
+    pytest.param(
+        "avx512", marks=pytest.mark.skipif(not _avx512_products(), reason="no AVX-512 (or torch below it) here")
+    ),
+]
+
+
+@pytest.fixture(params=ISAS)
+def isa(request):
+    """Runs a test with the block products' AVX2 version, then with their AVX-512 one, with float32
+    activations (an engine started earlier in the process sets 16 bits); restores both choices."""
+    from inference import cpu_kernels
+
+    kernels = cpu_kernels.load(None)
+    if kernels is None:
+        pytest.skip(f"no CPU kernels here: {cpu_kernels.unavailable_reason()}")
+    chosen, bits = kernels.avx512, kernels.activation_bits
+    kernels.set_avx512(request.param == "avx512")
+    kernels.set_activation_bits(32)
+    yield request.param
+    kernels.set_avx512(chosen)
+    kernels.set_activation_bits(bits)
