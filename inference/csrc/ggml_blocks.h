@@ -117,42 +117,28 @@ inline KScales k_scales(const uint8_t* b) {
   return out;
 }
 
-struct Q4_K {
-  static constexpr int BLOCK = 256, BYTES = 144;
+// Q4_K (FIFTH false) and Q5_K: d, dmin, 12 bytes of scales, then for Q5_K qh (32 bytes from byte
+// 16), then qs (128 bytes): sub-block g's low 4 bits are the low (g even) or high (g odd) nibbles of
+// qs[32 (g / 2) ..][0..31], and bit g of qh[i] is bit 4 of its weight i; w = (d sc) q - dmin m.
+template <bool FIFTH>
+struct KQuant {
+  static constexpr int BLOCK = 256, BYTES = FIFTH ? 176 : 144, QS = FIFTH ? 48 : 16;
   using Scales = KScales;
   static Scales prepare(const uint8_t* b) { return k_scales(b); }
-  // d, dmin, 12 bytes of scales, qs (128 bytes from byte 16): sub-block g's values are the low
-  // (g even) or high (g odd) nibbles of qs[32 (g / 2) ..][0..31]; w = (d sc) q - dmin m.
   template <int g>
   static void group(const uint8_t* b, const Scales& s, F out[VECTORS]) {
     const F d = V::set1(s.d[g]), m = V::set1(s.m[g]);
-    const uint8_t* qs = b + 16 + 32 * (g / 2);
+    const uint8_t* qs = b + QS + 32 * (g / 2);
     #pragma GCC unroll 4
     for (int c = 0; c < VECTORS; ++c) {
-      const I q = g % 2 == 0 ? V::and_(V::u8(qs + at(c)), 0x0F) : V::srl(V::u8(qs + at(c)), 4);
+      I q = g % 2 == 0 ? V::and_(V::u8(qs + at(c)), 0x0F) : V::srl(V::u8(qs + at(c)), 4);
+      if constexpr (FIFTH) q = V::or_(q, V::sll(V::and_(V::srl(V::u8(b + 16 + at(c)), g), 1), 4));
       out[c] = V::sub(V::mul(d, V::cvt(q)), m);
     }
   }
 };
-
-struct Q5_K {
-  static constexpr int BLOCK = 256, BYTES = 176;
-  using Scales = KScales;
-  static Scales prepare(const uint8_t* b) { return k_scales(b); }
-  // As Q4_K, with qh (32 bytes from byte 16) before qs (from byte 48): bit g of qh[i] is bit 4 of
-  // sub-block g's weight i.
-  template <int g>
-  static void group(const uint8_t* b, const Scales& s, F out[VECTORS]) {
-    const F d = V::set1(s.d[g]), m = V::set1(s.m[g]);
-    const uint8_t* qs = b + 48 + 32 * (g / 2);
-    #pragma GCC unroll 4
-    for (int c = 0; c < VECTORS; ++c) {
-      const I low = g % 2 == 0 ? V::and_(V::u8(qs + at(c)), 0x0F) : V::srl(V::u8(qs + at(c)), 4);
-      const I high = V::sll(V::and_(V::srl(V::u8(b + 16 + at(c)), g), 1), 4);
-      out[c] = V::sub(V::mul(d, V::cvt(V::or_(low, high))), m);
-    }
-  }
-};
+using Q4_K = KQuant<false>;
+using Q5_K = KQuant<true>;
 
 struct Q6_K {
   static constexpr int BLOCK = 256, BYTES = 210;
