@@ -36,6 +36,7 @@ import torch.nn.functional as F
 
 from .families.llama import (
     LinearFactory,
+    LlamaLayer,
     LlamaWeights,
     transformers_weights,
     unsupported_reason,
@@ -92,17 +93,11 @@ def supports(model) -> bool:
 
 
 @dataclass
-class _Layer:
-    """One decoder layer's weights: RMSNorm scales ``[hidden]`` and linear functions."""
+class _Layer(LlamaLayer):
+    """A decoder layer as the runner runs it.  ``o`` and ``down`` are only ever added into the
+    residual stream in place: with float32 activations they are the formats' ``compute`` (see
+    _residual_linear), whose output may be bfloat16."""
 
-    input_norm: torch.Tensor
-    qkv: Linear  # [tokens, hidden] -> [tokens, (heads + 2 kv_heads) * head_dim]
-    # o and down are only ever added into the residual stream in place; with float32 activations
-    # they are the formats' `compute` (see _residual_linear), whose output may be bfloat16.
-    o: Linear  # [tokens, heads * head_dim] -> [tokens, hidden]
-    post_norm: torch.Tensor
-    gate_up: Linear  # [tokens, hidden] -> [tokens, 2 * intermediate]
-    down: Linear  # [tokens, intermediate] -> [tokens, hidden]
     # residual += o(x) and residual += down(x) in place (see _residual_add): the fused decode step's.
     o_add: Callable[[torch.Tensor, torch.Tensor], None]
     down_add: Callable[[torch.Tensor, torch.Tensor], None]
@@ -245,7 +240,7 @@ class LlamaModelRunner:
 
     # --- weights ---------------------------------------------------------------------------------
 
-    def _load_layer(self, layer) -> _Layer:
+    def _load_layer(self, layer: LlamaLayer) -> _Layer:
         return _Layer(
             input_norm=layer.input_norm,
             qkv=layer.qkv,
