@@ -4,9 +4,10 @@
 torch's.  (b) Per type, products with a 1.7B model's layer shapes (N=8192 K=2048 and N=2048 K=8192,
 in turn over enough distinct layers, >= 256 MB, that the weights stream from DRAM, not the cache):
 at one row the time of a product and its weight bytes per second against (a), at 8 and 32 rows
-GFLOP/s.  ``--avx2`` forces the AVX2 code where the CPU has AVX-512.
+GFLOP/s.  ``--avx2`` forces the AVX2 code where the CPU has AVX-512; ``--bits 32`` keeps x float32
+in the products of up to 4 rows (16, the engine's default, multiplies them in integers).
 
-    .venv/bin/python bench/ggml_kernels.py [--avx2] [--types Q4_K,Q6_K] [--threads 2]
+    .venv/bin/python bench/ggml_kernels.py [--avx2] [--bits 32] [--types Q4_K,Q6_K] [--threads 2]
 """
 
 from __future__ import annotations
@@ -88,13 +89,20 @@ def main() -> None:
     parser.add_argument("--types", default=",".join(TYPES), help="comma-separated ggml types")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--bits", type=int, default=16, choices=(16, 32), help="activations' bits (set_activation_bits)"
+    )
     args = parser.parse_args()
     kernels = cpu_kernels.load()
     if kernels is None:
         sys.exit(f"no CPU kernels here: {cpu_kernels.unavailable_reason()}")
     kernels.set_avx512(cpu_kernels.avx512_products() and not args.avx2)
+    kernels.set_activation_bits(args.bits)
     torch.set_num_threads(args.threads)
-    print(f"CPU: {cpu_name()}; AVX-512 products {'on' if kernels.avx512 else 'off'}; {args.threads} threads")
+    print(
+        f"CPU: {cpu_name()}; AVX-512 products {'on' if kernels.avx512 else 'off'}; {args.threads} threads; "
+        f"{args.bits}-bit activations"
+    )
     one, every = bandwidth(1), bandwidth(args.threads)
     print(f"read bandwidth (1 GB sum, best of 5): 1 thread {one:.1f} GB/s, {args.threads} threads {every:.1f} GB/s")
     print(

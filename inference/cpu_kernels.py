@@ -578,7 +578,8 @@ def _works(kernels: CPUKernels) -> bool:
 
 def _ggml_works(kernels: CPUKernels) -> bool:
     """The ggml block products, one small product per family (Q8_0, Q4_K, Q6_K) at 1, 3 and 9 rows on
-    each ISA the CPU has, against torch's product of the kernels' own dequantized rows; Q8_0's
+    each ISA the CPU has, with float32 activations and with 16-bit ones (the integer products of up
+    to 4 rows), against torch's product of the kernels' own dequantized rows; Q8_0's
     dequantized rows against torch's (its blocks built here).  The tests check every type against gguf-py."""
     generator = torch.Generator().manual_seed(1)
     x = torch.randn(9, 256, generator=generator)
@@ -605,6 +606,11 @@ def _ggml_works(kernels: CPUKernels) -> bool:
             dequantized = kernels.ggml_dequantize_rows(data, ggml_type, 256, every)
             for rows in (1, 3, 9):
                 expected = x[:rows] @ dequantized.T
+                kernels._set_activation_bits(32)
                 close &= torch.allclose(kernels.ggml_gemm(x[:rows], data, ggml_type), expected, rtol=1e-4, atol=1e-4)
+                kernels._set_activation_bits(16)  # up to 4 rows: x rounded to 16 bits, within its rounding
+                error = (kernels.ggml_gemm(x[:rows], data, ggml_type) - expected).abs().max()
+                close &= bool(error <= 1e-3 * expected.abs().max())
+    kernels._set_activation_bits(kernels.activation_bits)
     kernels.set_avx512(avx512)
     return bool(close)

@@ -20,6 +20,7 @@
 #include <cstring>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "pool.h"
 #include "simd.h"
@@ -75,6 +76,32 @@ struct V {
     const I shifts = _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(first));
     return and_(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(word)), shifts), 1);
   }
+  // 16-bit lanes (LANES16 a vector), for the integer products: LANES16 bytes at p widened, and ops.
+  static constexpr int LANES16 = 16;
+  static I u8w(const uint8_t* p) { return _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+  static I i8w(const uint8_t* p) { return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+  static I loadw(const int16_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+  static I andw(I v, int mask) { return _mm256_and_si256(v, _mm256_set1_epi16(static_cast<int16_t>(mask))); }
+  static I srlw(I v, int bits) { return _mm256_srli_epi16(v, bits); }
+  static I sllw(I v, int bits) { return _mm256_slli_epi16(v, bits); }
+  static I subw(I v, int value) { return _mm256_sub_epi16(v, _mm256_set1_epi16(static_cast<int16_t>(value))); }
+  // Lane i: `value` where bit first + i of word is set, else 0.
+  static I bitsw(uint32_t word, int first, int value) {
+    const I select = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, -32768);
+    const I spread = _mm256_set1_epi16(static_cast<int16_t>(word >> first));
+    return andw(_mm256_cmpeq_epi16(_mm256_and_si256(spread, select), select), value);
+  }
+  // Pairs of 16-bit lanes multiplied and summed into 32-bit lanes; 32-bit sums.
+  static I madd(I a, I b) { return _mm256_madd_epi16(a, b); }
+  static I addi(I a, I b) { return _mm256_add_epi32(a, b); }
+  // The 16 bytes at p as 32 16-bit values: their low nibbles, then their high ones (out[2]).
+  static void nibbles(const uint8_t* p, I* out) {
+    const I bytes = u8w(p);
+    out[0] = andw(bytes, 0x0F);
+    out[1] = srlw(bytes, 4);
+  }
+  // The first LANES / 2 lanes a, the rest b (AVX-512 only: here each half of 16 weights is a vector).
+  static F halves(float a, float) { return set1(a); }
 };
 
 #include "ggml_blocks.h"
@@ -119,6 +146,25 @@ struct V {
                                       _mm512_set1_epi32(first));
     return and_(_mm512_srlv_epi32(_mm512_set1_epi32(static_cast<int>(word)), shifts), 1);
   }
+  static constexpr int LANES16 = 32;
+  static I u8w(const uint8_t* p) { return _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+  static I i8w(const uint8_t* p) { return _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+  static I loadw(const int16_t* p) { return _mm512_loadu_si512(p); }
+  static I andw(I v, int mask) { return _mm512_and_si512(v, _mm512_set1_epi16(static_cast<int16_t>(mask))); }
+  static I srlw(I v, int bits) { return _mm512_srli_epi16(v, bits); }
+  static I sllw(I v, int bits) { return _mm512_slli_epi16(v, bits); }
+  static I subw(I v, int value) { return _mm512_sub_epi16(v, _mm512_set1_epi16(static_cast<int16_t>(value))); }
+  static I bitsw(uint32_t word, int first, int value) {
+    return _mm512_maskz_set1_epi16(static_cast<__mmask32>(word >> first), static_cast<int16_t>(value));
+  }
+  static I madd(I a, I b) { return _mm512_madd_epi16(a, b); }
+  static I addi(I a, I b) { return _mm512_add_epi32(a, b); }
+  static void nibbles(const uint8_t* p, I* out) {
+    const __m256i bytes = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    const __m256i low = _mm256_and_si256(bytes, _mm256_set1_epi16(0x0F)), high = _mm256_srli_epi16(bytes, 4);
+    out[0] = _mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1);
+  }
+  static F halves(float a, float b) { return _mm512_mask_blend_ps(0xFF00, set1(a), set1(b)); }
 };
 
 #include "ggml_blocks.h"

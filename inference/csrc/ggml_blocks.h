@@ -13,19 +13,37 @@
 // A layout is: BLOCK (weights a block), BYTES (its size), prepare(block) (its scales as float32, once
 // a block) and group<g>(block, scales, out) (weights 32 g .. 32 g + 31 of the block as GROUP / LANES
 // vectors, in order; g a constant, so each layout's branches on it fold away).
+// The block types also have an integer form, for the products with x rounded to 16 bits (int_gemm):
+// igroup<g>(block, out) (the group's integers q as 16-bit lanes, GROUP / LANES16 vectors) with
+// w = iscale(scales, g, half) q + ioffset(scales, g) (half: the group's first or last 16 weights,
+// which only Q6_K scales apart, HALF_SCALES).
 
 constexpr int LANES = V::LANES;
 constexpr int VECTORS = GROUP / LANES;  // vectors a group of 32 weights
+constexpr int WVECTORS = GROUP / V::LANES16;  // 16-bit vectors a group of 32 weights
 using F = V::F;
 using I = V::I;
+
+struct NoIntegerForm {
+  static constexpr bool INTEGER = false;
+};
+struct IntegerForm {
+  static constexpr bool INTEGER = true, OFFSET = false, HALF_SCALES = false;
+};
 
 // The element index within a group of chunk c (LANES weights) of a group.
 constexpr int at(int c) { return c * LANES; }
 
-struct Q4_0 {
+struct Q4_0 : IntegerForm {
   static constexpr int BLOCK = 32, BYTES = 18;
   struct Scales { float d; };
   static Scales prepare(const uint8_t* b) { return {half_to_float(b)}; }
+  template <int g>
+  static void igroup(const uint8_t* b, I out[WVECTORS]) {
+    V::nibbles(b + 2, out);
+    for (int c = 0; c < WVECTORS; ++c) out[c] = V::subw(out[c], 8);
+  }
+  static float iscale(const Scales& s, int, int) { return s.d; }
   // qs (16 bytes, from byte 2): low nibbles weights 0..15, high nibbles 16..31; w = (q - 8) d.
   template <int g>
   static void group(const uint8_t* b, const Scales& s, F out[VECTORS]) {
@@ -38,10 +56,15 @@ struct Q4_0 {
   }
 };
 
-struct Q4_1 {
+struct Q4_1 : IntegerForm {
   static constexpr int BLOCK = 32, BYTES = 20;
+  static constexpr bool OFFSET = true;
   struct Scales { float d, m; };
   static Scales prepare(const uint8_t* b) { return {half_to_float(b), half_to_float(b + 2)}; }
+  template <int g>
+  static void igroup(const uint8_t* b, I out[WVECTORS]) { V::nibbles(b + 4, out); }
+  static float iscale(const Scales& s, int, int) { return s.d; }
+  static float ioffset(const Scales& s, int) { return s.m; }
   // d, m, then qs as Q4_0's; w = d q + m.
   template <int g>
   static void group(const uint8_t* b, const Scales& s, F out[VECTORS]) {
@@ -62,10 +85,24 @@ inline I five_bits(const uint8_t* qh, const uint8_t* qs, int c) {
   return V::or_(low, V::sll(V::bits(high, at(c)), 4));
 }
 
-struct Q5_0 {
+// The same as 16-bit lanes: all 32 values (out[WVECTORS]).
+inline void five_bits_wide(const uint8_t* qh, const uint8_t* qs, I out[WVECTORS]) {
+  uint32_t high;
+  std::memcpy(&high, qh, 4);
+  V::nibbles(qs, out);
+  for (int c = 0; c < WVECTORS; ++c) out[c] = V::or_(out[c], V::bitsw(high, c * V::LANES16, 16));
+}
+
+struct Q5_0 : IntegerForm {
   static constexpr int BLOCK = 32, BYTES = 22;
   struct Scales { float d; };
   static Scales prepare(const uint8_t* b) { return {half_to_float(b)}; }
+  template <int g>
+  static void igroup(const uint8_t* b, I out[WVECTORS]) {
+    five_bits_wide(b + 2, b + 6, out);
+    for (int c = 0; c < WVECTORS; ++c) out[c] = V::subw(out[c], 16);
+  }
+  static float iscale(const Scales& s, int, int) { return s.d; }
   // d, qh (4 bytes), qs (16); w = (q - 16) d.
   template <int g>
   static void group(const uint8_t* b, const Scales& s, F out[VECTORS]) {
@@ -75,10 +112,15 @@ struct Q5_0 {
   }
 };
 
-struct Q5_1 {
+struct Q5_1 : IntegerForm {
   static constexpr int BLOCK = 32, BYTES = 24;
+  static constexpr bool OFFSET = true;
   struct Scales { float d, m; };
   static Scales prepare(const uint8_t* b) { return {half_to_float(b), half_to_float(b + 2)}; }
+  template <int g>
+  static void igroup(const uint8_t* b, I out[WVECTORS]) { five_bits_wide(b + 4, b + 8, out); }
+  static float iscale(const Scales& s, int, int) { return s.d; }
+  static float ioffset(const Scales& s, int) { return s.m; }
   // d, m, qh (4 bytes), qs (16); w = d q + m.
   template <int g>
   static void group(const uint8_t* b, const Scales& s, F out[VECTORS]) {
@@ -88,10 +130,15 @@ struct Q5_1 {
   }
 };
 
-struct Q8_0 {
+struct Q8_0 : IntegerForm {
   static constexpr int BLOCK = 32, BYTES = 34;
   struct Scales { float d; };
   static Scales prepare(const uint8_t* b) { return {half_to_float(b)}; }
+  template <int g>
+  static void igroup(const uint8_t* b, I out[WVECTORS]) {
+    for (int c = 0; c < WVECTORS; ++c) out[c] = V::i8w(b + 2 + c * V::LANES16);
+  }
+  static float iscale(const Scales& s, int, int) { return s.d; }
   // d, then 32 int8; w = q d.
   template <int g>
   static void group(const uint8_t* b, const Scales& s, F out[VECTORS]) {
@@ -102,18 +149,21 @@ struct Q8_0 {
 };
 
 // Q4_K and Q5_K's 6-bit scales and minimums of their 8 sub-blocks (ggml's get_scale_min_k4), times
-// d and dmin.
+// d and dmin.  The 12 bytes as three 32-bit words u0, u1, u2 (byte j of a word: sub-block j's): the
+// scales of sub-blocks 0-3 are u0's low 6 bits a byte and those of 4-7 u2's low nibbles with u0's
+// top 2 bits above them; the minimums likewise from u1 and u2's high nibbles, all 8 at once.
 struct KScales { float d[8], m[8]; };
+inline __m256 k_floats(uint32_t low, uint32_t high, float scale) {
+  const __m128i bytes = _mm_cvtsi64_si128(static_cast<int64_t>((uint64_t(high) << 32) | low));
+  return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes)), _mm256_set1_ps(scale));
+}
 inline KScales k_scales(const uint8_t* b) {
-  const float d = half_to_float(b), dmin = half_to_float(b + 2);
-  const uint8_t* s = b + 4;
+  uint32_t u[3];
+  std::memcpy(u, b + 4, 12);
+  constexpr uint32_t SIX = 0x3F3F3F3F, NIBBLE = 0x0F0F0F0F, TOP = 0x03030303;
   KScales out;
-  for (int j = 0; j < 8; ++j) {
-    const int sc = j < 4 ? s[j] & 63 : (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
-    const int m = j < 4 ? s[j + 4] & 63 : (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-    out.d[j] = d * static_cast<float>(sc);
-    out.m[j] = dmin * static_cast<float>(m);
-  }
+  _mm256_storeu_ps(out.d, k_floats(u[0] & SIX, (u[2] & NIBBLE) | (((u[0] >> 6) & TOP) << 4), half_to_float(b)));
+  _mm256_storeu_ps(out.m, k_floats(u[1] & SIX, ((u[2] >> 4) & NIBBLE) | (((u[1] >> 6) & TOP) << 4), half_to_float(b + 2)));
   return out;
 }
 
@@ -121,10 +171,23 @@ inline KScales k_scales(const uint8_t* b) {
 // 16), then qs (128 bytes): sub-block g's low 4 bits are the low (g even) or high (g odd) nibbles of
 // qs[32 (g / 2) ..][0..31], and bit g of qh[i] is bit 4 of its weight i; w = (d sc) q - dmin m.
 template <bool FIFTH>
-struct KQuant {
+struct KQuant : IntegerForm {
   static constexpr int BLOCK = 256, BYTES = FIFTH ? 176 : 144, QS = FIFTH ? 48 : 16;
+  static constexpr bool OFFSET = true;
   using Scales = KScales;
   static Scales prepare(const uint8_t* b) { return k_scales(b); }
+  template <int g>
+  static void igroup(const uint8_t* b, I out[WVECTORS]) {
+    const uint8_t* qs = b + QS + 32 * (g / 2);
+    for (int c = 0; c < WVECTORS; ++c) {
+      const I bytes = V::u8w(qs + c * V::LANES16);
+      I q = g % 2 == 0 ? V::andw(bytes, 0x0F) : V::srlw(bytes, 4);
+      if constexpr (FIFTH) q = V::or_(q, V::sllw(V::andw(V::srlw(V::u8w(b + 16 + c * V::LANES16), g), 1), 4));
+      out[c] = q;
+    }
+  }
+  static float iscale(const Scales& s, int g, int) { return s.d[g]; }
+  static float ioffset(const Scales& s, int g) { return -s.m[g]; }
   template <int g>
   static void group(const uint8_t* b, const Scales& s, F out[VECTORS]) {
     const F d = V::set1(s.d[g]), m = V::set1(s.m[g]);
@@ -140,14 +203,18 @@ struct KQuant {
 using Q4_K = KQuant<false>;
 using Q5_K = KQuant<true>;
 
-struct Q6_K {
+struct Q6_K : IntegerForm {
   static constexpr int BLOCK = 256, BYTES = 210;
+  static constexpr bool HALF_SCALES = true;
   struct Scales { float d[16]; };
   // ql (128 bytes), qh (64), 16 int8 scales (one per 16 weights), d (float16, at byte 208).
   static Scales prepare(const uint8_t* b) {
-    const float d = half_to_float(b + 208);
+    const __m256 d = _mm256_set1_ps(half_to_float(b + 208));
     Scales s;
-    for (int j = 0; j < 16; ++j) s.d[j] = d * static_cast<float>(static_cast<int8_t>(b[192 + j]));
+    for (int half = 0; half < 2; ++half) {
+      const __m256i scales = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 192 + 8 * half)));
+      _mm256_storeu_ps(s.d + 8 * half, _mm256_mul_ps(d, _mm256_cvtepi32_ps(scales)));
+    }
     return s;
   }
   // Group g = 4 h + j (h the half of 128 weights): low 4 bits from ql[64 h + 32 (j % 2) + i],
@@ -164,11 +231,24 @@ struct Q6_K {
       out[c] = V::mul(V::set1(s.d[2 * g + at(c) / 16]), V::cvt(V::subi(V::or_(low, high), 32)));
     }
   }
+  template <int g>
+  static void igroup(const uint8_t* b, I out[WVECTORS]) {
+    constexpr int h = g / 4, j = g % 4;
+    const uint8_t* ql = b + 64 * h + 32 * (j % 2);
+    const uint8_t* qh = b + 128 + 32 * h;
+    for (int c = 0; c < WVECTORS; ++c) {
+      const I bytes = V::u8w(ql + c * V::LANES16);
+      const I low = j < 2 ? V::andw(bytes, 0x0F) : V::srlw(bytes, 4);
+      const I high = V::sllw(V::andw(V::srlw(V::u8w(qh + c * V::LANES16), 2 * j), 3), 4);
+      out[c] = V::subw(V::or_(low, high), 32);
+    }
+  }
+  static float iscale(const Scales& s, int g, int half) { return s.d[2 * g + half]; }
 };
 
 // The unquantized types, in blocks of 32 elements (K a multiple of 32 for the products; the Python
 // binding takes other widths to torch).
-struct F32 {
+struct F32 : NoIntegerForm {
   static constexpr int BLOCK = 32, BYTES = 128;
   struct Scales {};
   static Scales prepare(const uint8_t*) { return {}; }
@@ -179,7 +259,7 @@ struct F32 {
   }
 };
 
-struct F16 {
+struct F16 : NoIntegerForm {
   static constexpr int BLOCK = 32, BYTES = 64;
   struct Scales {};
   static Scales prepare(const uint8_t*) { return {}; }
@@ -190,7 +270,7 @@ struct F16 {
   }
 };
 
-struct BF16 {
+struct BF16 : NoIntegerForm {
   static constexpr int BLOCK = 32, BYTES = 64;
   struct Scales {};
   static Scales prepare(const uint8_t*) { return {}; }
@@ -301,10 +381,136 @@ void rows(const uint8_t* w, int64_t row_bytes, const float* x, int64_t M, int64_
   }
 }
 
+// --- Few rows of x rounded to 16 bits: integer products ------------------------------------------------
+// Up to INTEGER_ROWS rows, where decoding the weights (read once, straight from memory) bounds a
+// product, the block types multiply x rounded to 16 bits per group of 32 (kernels::round_row_16, the
+// rounding of the Q4_1 and Q8_0 products) by their integers in 16-bit lanes: per group one madd per
+// vector of 16-bit lanes, exact in integers, then one float multiply-add by iscale * dx, plus the
+// offset times the group's float sum of x (Q4_1, Q5_1, Q4_K, Q5_K).  Decoding to 16-bit lanes takes
+// half the instructions of decoding to float32 and a madd does twice an FMA's multiply-adds.  A
+// product's relative error is x's rounding, about 1e-5; the likelihood of text is unchanged
+// (docs/performance-history.md, bench/activation_bits_quality.py).  set_activation_bits(32) keeps
+// the float loop.
+constexpr int INTEGER_ROWS = 4;
+
+// x [M, K] rounded: values xq [M, K], per group scales dx and float sums sx [M, K / 32].
+struct RoundedX {
+  std::vector<int16_t> q;
+  std::vector<float> dx, sx;
+  bool round(const float* x, int64_t M, int64_t K) {
+    q.resize(static_cast<size_t>(M * K));
+    dx.resize(static_cast<size_t>(M * K / GROUP));
+    sx.resize(static_cast<size_t>(M * K / GROUP));
+    for (int64_t r = 0; r < M; ++r)
+      if (!kernels::round_row_16(x + r * K, K, q.data() + r * K, dx.data() + r * K / GROUP, sx.data() + r * K / GROUP))
+        return false;
+    return true;
+  }
+};
+
+// Output row n against the ROWS rounded rows of x (see above), 256 weights a step as dot_rows.
+template <typename L, int ROWS>
+inline void int_dot_rows(const uint8_t* row, const RoundedX& x, int64_t K, int64_t N, int64_t n, float* y, bool add) {
+  constexpr int GROUPS = L::BLOCK / GROUP, STEP = L::BLOCK >= 256 ? 1 : 256 / L::BLOCK;
+  const int64_t groups = K / GROUP, blocks = K / L::BLOCK;
+  F acc[ROWS][2];
+  float offsets[ROWS];
+  __m256 block_offsets[ROWS];  // the K-quants' 8 sub-blocks' offset terms, a lane each
+  for (int r = 0; r < ROWS; ++r) acc[r][0] = acc[r][1] = V::zero(), offsets[r] = 0.0f, block_offsets[r] = _mm256_setzero_ps();
+  for (int64_t blk = 0; blk < blocks; blk += STEP) {
+    const uint8_t* step = row + blk * L::BYTES;
+    #pragma GCC unroll 8
+    for (int line = 0; line < STEP * L::BYTES; line += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(step + PREFETCH_BYTES + line), _MM_HINT_T0);
+    for_groups<STEP>([&](auto j) {
+      if (blk + decltype(j)::value >= blocks) return;  // a row's last blocks short of a step
+      const uint8_t* b = step + decltype(j)::value * L::BYTES;
+      const typename L::Scales scales = L::prepare(b);
+      // The K-quants' products of their scales with x's, 8 (16 for Q6_K's halves) a vector per row.
+      float products[GROUPS == 8 ? ROWS : 1][GROUPS == 8 ? 16 : 1];
+      if constexpr (GROUPS == 8)
+        for (int r = 0; r < ROWS; ++r) {
+          const __m256 dx = _mm256_loadu_ps(&x.dx[r * groups + (blk + decltype(j)::value) * GROUPS]);
+          if constexpr (L::HALF_SCALES) {
+            const __m256 low = _mm256_permutevar8x32_ps(dx, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
+            const __m256 high = _mm256_permutevar8x32_ps(dx, _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7));
+            _mm256_storeu_ps(products[r], _mm256_mul_ps(_mm256_loadu_ps(scales.d), low));
+            _mm256_storeu_ps(products[r] + 8, _mm256_mul_ps(_mm256_loadu_ps(scales.d + 8), high));
+          } else {
+            _mm256_storeu_ps(products[r], _mm256_mul_ps(_mm256_loadu_ps(scales.d), dx));
+          }
+        }
+      for_groups<GROUPS>([&](auto g) {
+        constexpr int index = decltype(j)::value * GROUPS + decltype(g)::value, chain = index % 2;
+        const int64_t group = (blk + decltype(j)::value) * GROUPS + decltype(g)::value;
+        I q[WVECTORS];
+        L::template igroup<decltype(g)::value>(b, q);
+        #pragma GCC unroll 4
+        for (int r = 0; r < ROWS; ++r) {
+          const int16_t* xg = x.q.data() + r * K + group * GROUP;
+          constexpr int gi = decltype(g)::value;
+          // iscale * dx: from the block's products, or (the 32-weight types) computed here
+          auto scale = [&](int half) {
+            if constexpr (GROUPS == 8) return products[GROUPS == 8 ? r : 0][L::HALF_SCALES ? 2 * gi + half : gi];
+            else return L::iscale(scales, gi, half) * x.dx[r * groups + group];
+          };
+          if constexpr (L::HALF_SCALES && WVECTORS == 2) {  // a vector a half: each its own scale
+            acc[r][0] = V::fmadd(V::cvt(V::madd(q[0], V::loadw(xg))), V::set1(scale(0)), acc[r][0]);
+            acc[r][1] = V::fmadd(V::cvt(V::madd(q[1], V::loadw(xg + 16))), V::set1(scale(1)), acc[r][1]);
+          } else if constexpr (L::HALF_SCALES) {  // one vector: its first 8 lanes hold the first half's sums
+            acc[r][chain] = V::fmadd(V::cvt(V::madd(q[0], V::loadw(xg))), V::halves(scale(0), scale(1)), acc[r][chain]);
+          } else {
+            I sums = V::madd(q[0], V::loadw(xg));
+            #pragma GCC unroll 2
+            for (int c = 1; c < WVECTORS; ++c) sums = V::addi(sums, V::madd(q[c], V::loadw(xg + c * V::LANES16)));
+            acc[r][chain] = V::fmadd(V::cvt(sums), V::set1(scale(0)), acc[r][chain]);
+          }
+          if constexpr (L::OFFSET && GROUPS == 1) offsets[r] += L::ioffset(scales, decltype(g)::value) * x.sx[r * groups + group];
+        }
+      });
+      if constexpr (L::OFFSET && GROUPS == 8) {  // w = d q - m: minus the minimums times the sums of x
+        const int64_t group = (blk + decltype(j)::value) * GROUPS;
+        for (int r = 0; r < ROWS; ++r)
+          block_offsets[r] = _mm256_fnmadd_ps(_mm256_loadu_ps(scales.m), _mm256_loadu_ps(&x.sx[r * groups + group]), block_offsets[r]);
+      }
+    });
+  }
+  for (int r = 0; r < ROWS; ++r) {
+    float& target = y[r * N + n];
+    const float total = V::sum(V::add(acc[r][0], acc[r][1])) + offsets[r] + kernels::horizontal_sum(block_offsets[r]);
+    target = add ? target + total : total;
+  }
+}
+
+// The product of M <= INTEGER_ROWS rows with x rounded to 16 bits; false, nothing computed, where x
+// cannot be rounded (float32 then).
+template <typename L>
+bool int_gemm(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, float* y, bool add, int threads) {
+  thread_local RoundedX callers;  // the caller's, reused; the workers take it by reference
+  RoundedX& rounded = callers;
+  if (!rounded.round(x, M, K)) return false;
+  const int64_t row_bytes = K / L::BLOCK * L::BYTES;
+  kernels::parallel_for(N, threads, [&](int64_t first, int64_t last) {
+    for (int64_t n = first; n < last; ++n) {
+      const uint8_t* row = w + n * row_bytes;
+      switch (M) {
+        case 1: int_dot_rows<L, 1>(row, rounded, K, N, n, y, add); break;
+        case 2: int_dot_rows<L, 2>(row, rounded, K, N, n, y, add); break;
+        case 3: int_dot_rows<L, 3>(row, rounded, K, N, n, y, add); break;
+        default: int_dot_rows<L, 4>(row, rounded, K, N, n, y, add); break;
+      }
+    }
+  });
+  return true;
+}
+
 template <typename L>
 void gemm(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, float* y, bool add, int threads) {
   const int64_t row_bytes = K / L::BLOCK * L::BYTES;
   if (M * N * K < SMALL_WORK) threads = 1;
+  if constexpr (L::INTEGER) {
+    if (M <= INTEGER_ROWS && kernels::activation_bits_setting() <= 16 && int_gemm<L>(x, M, K, w, N, y, add, threads)) return;
+  }
   kernels::parallel_for(N, threads, [&](int64_t first, int64_t last) { rows<L>(w, row_bytes, x, M, K, N, first, last, y, add); });
 }
 

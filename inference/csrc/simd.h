@@ -2,6 +2,7 @@
 #pragma once
 
 #include <immintrin.h>
+#include <stdint.h>
 
 namespace kernels {
 
@@ -14,5 +15,11 @@ inline float horizontal_sum(__m256 v) {
   low = _mm_add_ss(low, _mm_movehdup_ps(low));
   return _mm_cvtss_f32(low);
 }
+
+// Defined in block_gemm.cpp: x [K] (K a multiple of 32) rounded to 16 bits per group of 32 (scale
+// dx = max |x| / 32767, round to nearest even; sx the groups' float sums); false where a group cannot
+// be rounded (a subnormal scale, an infinity or a NaN).  And what set_activation_bits last set.
+bool round_row_16(const float* x, int64_t K, int16_t* xq, float* dx, float* sx);
+int activation_bits_setting();
 
 }  // namespace kernels

@@ -112,3 +112,43 @@ def test_a_weight_that_does_not_fit_is_refused():
         KERNELS.ggml_gemm(torch.randn(1, 512), data, int(T.Q2_K))  # a type without a kernel
     with pytest.raises(IndexError):
         KERNELS.ggml_dequantize_rows(data, int(T.Q4_K), 512, torch.tensor([4]))
+
+
+def rounded_to_16_bits(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as the integer products round it: per group of 32, scale ``max |x| / 32767`` and
+    ``round(x * (1 / scale))`` to nearest even, in float32 (``csrc/block_gemm.cpp``'s quantize_row)."""
+    groups = x.reshape(x.shape[0], -1, 32)
+    scale = groups.abs().amax(-1, keepdim=True) / 32767.0
+    inverse = torch.where(scale > 0, 1.0 / scale, torch.zeros_like(scale))
+    return (torch.round(groups * inverse) * scale).reshape(x.shape)
+
+
+BLOCK_TYPES = [qtype for qtype in TYPES if qtype not in (T.F32, T.F16, T.BF16)]
+
+
+@pytest.mark.parametrize("qtype", BLOCK_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+def test_few_rows_multiply_x_rounded_to_16_bits(isa, qtype, rows):
+    # Up to 4 rows the block types multiply in integers: exactly x rounded to 16 bits per group of
+    # 32 times the dequantized weight, up to float32 sums; the float loop where bits are 32.
+    KERNELS.set_activation_bits(16)
+    width = width_for(qtype)
+    data = blocks(qtype, 40, width, seed=rows)
+    x = torch.randn(rows, width, generator=torch.Generator().manual_seed(rows)) * 3
+    x[0, :32] = 0.0  # a group of zeros: scale 0
+    got = KERNELS.ggml_gemm(x, torch.from_numpy(data), int(qtype))
+    weight = reference(data, qtype, width)
+    assert_product(got, rounded_to_16_bits(x), weight)
+    unrounded = x.double().numpy() @ weight.astype(np.float64).T
+    assert not np.allclose(got.double().numpy(), unrounded, rtol=1e-9, atol=0)  # it did round
+
+
+def test_a_row_that_cannot_be_rounded_takes_the_float_loop(isa):
+    KERNELS.set_activation_bits(16)
+    data = blocks(T.Q6_K, 8, 256)
+    x = torch.randn(1, 256, generator=torch.Generator().manual_seed(3))
+    x[0, 5] = 1e-39  # a group whose scale would be subnormal
+    x[0, 40:64] = 0.0
+    x[0, 32:40] = 1e-39
+    got = KERNELS.ggml_gemm(x, torch.from_numpy(data), int(T.Q6_K))
+    assert_product(got, x, reference(data, T.Q6_K, 256))
