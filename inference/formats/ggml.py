@@ -7,12 +7,16 @@ contain them: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K.
 
 :func:`linear` builds a layer from a tensor's raw bytes (``uint8 [rows, row_bytes]``):
 
-- Q4_0, Q4_1 and Q4_K become :class:`inference.weights.Q4_1Linear` (4-bit values with a float32
-  scale and minimum per group of 32): the same weights exactly (Q4_K's per-group scale ``d * sc``
-  and minimum ``dmin * m`` are exact in float32), on our tuned Q4_1 products.
+- Q4_0 and Q4_1 become :class:`inference.weights.Q4_1Linear` (4-bit values with a float32 scale
+  and minimum per group of 32): the same weights exactly, on our tuned Q4_1 products (and the
+  Llama runner's whole-step decode call).
 - Q8_0 becomes :class:`inference.weights.Q8_0Linear` (int8 values, float32 scales): exact.
 - The other types run on :class:`GGMLLinear`, our kernels' products of the blocks as stored
-  (:meth:`inference.cpu_kernels.CPUKernels.ggml_gemm`), float32 activations.
+  (:meth:`inference.cpu_kernels.CPUKernels.ggml_gemm`): up to 4 rows (a decode step of few
+  streams, bound by reading the weights) x rounded to 16 bits and integer products, else float32.
+  Q4_K also keeps a Q4_1Linear copy (exact: its ``d * sc`` and ``dmin * m`` are float32 values)
+  for products of more rows, whose tiled 16-bit integer products are about twice as fast as the
+  float32 block loop there.
 
 No Django, no transformers here.
 """
@@ -162,7 +166,13 @@ def linear(raw: torch.Tensor, kind: int, width: int) -> WeightLinear:
     in the form the module docstring gives for its type.  Float types are exact float32 products.
     Raises ``NotImplementedError`` where our kernels cannot run here (the block types need them)."""
     if kind in (Q4_0, Q4_1, Q4_K):
-        return Q4_1Linear.from_parts(*q4_1_parts(raw, kind))
+        many = Q4_1Linear.from_parts(*q4_1_parts(raw, kind))
+        if kind != Q4_K:  # Q4_1Linear holds these blocks' own bytes (6 bits a weight: Q4_K's are 4.5)
+            return many
+        try:
+            return GGMLLinear(raw, kind, width, many=many)
+        except NotImplementedError:
+            return many
     if kind == Q8_0:
         return Q8_0Linear.from_parts(*q8_0_parts(raw))
     if kind == F32:
@@ -187,28 +197,47 @@ def rows_reader(raw: torch.Tensor, kind: int, width: int) -> Callable[[torch.Ten
 
 class GGMLLinear(_BlockLinear):
     """A ggml tensor's blocks as stored (``raw`` ``uint8 [out, row_bytes]``, often a view of the
-    memory-mapped file), multiplied in float32 activations by our kernels
-    (:meth:`inference.cpu_kernels.CPUKernels.ggml_gemm`): ``x`` times the dequantized weight, up to
-    float32 summation order.  Raises ``NotImplementedError`` where the kernels cannot run here."""
+    memory-mapped file), multiplied by our kernels (:meth:`inference.cpu_kernels.CPUKernels.ggml_gemm`):
+    ``x`` times the dequantized weight, up to float32 summation order and, up to 4 rows, x's rounding
+    to 16 bits (``set_activation_bits``).  ``many``: the same weight in another of our formats, which
+    takes the products of more than :data:`FEW_ROWS` rows.  Raises ``NotImplementedError`` where the
+    kernels cannot run here."""
 
-    def __init__(self, raw: torch.Tensor, kind: int, width: int, bias: torch.Tensor | None = None) -> None:
+    FEW_ROWS = 4  # csrc/ggml_blocks.h's INTEGER_ROWS
+
+    def __init__(
+        self,
+        raw: torch.Tensor,
+        kind: int,
+        width: int,
+        bias: torch.Tensor | None = None,
+        many: _BlockLinear | None = None,
+    ) -> None:
         self.kernels = _cpu_kernels()
         if not hasattr(self.kernels, "ggml_gemm"):
             raise NotImplementedError("this build of our kernels has no ggml block products")
-        self.raw, self.kind = raw, kind
+        self.raw, self.kind, self.many = raw, kind, many
         self.format = type_name(kind).lower()
         self.out_features, self.in_features = raw.shape[0], width
         self.bias = None if bias is None else bias.detach().float()
 
     def _product(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        if self.many is not None and x.shape[0] > self.FEW_ROWS:
+            return self.many._product(x, out=out)
         return self.kernels.ggml_gemm(x, self.raw, self.kind, out=out)
+
+    def q4_1_for(self, rows: int) -> Q4_1Linear | None:
+        """The Q4_1 copy where it takes products of ``rows`` rows (see Q4_1Linear.q4_1_for)."""
+        if isinstance(self.many, Q4_1Linear) and rows > self.FEW_ROWS and self.bias is None:
+            return self.many.q4_1_for(rows)
+        return None
 
     def dequantized(self) -> torch.Tensor:
         """The float32 weight ``[out, in]`` (gguf-py's reference dequantizer)."""
         return dequantize(self.raw, self.kind, self.in_features)
 
     def _tensors(self):
-        return (self.raw, self.bias)
+        return (self.raw, self.bias) + (() if self.many is None else tuple(self.many._tensors()))
 
 
 class StackedLinear(WeightLinear):
