@@ -10,6 +10,11 @@ auto's q4_1 layers run passages of ``weights.BFLOAT16_PREFILL_ROWS`` tokens and 
 the AVX-512 code: ``--tokens`` below it keeps the comparison to the activations' widths.
 
     .venv/bin/python bench/activation_bits_quality.py [--topics 30 --tokens 160] [--prefill]
+    .venv/bin/python bench/activation_bits_quality.py --model .cache/bench-models/smollm2-135m-Q4_K_M.gguf
+
+``--model GGUF``: a GGUF file read by the engine's loader instead (bench/make_models.py's ``--embedded``
+files: the embedded weights re-quantized), whose K-quant products of up to 4 rows round x to 16 bits
+on both codes (csrc/ggml_blocks.h's integer products), so AVX-512 16-bit is a variant there too.
 
 ``--topics N`` adds the first ``--tokens`` tokens of N help topics of Python's own documentation
 (``pydoc_data.topics``, on every Python install: technical English with code) to the passages.
@@ -64,11 +69,17 @@ PASSAGES = [
 ]
 
 
-def load_runner():
+def load_runner(model_file: Path | None = None):
     folder = converted_gguf_dir(embedded_gguf_path(), ROOT / ".cache/models")
     kernels = cpu_kernels.load(ROOT / ".cache/models")
     if kernels is None:
         sys.exit(f"no CPU kernels here: {cpu_kernels.unavailable_reason()}")
+    if model_file is not None:
+        from inference.model_loader import ModelConfig, load_model
+
+        config = ModelConfig(path=str(model_file), model_id="bench", cache_dir=ROOT / ".cache/models")
+        checkpoint, tokenizer, _ = load_model(config, "llama")
+        return build_runner(checkpoint, "llama", 1, cache_dir=ROOT / ".cache"), kernels, tokenizer
     dtype = resolve_dtype("auto", torch.device("cpu"), fused_decode=True)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
     runner = build_runner(
@@ -103,9 +114,10 @@ def main() -> None:
     parser.add_argument("--topics", type=int, default=0, help="help topics of pydoc_data to add (0-79)")
     parser.add_argument("--tokens", type=int, default=160, help="tokens scored from each topic's start")
     parser.add_argument("--prefill", action="store_true", help="score each passage in one pass")
+    parser.add_argument("--model", type=Path, metavar="GGUF", help="a GGUF file instead of the embedded model")
     args = parser.parse_args()
     score = prompt_logprobs if args.prefill else token_logprobs
-    runner, kernels, tokenizer = load_runner()
+    runner, kernels, tokenizer = load_runner(args.model)
     texts = [tokenizer.encode(passage) for passage in PASSAGES]
     if args.topics:
         from pydoc_data.topics import topics
@@ -120,7 +132,7 @@ def main() -> None:
     if cpu_kernels.avx512_products():
         # The AVX-512 products round to 16 bits from 9 rows on (32: float32 everywhere).
         variants.append(("AVX-512 float32", True, 32))
-        if args.prefill:
+        if args.prefill or args.model:
             variants.append(("AVX-512 16-bit activations", True, 16))
     results = {}
     with torch.inference_mode():

@@ -258,11 +258,17 @@ class Server:
         return {**body, **self.extra_body}
 
 
+# The GGUF file both servers serve (--model); None: the embedded model's.
+MODEL_FILE: Path | None = None
+
+
 def start_ours(directory: Path, **env: str) -> Server:
-    """Our daphne server with the embedded model, as the end-to-end tests start it, but with the
-    server's own default weight formats (``MODEL_WEIGHTS=auto``, where the tests pin float32) unless
-    the environment names them; ``env`` on top of ours."""
+    """Our daphne server with the embedded model (or ``MODEL_FILE``), as the end-to-end tests start it,
+    but with the server's own default weight formats (``MODEL_WEIGHTS=auto``, where the tests pin
+    float32) unless the environment names them; ``env`` on top of ours."""
     defaults = {"MODEL_WEIGHTS": os.environ.get("MODEL_WEIGHTS", "auto")}
+    if MODEL_FILE is not None:
+        defaults["MODEL_PATH"] = str(MODEL_FILE)
     live = start_server(directory, DJANGO_DEBUG="false", DJANGO_SECRET_KEY=os.urandom(24).hex(), LOG_LEVEL="WARNING",
                         **{**defaults, **env})
     return Server(
@@ -334,7 +340,7 @@ def start_transformers(directory: Path, folder: Path) -> Server:
 def start_llama_server(directory: Path, binary: str) -> Server:
     """llama.cpp's server on the embedded GGUF file with 8 slots of 1024 tokens, the peer issue 4 names
     (its completions honour ``logit_bias``); more concurrent requests wait for a slot."""
-    argv = [binary, "-m", str(embedded_gguf_path()), "--host", "127.0.0.1", "--port", "{port}", "-np", "8", "-c", "8192"]
+    argv = [binary, "-m", str(MODEL_FILE or embedded_gguf_path()), "--host", "127.0.0.1", "--port", "{port}", "-np", "8", "-c", "8192"]
     process, base_url, log = start_process("llama-server", argv, directory, "/health", 300)
     return Server(name="llama-server", base_url=base_url, model="smollm2", pid=process.pid,
                   stop=lambda: terminate(process), log=log)
@@ -1345,6 +1351,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sequential", action="store_true",
                         help="one server at a time, all its phases, as before (default: every server started, "
                              "the phases in turns)")
+    parser.add_argument("--model", type=Path, metavar="GGUF",
+                        help="a GGUF file with the embedded model's tokenizer (bench/make_models.py's) that ours and "
+                             "llama-server serve instead of the embedded model (transformers is then left out)")
     parser.add_argument("--baseline", type=Path, metavar="JSON",
                         help="an earlier --json of this machine: the scoring goal is a multiple of its figure")
     args = parser.parse_args(argv)
@@ -1359,6 +1368,12 @@ def main(argv: list[str] | None = None) -> int:
     # A SIGTERM (a CI timeout, say) unwinds like Ctrl-C so that every server is stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
+    global MODEL_FILE
+    if args.model is not None:
+        if not args.model.is_file():
+            parser.error(f"--model {args.model}: no such file (bench/make_models.py makes them)")
+        MODEL_FILE = args.model.resolve()
+        args.servers = ",".join(name for name in args.servers.split(",") if name.strip() != "transformers")
     started = time.perf_counter()
     load_start = os.getloadavg()
     from transformers import AutoTokenizer
@@ -1370,6 +1385,7 @@ def main(argv: list[str] | None = None) -> int:
     print(cpu_line(cpu), flush=True)
     report: dict[str, Any] = {
         "mode": "quick" if args.quick else "full",
+        "model": str(MODEL_FILE or embedded_gguf_path()),
         "phases": list(phases),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                     "load_average_start": load_start, "cpu": cpu},
