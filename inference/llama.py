@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from .chunks import PrefillChunk
 from .families.llama import (
     LinearFactory,
     LlamaLayer,
@@ -41,7 +42,6 @@ from .families.llama import (
     transformers_weights,
     unsupported_reason,
 )
-from .model_runner import PrefillChunk
 from .packed import PACKED_BATCH_HINT, onednn_linear_available
 from .prefix_cache import PrefixCache
 

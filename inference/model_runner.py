@@ -23,6 +23,7 @@ from typing import Protocol
 import torch
 
 from . import memory
+from .chunks import PrefillChunk
 from .kv_cache import BatchKVCache
 from .model_loader import DTYPES, GGUFCheckpoint
 from .packed import onednn_linear_available, prepack_linear_layers
@@ -30,16 +31,6 @@ from .packed import onednn_linear_available, prepack_linear_layers
 logger = logging.getLogger(__name__)
 
 RUNNERS = ("auto", "llama", "transformers")
-
-
-@dataclass(frozen=True)
-class PrefillChunk:
-    """Prompt tokens of one waiting request for one prefill call (the scheduler's choice)."""
-
-    key: int  # the engine request's identity (id() of its state); the runner keeps its partial cache under it
-    token_ids: list[int]  # this chunk's prompt tokens
-    start: int  # position of token_ids[0] (tokens before it are in the runner's cache for `key`)
-    all_logits: bool  # True: logits for every position (prompt logprobs); False: last position only
 
 
 class ModelRunner(Protocol):

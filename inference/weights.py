@@ -954,7 +954,7 @@ def load_q4_1_blocks(path: Path, num_heads: int, num_kv_heads: int, cache_dir: P
     """
     from safetensors.torch import load_file, save_file
 
-    from .model_loader import file_digest
+    from .digests import file_digest
 
     digest = hashlib.sha256(f"{file_digest(Path(path))}:{num_heads}:{num_kv_heads}".encode())
     target = Path(cache_dir) / f"{Path(path).stem}-q4_1-{digest.hexdigest()[:12]}.safetensors"

@@ -105,3 +105,58 @@ def test_the_walk_sees_lazy_imports(tmp_path):
     module.write_text("def f():\n    from api.views import completions\n    import keys.models\n")
 
     assert imported_apps(module) == {"api", "keys"}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def runtime_imports(path: Path, modules: set[str]) -> set[str]:
+    """The modules of ``modules`` that ``path`` imports when it runs (inside functions too; not under
+    ``if TYPE_CHECKING:``, which only annotations read)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    checking = {
+        id(node)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and getattr(block.test, "id", getattr(block.test, "attr", None)) == "TYPE_CHECKING"
+        for statement in block.body
+        for node in ast.walk(statement)
+    }
+    package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in checking:
+            continue
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            found.update(
+                name for name in [target, *(f"{target}.{alias.name}" for alias in node.names)] if name in modules
+            )
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name in modules)
+    return found - {module_name(path)}
+
+
+def test_no_module_of_inference_imports_itself_in_a_circle():
+    paths = {module_name(path): path for path in (ROOT / "inference").rglob("*.py")}
+    graph = {name: runtime_imports(path, set(paths)) for name, path in paths.items()}
+
+    def reaches(start: str, goal: str) -> list[str] | None:
+        stack, seen = [[start]], set()
+        while stack:
+            route = stack.pop()
+            for following in graph[route[-1]]:
+                if following == goal:
+                    return [*route, goal]
+                if following not in seen:
+                    seen.add(following)
+                    stack.append([*route, following])
+        return None
+
+    circles = [route for name in graph if (route := reaches(name, name))]
+    assert not circles, "import circles: " + "; ".join(" -> ".join(route) for route in circles)
