@@ -15,6 +15,7 @@ divisor of each inverse frequency (llama.cpp's ``freq_factors``); linear scaling
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -230,7 +231,18 @@ def gguf_weights(file: GGUFFile, config: LlamaConfig, dtype: torch.dtype, weight
         return file.floats(name).to(dtype)
 
     layers = []
+    started, reported = time.perf_counter(), 0
     for index in range(config.num_hidden_layers):
+        # Progress a quarter of the layers at a time: a big file's first start reads gigabytes.
+        if index * 4 // config.num_hidden_layers > reported:
+            reported = index * 4 // config.num_hidden_layers
+            logger.info(
+                "%s: %d of %d layers read (%.1f s)",
+                file.path.name,
+                index,
+                config.num_hidden_layers,
+                time.perf_counter() - started,
+            )
         prefix = f"blk.{index}."
         layers.append(
             LlamaLayer(

@@ -4,6 +4,7 @@ broken file is a start-up error naming the problem."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -223,3 +224,30 @@ def test_q4_k_blocks_become_q4_1_groups_of_the_same_values():
     values = torch.cat([(qs.reshape(rows, -1, 16) & 0x0F), (qs.reshape(rows, -1, 16) >> 4)], dim=-1).float()
     ours = (values * d[..., None] + m[..., None]).reshape(rows, width)
     assert torch.equal(ours, ggml.dequantize(raw, ggml.Q4_K, width))
+
+
+def test_a_q4_k_tensor_runs_as_stored_at_few_rows_and_on_its_q4_1_copy_beyond():
+    rng = np.random.default_rng(1)
+    rows, width = 16, 512
+    blocks = rng.integers(0, 256, size=(rows, width // 256, 144), dtype=np.uint8)
+    blocks[..., 0:4] = rng.uniform(1e-3, 1e-1, size=(rows, width // 256, 2)).astype(np.float16).view(np.uint8)
+    raw = torch.from_numpy(blocks.reshape(rows, -1))
+    layer = ggml.linear(raw, ggml.Q4_K, width)
+    if not isinstance(layer, ggml.GGMLLinear):
+        pytest.skip("no CPU kernels here")
+    weight = ggml.dequantize(raw, ggml.Q4_K, width)
+    assert layer.raw.data_ptr() == raw.data_ptr()  # the file's own bytes, no copy
+    assert layer.q4_1_for(4) is None and layer.q4_1_for(5) is layer.many
+    for count in (1, 4, 5, 8):
+        x = torch.randn(count, width, generator=torch.Generator().manual_seed(count))
+        expected = x @ weight.T
+        assert torch.allclose(layer(x), expected, rtol=1e-3, atol=1e-3 * float(expected.abs().max()))
+
+
+def test_loading_logs_its_progress(tmp_path, caplog):
+    model = _tiny_llama(3)
+    _write(model, tmp_path / "tiny.gguf", ggml.F32)
+    file = GGUFFile(tmp_path / "tiny.gguf")
+    with caplog.at_level(logging.INFO, logger="inference.families.llama"):
+        family.gguf_weights(file, family.config_from_gguf(file), torch.float32)
+    assert f"tiny.gguf: 1 of {LAYERS} layers read" in caplog.text
