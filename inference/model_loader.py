@@ -154,7 +154,25 @@ class GGUFCheckpoint:
         from transformers import GenerationConfig
 
         self.file, self.config = file, config
-        self.generation_config = GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id)
+        self.generation_config = GenerationConfig(
+            bos_token_id=config.bos_token_id, eos_token_id=end_of_generation_ids(file) or config.eos_token_id
+        )
+
+
+# The tokens that end a turn or a text in the families' chat formats (as llama.cpp's vocabulary
+# marks them end-of-generation): Llama 3's, Qwen's and ChatML's, Gemma's, Phi-3's.
+END_OF_GENERATION_TOKENS = ("<|eot_id|>", "<|end_of_text|>", "<|eom_id|>", "<|im_end|>", "<|endoftext|>",
+                            "<end_of_turn>", "<|end|>", "<EOT>")  # fmt: skip
+
+
+def end_of_generation_ids(file) -> list[int]:
+    """The token ids that end generation for a GGUF file: its ``eos``, ``eot`` and ``eom`` ids
+    (``tokenizer.ggml.*_token_id``) and those of :data:`END_OF_GENERATION_TOKENS` in its vocabulary,
+    sorted; empty where it names none."""
+    ids = {file.get(f"tokenizer.ggml.{name}_token_id") for name in ("eos", "eot", "eom")} - {None}
+    tokens = file.get("tokenizer.ggml.tokens") or []
+    ids.update(index for index, token in enumerate(tokens) if token in END_OF_GENERATION_TOKENS)
+    return sorted(int(i) for i in ids)
 
 
 def gguf_file_of(path: str) -> Path | None:

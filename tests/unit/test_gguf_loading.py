@@ -18,6 +18,7 @@ from inference.families import llama as family  # noqa: E402
 from inference.formats import ggml  # noqa: E402
 from inference.formats.gguf import GGUFFile, ModelFileError  # noqa: E402
 from inference.llama import LlamaModelRunner  # noqa: E402
+from inference.model_loader import end_of_generation_ids  # noqa: E402
 from inference.model_runner import PrefillChunk  # noqa: E402
 
 HIDDEN, HEADS, KV_HEADS, LAYERS, INTER, VOCAB = 64, 4, 2, 2, 128, 96
@@ -251,3 +252,17 @@ def test_loading_logs_its_progress(tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="inference.families.llama"):
         family.gguf_weights(file, family.config_from_gguf(file), torch.float32)
     assert f"tiny.gguf: 1 of {LAYERS} layers read" in caplog.text
+
+
+def test_every_end_of_generation_token_of_a_file_stops_generation(tmp_path):
+    # Llama 3's file: eos <|end_of_text|>, eot <|eot_id|>; both end a stream, as in its generation config.
+    writer = gguf.GGUFWriter(tmp_path / "tokens.gguf", "llama")
+    writer.add_token_list(["<|begin_of_text|>", "hello", "<|end_of_text|>", "<|eot_id|>", "<|im_end|>", "world"])
+    writer.add_eos_token_id(2)
+    writer.add_uint32("tokenizer.ggml.eot_token_id", 3)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    file = GGUFFile(tmp_path / "tokens.gguf")
+    assert end_of_generation_ids(file) == [2, 3, 4]
