@@ -43,6 +43,7 @@ def engine_configs() -> tuple[ModelConfig, EngineConfig]:
         prefix_caching=settings.ENGINE_PREFIX_CACHING,
         prefix_cache_mb=settings.ENGINE_PREFIX_CACHE_MB,
         activation_bits=8 if settings.ENGINE_Q8_ACTIVATIONS else 16,
+        k_quant_int8=settings.ENGINE_K_QUANT_Q8_ACTIVATIONS,
         freeze_gc=True,  # a serving process keeps what it loaded until it exits
         exit_on_load_failure=True,
     )

@@ -14,7 +14,8 @@ the AVX-512 code: ``--tokens`` below it keeps the comparison to the activations'
 
 ``--model GGUF``: a GGUF file read by the engine's loader instead (bench/make_models.py's ``--embedded``
 files: the embedded weights re-quantized), whose K-quant products of up to 4 rows round x to 16 bits
-on both codes (csrc/ggml_blocks.h's integer products), so AVX-512 16-bit is a variant there too.
+on both codes (csrc/ggml_blocks.h's integer products), or to 8 (csrc/ggml_int8.h, the engine's
+default for them, ``ENGINE_K_QUANT_Q8_ACTIVATIONS``), so AVX-512 16-bit and 8-bit are variants there too.
 
 ``--topics N`` adds the first ``--tokens`` tokens of N help topics of Python's own documentation
 (``pydoc_data.topics``, on every Python install: technical English with code) to the passages.
@@ -134,6 +135,8 @@ def main() -> None:
         variants.append(("AVX-512 float32", True, 32))
         if args.prefill or args.model:
             variants.append(("AVX-512 16-bit activations", True, 16))
+        if args.model and not args.prefill:  # the K-quants' 8-bit products, with VNNI where the CPU has it
+            variants.append(("AVX-512 8-bit activations", True, 8))
     results = {}
     with torch.inference_mode():
         for name, avx512, bits in variants:

@@ -90,7 +90,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument(
-        "--bits", type=int, default=16, choices=(16, 32), help="activations' bits (set_activation_bits)"
+        "--bits", type=int, default=16, choices=(8, 16, 32), help="activations' bits (set_activation_bits)"
     )
     args = parser.parse_args()
     kernels = cpu_kernels.load()

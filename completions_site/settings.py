@@ -187,6 +187,9 @@ ENGINE_PREFIX_CACHE_MB = env.int("ENGINE_PREFIX_CACHE_MB", default=128)
 # llama.cpp does (greedy text diverges sooner: README, Performance); off: to 16 bits, which leaves
 # the text's likelihood as it is.
 ENGINE_Q8_ACTIVATIONS = env.bool("ENGINE_Q8_ACTIVATIONS", default=False)
+# on: a GGUF's K-quant products (Q4_K, Q5_K, Q6_K) of up to 4 rows round the activations to 8 bits
+# per group of 32, as llama.cpp's do (about twice as fast; cost: docs/performance.md); off: 16 bits.
+ENGINE_K_QUANT_Q8_ACTIVATIONS = env.bool("ENGINE_K_QUANT_Q8_ACTIVATIONS", default=True)
 
 # --- The API ------------------------------------------------------------------------------------
 API_MAX_BODY_BYTES = env.int("API_MAX_BODY_BYTES", default=4 * 1024 * 1024)

@@ -46,7 +46,7 @@ logger = logging.getLogger(__name__)
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = (CSRC / "block_gemm.cpp", CSRC / "decode_ops.cpp", CSRC / "ggml_blocks.cpp")
-HEADERS = (CSRC / "pool.h", CSRC / "simd.h", CSRC / "ggml_blocks.h")
+HEADERS = (CSRC / "pool.h", CSRC / "simd.h", CSRC / "ggml_blocks.h", CSRC / "ggml_int8.h")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-pthread", "-shared", "-fPIC", "-fvisibility=hidden", "-std=c++17")
 GROUP = 32
 ACTIVATION_BITS = (32, 16, 8)  # what the AVX2 block products may round x to (set_activation_bits)
@@ -98,6 +98,9 @@ class CPUKernels:
         self._ggml_dequantize_rows = function("ggml_dequantize_rows", integer, pointer, size, pointer, size, pointer)
         self._ggml_set_avx512 = function("ggml_set_avx512", integer)
         self._set_activation_bits = function("set_activation_bits", integer)
+        self._ggml_set_k_quant_int8 = function("ggml_set_k_quant_int8", integer)
+        self.k_quant_int8 = False  # the library's own default
+        self.k_quant_int8_available = True  # until the load's self-check says otherwise
         self._set_vnni = function("set_vnni", integer)
         self._set_vnni.restype = ctypes.c_int
         self.vnni = self.set_vnni(True)  # where the CPU has it
@@ -169,6 +172,19 @@ class CPUKernels:
             bits = 32
         self.activation_bits = bits
         self._set_activation_bits(bits)
+
+    def set_k_quant_int8(self, on: bool) -> None:
+        """Whether the K-quant products (Q4_K, Q5_K, Q6_K as GGUF stores them) of up to 4 rows round x
+        to 8 bits per group of 32 where the activation bits are 16 (``csrc/ggml_int8.h``: the form of
+        llama.cpp's own K-quant dot products, which round x to 8 bits per 256), as they do where
+        they are 8; 32 keeps them float32 either way.  About twice the speed of their 16-bit
+        products; the likelihood cost is in docs/performance.md (bench/activation_bits_quality.py).
+        Off at load; the engine's ``k_quant_int8`` turns it on.  Process-wide, every thread."""
+        if on and not self.k_quant_int8_available:
+            logger.warning("The K-quants' 8-bit products give wrong results here; keeping 16 bits")
+            on = False
+        self.k_quant_int8 = bool(on)
+        self._ggml_set_k_quant_int8(int(self.k_quant_int8))
 
     def q4_1(
         self, x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor, out: torch.Tensor | None = None
@@ -611,6 +627,10 @@ def _ggml_works(kernels: CPUKernels) -> bool:
                 kernels._set_activation_bits(16)  # up to 4 rows: x rounded to 16 bits, within its rounding
                 error = (kernels.ggml_gemm(x[:rows], data, ggml_type) - expected).abs().max()
                 close &= bool(error <= 1e-3 * expected.abs().max())
+                kernels._set_activation_bits(8)  # the K-quants' 8-bit products: unavailable where they fail
+                error = (kernels.ggml_gemm(x[:rows], data, ggml_type) - expected).abs().max()
+                if ggml_type != 8 and not error <= 3e-2 * expected.abs().max():
+                    kernels.k_quant_int8_available = False
     kernels._set_activation_bits(kernels.activation_bits)
     kernels.set_avx512(avx512)
     return bool(close)

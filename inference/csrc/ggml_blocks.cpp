@@ -106,6 +106,14 @@ struct V {
 
 #include "ggml_blocks.h"
 
+// 8 int32 lanes, lane i the sum of bytes 4 i .. 4 i + 3 of w (unsigned, < 128) times x (signed): maddubs
+// sums pairs into 16 bits (no saturation: |w x| <= 63 * 127 for these types), madd the pairs' pairs.
+struct Dot8 {
+  static __m256i dot(__m256i w, __m256i x) { return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)); }
+};
+
+#include "ggml_int8.h"
+
 }  // namespace avx2
 
 // --- AVX-512 (F, BW, DQ, VL): 16 floats a vector, 32 registers -------------------------------------
@@ -176,7 +184,32 @@ struct V {
 #pragma GCC pop_options
 #endif
 
+// The 8-bit products with AVX-512 VNNI's dpbusd (one instruction for AVX2's maddubs and madd), on
+// 256-bit vectors; only where the CPU has VNNI (int8_vnni).
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")
+#endif
+namespace avx512 {
+
+struct Dot8 {
+  static __m256i dot(__m256i w, __m256i x) { return _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x); }
+};
+
+#include "ggml_int8.h"
+
+}  // namespace avx512
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
 bool use_avx512 = false;
+bool k_quant_int8 = false;  // ggml_set_k_quant_int8
+const bool int8_vnni = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
 
 // F32, F16 and BF16 rows of any width, one value at a time (dequantize_rows' widths that are not a
 // multiple of 32).
@@ -204,6 +237,12 @@ extern "C" {
 // An unknown type leaves y untouched.
 KERNEL_EXPORT void ggml_gemm(int type, const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, float* y, int add,
                              int threads) {
+  const int bits = kernels::activation_bits_setting();
+  if (M <= avx2::INT8_ROWS && (bits == 8 || (bits == 16 && k_quant_int8)) && avx2::has_int8_form(type)) {
+    if (use_avx512 && int8_vnni ? avx512::int8_gemm(type, x, M, K, w, N, y, add != 0, threads)
+                                : avx2::int8_gemm(type, x, M, K, w, N, y, add != 0, threads))
+      return;
+  }
   if (use_avx512)
     avx512::gemm_type(type, x, M, K, w, N, y, add != 0, threads);
   else
@@ -223,6 +262,10 @@ KERNEL_EXPORT void ggml_dequantize_rows(int type, const uint8_t* w, int64_t K, c
   else
     avx2::dequantize_type(type, w, K, rows, n, out);
 }
+
+// Whether the K-quants' products of up to 4 rows round x to 8 bits (ggml_int8.h) where the activation
+// bits are 16, as they do where they are 8; off at load.
+KERNEL_EXPORT void ggml_set_k_quant_int8(int on) { k_quant_int8 = on != 0; }
 
 // Whether these products use their AVX-512 versions (on != 0) or the AVX2 ones; off at load.
 KERNEL_EXPORT void ggml_set_avx512(int on) { use_avx512 = on != 0; }

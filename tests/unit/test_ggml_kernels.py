@@ -152,3 +152,55 @@ def test_a_row_that_cannot_be_rounded_takes_the_float_loop(isa):
     x[0, 32:40] = 1e-39
     got = KERNELS.ggml_gemm(x, torch.from_numpy(data), int(T.Q6_K))
     assert_product(got, x, reference(data, T.Q6_K, 256))
+
+
+def rounded_to_8_bits(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as the 8-bit products round it: per group of 32, scale ``max |x| / 127``, then
+    ``round(x * (1 / scale))`` to nearest even, in float32 (``csrc/block_gemm.cpp``'s quantize_row)."""
+    groups = x.reshape(x.shape[0], -1, 32)
+    scale = groups.abs().amax(-1, keepdim=True) / 127.0
+    inverse = torch.where(scale > 0, 1.0 / scale, torch.zeros_like(scale))
+    return (torch.round(groups * inverse) * scale).reshape(x.shape)
+
+
+def minimums(data: np.ndarray, qtype: T, width: int) -> np.ndarray:
+    """The ``- dmin m`` part of each Q4_K/Q5_K weight: the block dequantized with every q zero."""
+    zeroed = data.reshape(data.shape[0], -1, gguf.GGML_QUANT_SIZES[qtype][1]).copy()
+    zeroed[..., 16:] = 0  # Q5_K's qh and qs, or Q4_K's qs
+    return reference(zeroed.reshape(data.shape[0], -1), qtype, width)
+
+
+@pytest.mark.parametrize("qtype", K_QUANTS, ids=lambda t: t.name)
+@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+def test_few_rows_multiply_x_rounded_to_8_bits(isa, qtype, rows):
+    # Under 8 bits the K-quants multiply x rounded to 8 bits per group of 32 by their integers; their
+    # minimums (Q4_K, Q5_K) meet x's exact sums, Q6_K's offset of 32 the rounded ones.
+    KERNELS.set_activation_bits(8)
+    width = width_for(qtype)
+    data = blocks(qtype, 40, width, seed=rows)
+    x = torch.randn(rows, width, generator=torch.Generator().manual_seed(rows)) * 3
+    x[0, :32] = 0.0  # a group of zeros: scale 0
+    got = KERNELS.ggml_gemm(x, torch.from_numpy(data), int(qtype))
+    weight = reference(data, qtype, width)
+    rounded = rounded_to_8_bits(x).double().numpy()
+    if qtype == T.Q6_K:
+        expected = rounded @ weight.astype(np.float64).T
+    else:
+        offsets = minimums(data, qtype, width).astype(np.float64)
+        expected = rounded @ (weight - offsets).astype(np.float64).T + x.double().numpy() @ offsets.T
+    bound = 1e-5 * np.outer(np.linalg.norm(x.double().numpy(), axis=1), np.linalg.norm(weight, axis=1))
+    error = np.abs(got.double().numpy() - expected)
+    assert (error <= bound).all(), f"worst error {float((error / bound).max()):.2f} of the bound"
+    unrounded = x.double().numpy() @ weight.astype(np.float64).T
+    assert not np.allclose(got.double().numpy(), unrounded, rtol=1e-4, atol=0)  # it did round
+
+
+def test_8_bits_leave_other_types_and_more_rows_to_the_other_products(isa):
+    KERNELS.set_activation_bits(8)
+    for qtype, rows in ((T.Q8_0, 1), (T.Q4_0, 2), (T.Q4_K, 5)):
+        width = width_for(qtype)
+        data = blocks(qtype, 16, width, seed=7)
+        x = torch.randn(rows, width, generator=torch.Generator().manual_seed(8))
+        got = KERNELS.ggml_gemm(x, torch.from_numpy(data), int(qtype))
+        expected = rounded_to_16_bits(x) if rows <= 4 else x
+        assert_product(got, expected, reference(data, qtype, width))
