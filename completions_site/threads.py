@@ -18,7 +18,7 @@ import os
 from collections.abc import MutableMapping
 
 # What a process gets when the operator has set neither variable (see bench/thread_policy.py and
-# the README's performance section for the measurements behind it).
+# docs/performance.md, "Threads and busy neighbours", for the measurements behind it).
 DEFAULT_POLICY = {"OMP_WAIT_POLICY": "PASSIVE"}
 OPERATOR_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 

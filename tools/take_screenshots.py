@@ -1,4 +1,4 @@
-"""Screenshots of the staff dashboard and a user's account page for the README (``docs/*.png``).
+"""Screenshots of the staff dashboard and a user's account page for the docs (``docs/*.png``).
 
 Usage (from the repository root, with Chromium installed: ``.ci/install-browser``)::
 

@@ -1,7 +1,7 @@
 """End to end, in the documented deterministic mode (MODEL_DTYPE=float32 MODEL_WEIGHTS=float32): batching changes nothing.
 
 In bfloat16 a greedy token in a near-tie can flip when the batch around a request changes (see
-README); in float32 every request gets the text it gets alone.
+docs/configuration.md); in float32 every request gets the text it gets alone.
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ Each candidate samples with a generator of its own (candidate ``j`` from ``seed 
 other requests in the batch nor the request's own ``n`` change what it draws.  (On this CPU the
 default configuration runs bfloat16 and, for small batches, int4 weights, where a near-tie in the
 logits can move with the batch, so these tests run the deterministic mode, ``MODEL_DTYPE=float32
-MODEL_WEIGHTS=float32``, as the README's guarantee says.)
+MODEL_WEIGHTS=float32``, as docs/api.md's guarantee says.)
 """
 from __future__ import annotations
 

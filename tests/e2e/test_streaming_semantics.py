@@ -49,7 +49,7 @@ SAME_AS_NON_STREAMED = {
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """The deterministic mode (float32): the stream and the plain answer are served in batches that
-    differ in when the prompts join, where bfloat16 can move a near-tie (README, Configuration)."""
+    differ in when the prompts join, where bfloat16 can move a near-tie (docs/configuration.md)."""
     live = start_server(tmp_path_factory.mktemp("stream"), MODEL_DTYPE="float32", MODEL_WEIGHTS="float32")
     yield live
     stop_server(live)
