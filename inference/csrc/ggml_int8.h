@@ -13,7 +13,9 @@
 // (so that the centred weight, not its offset form, meets x's rounding).  The likelihood cost is
 // measured by bench/activation_bits_quality.py (docs/performance.md).
 
-constexpr int INT8_ROWS = 4;  // rows of x these products take; more go to the float or 16-bit ones
+// Rows of x these products take (a decode step of up to 16 streams); a prefill chunk's more rows stay
+// in float32, as do the scores of a prompt's tokens.
+constexpr int INT8_ROWS = 16;
 
 // x [M, K] rounded: q int8 [M, K], per group of 32 the scales dx and float sums sx [M, K / 32], and per
 // 16 values the sums of q, as floats [M, K / 16] (Q6_K's offset).
@@ -66,7 +68,8 @@ inline void prefetch_block(const uint8_t* b, int bytes) {
 // Q4_K (FIFTH false) and Q5_K: 32 bytes of qs hold groups 2c (low nibbles) and 2c + 1 (high), Q5_K's
 // qh bit g of byte i bit 4 of group g's weight i; w = (d sc) q - dmin m.
 template <bool FIFTH, int ROWS>
-inline void k_quant_int8_row(const uint8_t* row, const RoundedX8& x, int64_t K, int64_t N, int64_t n, float* y, bool add) {
+inline void k_quant_int8_row(const uint8_t* row, const RoundedX8& x, int64_t r0, int64_t K, int64_t N, int64_t n, float* y,
+                             bool add) {
   constexpr int BYTES = FIFTH ? 176 : 144, QS = FIFTH ? 48 : 16, CHAINS = int8_chains<ROWS>();
   const int64_t groups = K / GROUP, blocks = K / 256;
   const __m256i nibble = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
@@ -81,7 +84,7 @@ inline void k_quant_int8_row(const uint8_t* row, const RoundedX8& x, int64_t K, 
     const KScales s = k_scales(b);
     alignas(32) float scales[ROWS][8];  // d sc dx per group
     for (int r = 0; r < ROWS; ++r) {
-      const int64_t first = r * groups + blk * 8;
+      const int64_t first = (r0 + r) * groups + blk * 8;
       _mm256_store_ps(scales[r], _mm256_mul_ps(_mm256_loadu_ps(s.d), _mm256_loadu_ps(&x.dx[first])));
       offsets[r] = _mm256_fnmadd_ps(_mm256_loadu_ps(s.m), _mm256_loadu_ps(&x.sx[first]), offsets[r]);
     }
@@ -96,7 +99,7 @@ inline void k_quant_int8_row(const uint8_t* row, const RoundedX8& x, int64_t K, 
       }
       #pragma GCC unroll 4
       for (int r = 0; r < ROWS; ++r) {
-        const int8_t* xg = x.q.data() + r * K + blk * 256 + 64 * c;
+        const int8_t* xg = x.q.data() + (r0 + r) * K + blk * 256 + 64 * c;
         __m256& first = acc[r][(2 * c) % CHAINS];
         __m256& second = acc[r][(2 * c + 1) % CHAINS];
         first = _mm256_fmadd_ps(int_sums(low, xg), _mm256_set1_ps(scales[r][2 * c]), first);
@@ -104,14 +107,15 @@ inline void k_quant_int8_row(const uint8_t* row, const RoundedX8& x, int64_t K, 
       }
     }
   }
-  finish_rows<ROWS, CHAINS>(acc, offsets, N, n, y, add);
+  finish_rows<ROWS, CHAINS>(acc, offsets, N, n, y + r0 * N, add);
 }
 
 // Q6_K: ql (128 bytes), qh (64), 16 int8 scales, d.  Group g = 4 h + j: low 4 bits from
 // ql[64 h + 32 (j % 2) + i] (low nibble for j < 2, high for j >= 2), bits 4-5 from bits 2 j, 2 j + 1 of
 // qh[32 h + i]; w = (d sc) (q - 32), sc per 16 weights (lanes 0-3 of a group's sums, then 4-7).
 template <int ROWS>
-inline void q6_k_int8_row(const uint8_t* row, const RoundedX8& x, int64_t K, int64_t N, int64_t n, float* y, bool add) {
+inline void q6_k_int8_row(const uint8_t* row, const RoundedX8& x, int64_t r0, int64_t K, int64_t N, int64_t n, float* y,
+                          bool add) {
   constexpr int CHAINS = int8_chains<ROWS>();
   const int64_t groups = K / GROUP, blocks = K / 256;
   const __m256i nibble = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30);
@@ -133,10 +137,10 @@ inline void q6_k_int8_row(const uint8_t* row, const RoundedX8& x, int64_t K, int
     const __m256 sc_high = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 200)))));
     __m256 scales[ROWS][2];  // d sc dx per 16 weights: sub-blocks 0-7, 8-15
     for (int r = 0; r < ROWS; ++r) {
-      const __m256 dx = _mm256_loadu_ps(&x.dx[r * groups + blk * 8]);
+      const __m256 dx = _mm256_loadu_ps(&x.dx[(r0 + r) * groups + blk * 8]);
       scales[r][0] = _mm256_mul_ps(sc_low, _mm256_permutevar8x32_ps(dx, pairs_low));
       scales[r][1] = _mm256_mul_ps(sc_high, _mm256_permutevar8x32_ps(dx, pairs_high));
-      const float* q16 = &x.q16[(r * groups + blk * 8) * 2];
+      const float* q16 = &x.q16[((r0 + r) * groups + blk * 8) * 2];
       __m256 offset = _mm256_mul_ps(scales[r][0], _mm256_loadu_ps(q16));
       offset = _mm256_fmadd_ps(scales[r][1], _mm256_loadu_ps(q16 + 8), offset);
       offsets[r] = _mm256_fnmadd_ps(_mm256_set1_ps(32.0f), offset, offsets[r]);
@@ -153,29 +157,31 @@ inline void q6_k_int8_row(const uint8_t* row, const RoundedX8& x, int64_t K, int
       for (int j = 0; j < 4; ++j) {
         #pragma GCC unroll 4
         for (int r = 0; r < ROWS; ++r) {
-          const int8_t* xg = x.q.data() + r * K + blk * 256 + 32 * (4 * h + j);
+          const int8_t* xg = x.q.data() + (r0 + r) * K + blk * 256 + 32 * (4 * h + j);
           __m256& chain = acc[r][j % CHAINS];
           chain = _mm256_fmadd_ps(int_sums(q[j], xg), _mm256_permutevar8x32_ps(scales[r][h], spread[j]), chain);
         }
       }
     }
   }
-  finish_rows<ROWS, CHAINS>(acc, offsets, N, n, y, add);
+  finish_rows<ROWS, CHAINS>(acc, offsets, N, n, y + r0 * N, add);
 }
 
 template <int ROWS>
-inline void int8_row(int type, const uint8_t* row, const RoundedX8& x, int64_t K, int64_t N, int64_t n, float* y, bool add) {
+inline void int8_row(int type, const uint8_t* row, const RoundedX8& x, int64_t r0, int64_t K, int64_t N, int64_t n, float* y,
+                     bool add) {
   switch (type) {
-    case TYPE_Q4_K: k_quant_int8_row<false, ROWS>(row, x, K, N, n, y, add); return;
-    case TYPE_Q5_K: k_quant_int8_row<true, ROWS>(row, x, K, N, n, y, add); return;
-    default: q6_k_int8_row<ROWS>(row, x, K, N, n, y, add); return;
+    case TYPE_Q4_K: k_quant_int8_row<false, ROWS>(row, x, r0, K, N, n, y, add); return;
+    case TYPE_Q5_K: k_quant_int8_row<true, ROWS>(row, x, r0, K, N, n, y, add); return;
+    default: q6_k_int8_row<ROWS>(row, x, r0, K, N, n, y, add); return;
   }
 }
 
 inline bool has_int8_form(int type) { return type == TYPE_Q4_K || type == TYPE_Q5_K || type == TYPE_Q6_K; }
 
-// y[M, N] (+)= x[M, K] @ W^T for M <= INT8_ROWS and a type of has_int8_form; false, nothing computed,
-// where x cannot be rounded (an infinity, a NaN, a subnormal group scale: float32 then).
+// y[M, N] (+)= x[M, K] @ W^T for M <= INT8_ROWS and a type of has_int8_form, each weight row against
+// x's rows 4 at a time (the row stays in L1 from one to the next); false, nothing computed, where x
+// cannot be rounded (an infinity, a NaN, a subnormal group scale: float32 then).
 inline bool int8_gemm(int type, const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, float* y, bool add,
                       int threads) {
   thread_local RoundedX8 callers;  // the caller's, reused; the workers take it by reference
@@ -185,11 +191,13 @@ inline bool int8_gemm(int type, const float* x, int64_t M, int64_t K, const uint
   kernels::parallel_for(N, threads, [&](int64_t first, int64_t last) {
     for (int64_t n = first; n < last; ++n) {
       const uint8_t* row = w + n * row_bytes;
-      switch (M) {
-        case 1: int8_row<1>(type, row, rounded, K, N, n, y, add); break;
-        case 2: int8_row<2>(type, row, rounded, K, N, n, y, add); break;
-        case 3: int8_row<3>(type, row, rounded, K, N, n, y, add); break;
-        default: int8_row<4>(type, row, rounded, K, N, n, y, add); break;
+      for (int64_t r0 = 0; r0 < M; r0 += 4) {
+        switch (std::min<int64_t>(M - r0, 4)) {
+          case 1: int8_row<1>(type, row, rounded, r0, K, N, n, y, add); break;
+          case 2: int8_row<2>(type, row, rounded, r0, K, N, n, y, add); break;
+          case 3: int8_row<3>(type, row, rounded, r0, K, N, n, y, add); break;
+          default: int8_row<4>(type, row, rounded, r0, K, N, n, y, add); break;
+        }
       }
     }
   });

@@ -171,9 +171,10 @@ def minimums(data: np.ndarray, qtype: T, width: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("qtype", K_QUANTS, ids=lambda t: t.name)
-@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 11, 16])
 def test_few_rows_multiply_x_rounded_to_8_bits(isa, qtype, rows):
-    # Under 8 bits the K-quants multiply x rounded to 8 bits per group of 32 by their integers; their
+    # Under 8 bits the K-quants' products of up to 16 rows multiply x rounded to 8 bits per group of 32
+    # by their integers (4 rows at a time); their
     # minimums (Q4_K, Q5_K) meet x's exact sums, Q6_K's offset of 32 the rounded ones.
     KERNELS.set_activation_bits(8)
     width = width_for(qtype)
@@ -197,10 +198,26 @@ def test_few_rows_multiply_x_rounded_to_8_bits(isa, qtype, rows):
 
 def test_8_bits_leave_other_types_and_more_rows_to_the_other_products(isa):
     KERNELS.set_activation_bits(8)
-    for qtype, rows in ((T.Q8_0, 1), (T.Q4_0, 2), (T.Q4_K, 5)):
+    for qtype, rows in ((T.Q8_0, 1), (T.Q4_0, 2), (T.Q4_K, 17), (T.Q6_K, 33)):
         width = width_for(qtype)
         data = blocks(qtype, 16, width, seed=7)
         x = torch.randn(rows, width, generator=torch.Generator().manual_seed(8))
         got = KERNELS.ggml_gemm(x, torch.from_numpy(data), int(qtype))
         expected = rounded_to_16_bits(x) if rows <= 4 else x
         assert_product(got, expected, reference(data, qtype, width))
+
+
+def test_the_k_quant_switch_rounds_to_8_bits_where_bits_are_16(isa):
+    data = torch.from_numpy(blocks(T.Q6_K, 16, 768, seed=9))
+    x = torch.randn(2, 768, generator=torch.Generator().manual_seed(10))
+    results = {}
+    try:
+        for bits, switch in ((8, False), (16, True), (16, False), (32, True)):
+            KERNELS.set_activation_bits(bits)
+            KERNELS.set_k_quant_int8(switch)
+            results[bits, switch] = KERNELS.ggml_gemm(x, data, int(T.Q6_K))
+    finally:
+        KERNELS.set_k_quant_int8(False)
+    assert torch.equal(results[8, False], results[16, True])  # the same 8-bit product
+    assert not torch.equal(results[16, True], results[16, False])
+    assert_product(results[32, True], x, reference(data.numpy(), T.Q6_K, 768))  # float32: unrounded
