@@ -1,0 +1,164 @@
+"""Tiny random models of each family the runner takes, and the GGUF files llama.cpp would write of them.
+
+Each family's tiny config keeps its real model's shape ratios (query heads per KV head, head size
+against the hidden size, MLP width, tied embeddings, rope base, norm epsilon) at a hidden size of
+128-448 and 2 layers.  :func:`write_gguf` writes a model with gguf-py's writer as llama.cpp's
+converter does (its architecture's metadata keys, ggml's tensor names, q/k rows permuted for
+``llama`` only) and returns what each tensor holds as stored; :func:`stored_reference` is the
+transformers model on those (dequantized) weights, the reference of a block format's logits.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+
+from inference.families import llama as family
+from inference.formats import ggml
+
+VOCAB = 96
+# name -> (model class, config class, config, GGUF architecture)
+FAMILIES = {
+    # SmolLM2 / Llama 3.2-1B: 2 query heads per KV head (here 4 / 2), head size 16, untied.
+    "llama": (LlamaForCausalLM, LlamaConfig, {
+        "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
+    }, "llama"),
+    # Qwen2.5-0.5B: 14 / 2 heads of 64 (here 7 / 1), MLP 5.4 times the hidden size, q/k/v biases, tied.
+    "qwen2": (Qwen2ForCausalLM, Qwen2Config, {
+        "hidden_size": 448, "intermediate_size": 2432, "num_attention_heads": 7, "num_key_value_heads": 1,
+        "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6},
+    }, "qwen2"),
+    # Qwen3-0.6B: 16 / 8 heads of 128, heads * head_dim twice the hidden size (here 4 / 2 of 64 over
+    # 128), MLP 3 times, q/k norms, tied.
+    "qwen3": (Qwen3ForCausalLM, Qwen3Config, {
+        "hidden_size": 128, "intermediate_size": 384, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 64, "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1e6},
+    }, "qwen3"),
+    # Mistral-7B-v0.1: 32 / 8 heads of 128 (here 4 / 1 of 64), MLP 3.5 times, untied, a sliding window
+    # of 4096 of 32768 positions (here 8 of 256, so that tests pass it).
+    "mistral": (MistralForCausalLM, MistralConfig, {
+        "hidden_size": 256, "intermediate_size": 896, "num_attention_heads": 4, "num_key_value_heads": 1,
+        "head_dim": 64, "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "sliding_window": 8,
+    }, "llama"),
+}  # fmt: skip
+LAYERS = 2
+
+
+def tiny_family_model(name: str, seed: int = 0, **overrides):
+    """The tiny random float32 model of family ``name`` (:data:`FAMILIES`), eval mode; weights normal
+    of std 0.2 (norm scales too, so that they matter), seeded."""
+    model_class, config_class, shape, _ = FAMILIES[name]
+    torch.manual_seed(seed)
+    config = config_class(
+        vocab_size=VOCAB, num_hidden_layers=LAYERS, max_position_embeddings=256, **{**shape, **overrides}
+    )
+    model = model_class(config).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_(0, 0.2)
+    return model
+
+
+def gguf_names(model) -> dict[str, str]:
+    """transformers' parameter names of ``model`` -> its GGUF tensor names (a tied output layer has none)."""
+    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
+    if not model.config.tie_word_embeddings:
+        names["lm_head.weight"] = "output.weight"
+    parts = {**family.LAYER_TENSORS, "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
+    state = model.state_dict()
+    for index in range(model.config.num_hidden_layers):
+        for hf, ours in parts.items():
+            for kind in ("weight", "bias"):
+                if f"model.layers.{index}.{hf}.{kind}" in state:
+                    names[f"model.layers.{index}.{hf}.{kind}"] = f"blk.{index}.{ours}.{kind}"
+    return names
+
+
+def permute(weight: np.ndarray, heads: int) -> np.ndarray:
+    """convert_hf_to_gguf's ``LlamaModel.permute``: each head's rotary halves interleaved (rows, or a bias)."""
+    rows = weight.shape[0]
+    return weight.reshape(heads, 2, rows // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+
+
+def _heads(config, name: str) -> int:
+    return int(config.num_attention_heads if ".attn_q." in name else config.num_key_value_heads)
+
+
+def write_gguf(
+    model, path: Path, kind: int, *, architecture: str = "llama", corrupt: str = ""
+) -> dict[str, np.ndarray]:
+    """Write ``model`` as a GGUF file of ``architecture`` with its matrices in ggml type ``kind``
+    (vectors in F32, as llama.cpp keeps them); returns the values each tensor holds as stored
+    (dequantized), under GGUF names.  ``corrupt="kv_heads"`` writes a wrong KV head count."""
+    import gguf
+
+    config = model.config
+    writer = gguf.GGUFWriter(str(path), architecture)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads if corrupt != "kv_heads" else 3)
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_rope_freq_base(float((config.rope_parameters or {}).get("rope_theta", 10000.0)))
+    dim = family.head_dim(config)
+    if dim != config.hidden_size // config.num_attention_heads:
+        writer.add_key_length(dim)
+        writer.add_value_length(dim)
+    if getattr(config, "sliding_window", None):
+        writer.add_sliding_window(config.sliding_window)
+    state = {name: tensor.detach().float().numpy() for name, tensor in model.state_dict().items()}
+    stored = {}
+    qtype = gguf.GGMLQuantizationType(kind)
+    for hf, name in gguf_names(model).items():
+        values = state[hf]
+        if architecture == "llama" and (".attn_q." in name or ".attn_k." in name):
+            values = permute(values, _heads(config, name))
+        if values.ndim == 1:
+            writer.add_tensor(name, values.astype(np.float32))
+            stored[name] = values
+            continue
+        if kind == ggml.F32:
+            data = values.astype(np.float32)
+        elif kind == ggml.F16:
+            data = values.astype(np.float16)
+        else:
+            data = gguf.quants.quantize(values, qtype)
+        writer.add_tensor(name, data, raw_dtype=qtype if kind not in (ggml.F32, ggml.F16) else None)
+        raw = np.ascontiguousarray(data).view(np.uint8).reshape(values.shape[0], -1)
+        stored[name] = ggml.dequantize(torch.from_numpy(raw.copy()), kind, values.shape[1]).numpy()
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return stored
+
+
+def stored_reference(model, stored: dict[str, np.ndarray], *, architecture: str = "llama"):
+    """``model`` with every weight replaced by what the file stores, q/k rows back in transformers'
+    order where the architecture permuted them; returns ``model``."""
+    names = gguf_names(model)
+    state = {}
+    for name, tensor in model.state_dict().items():
+        ours = names.get(name, "token_embd.weight")  # a tied lm_head.weight is the embedding's
+        values = torch.from_numpy(stored[ours].copy()).reshape(tensor.shape)
+        if architecture == "llama" and (".attn_q." in ours or ".attn_k." in ours):
+            values = values[family.unpermute_rows(values.shape[0], _heads(model.config, ours))]
+        state[name] = values
+    model.load_state_dict(state)
+    return model
