@@ -58,6 +58,11 @@ FAMILIES = {
 LAYERS = 2
 
 
+def architecture(name: str) -> str:
+    """The GGUF architecture llama.cpp's converter writes family ``name`` as."""
+    return FAMILIES[name][3]
+
+
 def tiny_family_model(name: str, seed: int = 0, **overrides):
     """The tiny random float32 model of family ``name`` (:data:`FAMILIES`), eval mode; weights normal
     of std 0.2 (norm scales too, so that they matter), seeded."""

@@ -8,6 +8,7 @@ window of each layer (:func:`layer_windows`: Mistral's, Qwen2's when enabled).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from transformers import PretrainedConfig
@@ -25,7 +26,7 @@ class Family:
     name: str
     architectures: tuple[str, ...]
     model_types: tuple[str, ...]
-    config_class: type[PretrainedConfig]
+    config_class: Callable[..., PretrainedConfig]  # a transformers config class, called with its fields
     permuted_qk: bool = False
     qk_norm: bool = False
 
