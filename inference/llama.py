@@ -45,6 +45,7 @@ from .families.llama import (
     LinearFactory,
     LlamaLayer,
     LlamaWeights,
+    served_context,
     transformers_weights,
     unsupported_reason,
 )
@@ -186,7 +187,7 @@ class LlamaModelRunner:
         self.intermediate_size = config.intermediate_size
         self.eps = float(config.rms_norm_eps)
         self.num_layers = config.num_hidden_layers
-        self.max_context = int(config.max_position_embeddings)
+        self.max_context = served_context(config)  # longrope: the context its short factors serve
         self.vocab_size = weights.vocab_size
         self.device = weights.final_norm.device
         self._embedding = weights.embedding

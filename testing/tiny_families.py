@@ -10,6 +10,7 @@ transformers model on those (dequantized) weights, the reference of a block form
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,8 @@ from transformers import (
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
     Qwen3Config,
@@ -29,6 +32,7 @@ from inference.families import llama as family
 from inference.formats import ggml
 
 VOCAB = 96
+PHI3_TOKENS = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2}  # Phi3Config's defaults lie past VOCAB
 # name -> (model class, config class, config, GGUF architecture)
 FAMILIES = {
     # SmolLM2 / Llama 3.2-1B: 2 query heads per KV head (here 4 / 2), head size 16, untied.
@@ -52,8 +56,24 @@ FAMILIES = {
     # of 4096 of 32768 positions (here 8 of 256, so that tests pass it).
     "mistral": (MistralForCausalLM, MistralConfig, {
         "hidden_size": 256, "intermediate_size": 896, "num_attention_heads": 4, "num_key_value_heads": 1,
-        "head_dim": 64, "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "sliding_window": 8,
+        "head_dim": 64, "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "sliding_window": 8, **PHI3_TOKENS,
     }, "llama"),
+    # Phi-3-mini-4k: 32 / 32 heads of 96 (here 2 / 2), MLP 2.7 times, untied, fused qkv and gate/up,
+    # a sliding window of 2047 of 4096 positions (here 8 of 256).
+    "phi3": (Phi3ForCausalLM, Phi3Config, {
+        "hidden_size": 192, "intermediate_size": 512, "num_attention_heads": 2, "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "sliding_window": 8, **PHI3_TOKENS,
+    }, "phi3"),
+    # Phi-3.5-mini (Phi-3-mini-128k): the same shape with longrope, short and long factors per
+    # frequency, 4096 of 131072 positions pretrained (here 64 of 256).
+    "phi3-longrope": (Phi3ForCausalLM, Phi3Config, {
+        "hidden_size": 192, "intermediate_size": 512, "num_attention_heads": 2, "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "original_max_position_embeddings": 64, **PHI3_TOKENS,
+        "rope_parameters": {
+            "rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 64,
+            "short_factor": [1.0 + 0.05 * i for i in range(48)], "long_factor": [1.0 + 0.5 * i for i in range(48)],
+        },
+    }, "phi3"),
 }  # fmt: skip
 LAYERS = 2
 
@@ -83,7 +103,13 @@ def gguf_names(model) -> dict[str, str]:
     names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
     if not model.config.tie_word_embeddings:
         names["lm_head.weight"] = "output.weight"
-    parts = {**family.LAYER_TENSORS, "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
+    parts = {
+        **family.LAYER_TENSORS,
+        "self_attn.q_norm": "attn_q_norm",
+        "self_attn.k_norm": "attn_k_norm",
+        "self_attn.qkv_proj": "attn_qkv",  # Phi-3's fused q/k/v
+        "mlp.gate_up_proj": "ffn_up",  # Phi-3's gate and up rows, as llama.cpp stores them
+    }
     state = model.state_dict()
     for index in range(model.config.num_hidden_layers):
         for hf, ours in parts.items():
@@ -127,6 +153,16 @@ def write_gguf(
         writer.add_value_length(dim)
     if getattr(config, "sliding_window", None):
         writer.add_sliding_window(config.sliding_window)
+    rope = config.rope_parameters or {}
+    if rope.get("rope_type") == "longrope":  # llama.cpp's Phi-3 converter: two factor tensors, two keys
+        writer.add_rope_dimension_count(dim)
+        writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+        factor = config.max_position_embeddings / rope["original_max_position_embeddings"]
+        writer.add_rope_scaling_attn_factors(
+            math.sqrt(1 + math.log(factor) / math.log(rope["original_max_position_embeddings"]))
+        )
+        writer.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))
+        writer.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32))
     state = {name: tensor.detach().float().numpy() for name, tensor in model.state_dict().items()}
     stored = {}
     qtype = gguf.GGMLQuantizationType(kind)

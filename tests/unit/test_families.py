@@ -110,3 +110,15 @@ def test_greedy_text_equals_transformers_over_32_tokens(name, source, tmp_path):
         got = [seq + [int(seq_logits[len(seq) - 1].argmax())] for seq, seq_logits in zip(sequences, logits)]
         expected = [reference_greedy(reference, prompt, 32) for prompt in PROMPTS]
     assert got == expected
+
+
+@pytest.mark.parametrize("source", ["transformers", "F32"])
+def test_longrope_serves_the_context_of_its_short_factors_and_refuses_past_it(source, tmp_path):
+    # Longrope's frequencies change past original_max_position_embeddings for the whole sequence
+    # (transformers' rule), which a cache of rotated keys cannot follow: the runner serves up to it.
+    runner, _ = runner_and_reference("phi3-longrope", source, tmp_path)
+    assert runner.max_context == 64 and runner._rope_scaling > 1.0  # sqrt(1 + ln 4 / ln 64)
+    with torch.inference_mode():
+        runner.prefill([PrefillChunk(0, list(range(64)), 0, False)])
+        with pytest.raises(ValueError, match="past the model's context of 64"):
+            runner.prefill([PrefillChunk(1, list(range(65)), 0, False)])
