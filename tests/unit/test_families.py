@@ -122,3 +122,44 @@ def test_longrope_serves_the_context_of_its_short_factors_and_refuses_past_it(so
         runner.prefill([PrefillChunk(0, list(range(64)), 0, False)])
         with pytest.raises(ValueError, match="past the model's context of 64"):
             runner.prefill([PrefillChunk(1, list(range(65)), 0, False)])
+
+
+# --- which runner serves a model ---------------------------------------------------------------------
+
+
+def test_a_family_we_run_is_served_by_our_runner_and_says_so(caplog):
+    from inference.model_runner import build_runner
+
+    model = tiny_families.tiny_family_model("qwen3")
+    with caplog.at_level("INFO", logger="inference.model_runner"):
+        runner = build_runner(model, prefix_caching="off")
+    assert isinstance(runner, LlamaModelRunner)
+    assert runner.serving == {"name": "llama", "reason": "model_type qwen3: the qwen3 family"}
+    assert "Runner: llama (model_type qwen3: the qwen3 family)" in caplog.text
+
+
+def test_a_shape_we_do_not_run_stays_on_transformers_modeling_with_the_reason(caplog):
+    from inference.model_runner import HFModelRunner, build_runner
+
+    # Phi-4-mini's shape: Phi-3's layers with rotary embeddings on 3/4 of each head only.
+    model = tiny_families.tiny_family_model(
+        "phi3",
+        sliding_window=None,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.75},
+    )
+    with caplog.at_level("INFO", logger="inference.model_runner"):
+        runner = build_runner(model)
+    assert isinstance(runner, HFModelRunner)
+    assert runner.serving == {"name": "transformers", "reason": "our runner does not run it: partial rotary embeddings"}
+    assert "Runner: transformers (our runner does not run it: partial rotary embeddings)" in caplog.text
+    with torch.inference_mode():
+        (got,) = runner.prefill([PrefillChunk(0, PROMPTS[1], 0, True)])
+        expected = model(input_ids=torch.tensor([PROMPTS[1]])).logits[0]
+    assert (got - expected).abs().max() <= 1e-4 * expected.abs().max()
+
+
+def test_engine_runner_transformers_is_the_reason_given_when_asked_for():
+    from inference.model_runner import build_runner
+
+    runner = build_runner(tiny_families.tiny_family_model("qwen2"), "transformers")
+    assert runner.serving == {"name": "transformers", "reason": "ENGINE_RUNNER=transformers"}
