@@ -89,7 +89,7 @@ def tiny_family_model(name: str, seed: int = 0, **overrides):
     model_class, config_class, shape, _ = FAMILIES[name]
     torch.manual_seed(seed)
     config = config_class(
-        vocab_size=VOCAB, num_hidden_layers=LAYERS, max_position_embeddings=256, **{**shape, **overrides}
+        **{"vocab_size": VOCAB, "num_hidden_layers": LAYERS, "max_position_embeddings": 256, **shape, **overrides}
     )
     model = model_class(config).eval()
     with torch.no_grad():
@@ -129,16 +129,85 @@ def _heads(config, name: str) -> int:
     return int(config.num_attention_heads if ".attn_q." in name else config.num_key_value_heads)
 
 
+# --- A tokenizer and chat format per family ---------------------------------------------------------
+
+# Each family's chat template, as its instruct model's file carries it (reduced to the roles' rules).
+CHATML = (  # Qwen2.5 / Qwen3: ChatML, a default system message when the conversation has none
+    "{%- if messages[0]['role'] != 'system' %}"
+    "{{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{%- endif %}"
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+PHI3_CHAT = (  # Phi-3 / 3.5-mini-instruct
+    "{% for message in messages %}"
+    "{{ '<|' + message['role'] + '|>\\n' + message['content'] + '<|end|>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% else %}{{ eos_token }}{% endif %}"
+)
+MISTRAL_CHAT = (  # Mistral-7B-Instruct-v0.1: no system role, user and assistant alternate
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}"
+    "{% else %}{{ message['content'] + eos_token }}{% endif %}{% endfor %}"
+)
+# name -> (special tokens after the 256 byte tokens, eos token, chat template)
+CHAT_FORMATS = {
+    "llama": (["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"], "<|end_of_text|>", None),
+    "qwen2": (["<|endoftext|>", "<|im_start|>", "<|im_end|>"], "<|im_end|>", CHATML),
+    "qwen3": (["<|endoftext|>", "<|im_start|>", "<|im_end|>"], "<|im_end|>", CHATML),
+    "mistral": (["<s>", "</s>", "[INST]", "[/INST]"], "</s>", MISTRAL_CHAT),
+    "phi3": (["<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"], "<|endoftext|>", PHI3_CHAT),
+}
+CHAT_FORMATS["phi3-longrope"] = CHAT_FORMATS["phi3"]
+# The tokens that end a stream in each family's chat format (its eos and end-of-turn tokens).
+STOP_TOKENS = {
+    "qwen2": ("<|im_end|>", "<|endoftext|>"),
+    "qwen3": ("<|im_end|>", "<|endoftext|>"),
+    "mistral": ("</s>",),
+    "phi3": ("<|end|>", "<|endoftext|>"),
+}
+
+
+def vocabulary(name: str) -> list[str]:
+    """Family ``name``'s tiny vocabulary: GPT-2's byte alphabet (any text tokenizes, a byte a token:
+    no merges; the real families' own vocabularies are byte-level BPE too, but for Mistral's and Phi-3's
+    SentencePiece) and the family's special tokens after it.  A model to write with it has
+    ``vocab_size=len(vocabulary(name))``."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    spelling = bytes_to_unicode()
+    return [spelling[byte] for byte in range(256)] + CHAT_FORMATS[name][0]
+
+
+def _add_tokenizer(writer, name: str) -> None:
+    specials, eos, template = CHAT_FORMATS[name]
+    tokens = vocabulary(name)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([1] * 256 + [3] * len(specials))  # normal, then control
+    writer.add_token_scores([0.0] * len(tokens))  # no merges: transformers derives none from these
+    writer.add_eos_token_id(tokens.index(eos))
+    writer.add_bos_token_id(256)
+    writer.add_add_bos_token(False)
+    if template is not None:
+        writer.add_chat_template(template)
+
+
 def write_gguf(
-    model, path: Path, kind: int, *, architecture: str = "llama", corrupt: str = ""
+    model, path: Path, kind: int, *, architecture: str = "llama", corrupt: str = "", tokenizer: str = ""
 ) -> dict[str, np.ndarray]:
     """Write ``model`` as a GGUF file of ``architecture`` with its matrices in ggml type ``kind``
     (vectors in F32, as llama.cpp keeps them); returns the values each tensor holds as stored
-    (dequantized), under GGUF names.  ``corrupt="kv_heads"`` writes a wrong KV head count."""
+    (dequantized), under GGUF names.  ``corrupt="kv_heads"`` writes a wrong KV head count;
+    ``tokenizer``: a family name whose :func:`vocabulary` and chat template the file carries."""
     import gguf
 
     config = model.config
     writer = gguf.GGUFWriter(str(path), architecture)
+    if tokenizer:
+        _add_tokenizer(writer, tokenizer)
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
     writer.add_block_count(config.num_hidden_layers)
