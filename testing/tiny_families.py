@@ -200,7 +200,8 @@ def write_gguf(
 ) -> dict[str, np.ndarray]:
     """Write ``model`` as a GGUF file of ``architecture`` with its matrices in ggml type ``kind``
     (vectors in F32, as llama.cpp keeps them); returns the values each tensor holds as stored
-    (dequantized), under GGUF names.  ``corrupt="kv_heads"`` writes a wrong KV head count;
+    (dequantized), under GGUF names.  ``corrupt="kv_heads"`` writes a wrong KV head count,
+    ``"partial_rope"`` a rotary width of 3/4 of the head;
     ``tokenizer``: a family name whose :func:`vocabulary` and chat template the file carries."""
     import gguf
 
@@ -222,6 +223,8 @@ def write_gguf(
         writer.add_value_length(dim)
     if getattr(config, "sliding_window", None):
         writer.add_sliding_window(config.sliding_window)
+    if corrupt == "partial_rope":  # Phi-4-mini's file: rotary embeddings on 3/4 of each head
+        writer.add_rope_dimension_count(dim * 3 // 4)
     rope = config.rope_parameters or {}
     if rope.get("rope_type") == "longrope":  # llama.cpp's Phi-3 converter: two factor tensors, two keys
         writer.add_rope_dimension_count(dim)

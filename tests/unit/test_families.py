@@ -163,3 +163,14 @@ def test_engine_runner_transformers_is_the_reason_given_when_asked_for():
 
     runner = build_runner(tiny_families.tiny_family_model("qwen2"), "transformers")
     assert runner.serving == {"name": "transformers", "reason": "ENGINE_RUNNER=transformers"}
+
+
+def test_a_gguf_with_partial_rotary_embeddings_is_refused_naming_them(tmp_path):
+    from inference.formats.gguf import ModelFileError
+
+    path = tmp_path / "phi4-mini.gguf"
+    tiny_families.write_gguf(
+        tiny_families.tiny_family_model("phi3"), path, ggml.F32, architecture="phi3", corrupt="partial_rope"
+    )
+    with pytest.raises(ModelFileError, match="rotary embeddings on 72 of each head's 96 dimensions"):
+        family.config_from_gguf(GGUFFile(path))
