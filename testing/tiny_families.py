@@ -11,6 +11,7 @@ transformers model on those (dequantized) weights, the reference of a block form
 from __future__ import annotations
 
 import math
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -180,6 +181,20 @@ def vocabulary(name: str) -> list[str]:
     return [spelling[byte] for byte in range(256)] + CHAT_FORMATS[name][0]
 
 
+def random_q4_k(name: str, shape: tuple[int, ...]) -> np.ndarray:
+    """Random Q4_K blocks ``[rows, width / 256 * 144]`` (uint8) of a matrix of ``shape``, seeded by its
+    name: gguf-py cannot quantize to Q4_K, so a Q4_K file holds these instead of the model's weights
+    (its :func:`stored_reference` then runs on them).  Scales ``d``/``dmin`` in 1e-4..1e-3, so that
+    weights stay below 1 in size."""
+    rows, width = shape
+    if width % 256:
+        raise ValueError(f"{name}: a Q4_K row is whole blocks of 256, not {width}")
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    blocks = rng.integers(0, 256, size=(rows, width // 256, 144), dtype=np.uint8)
+    blocks[..., 0:4] = rng.uniform(1e-4, 1e-3, size=(rows, width // 256, 2)).astype(np.float16).view(np.uint8)
+    return blocks.reshape(rows, -1)
+
+
 def _add_tokenizer(writer, name: str) -> None:
     specials, eos, template = CHAT_FORMATS[name]
     tokens = vocabulary(name)
@@ -250,6 +265,8 @@ def write_gguf(
             data = values.astype(np.float32)
         elif kind == ggml.F16:
             data = values.astype(np.float16)
+        elif kind == ggml.Q4_K:
+            data = random_q4_k(name, values.shape)
         else:
             data = gguf.quants.quantize(values, qtype)
         writer.add_tensor(name, data, raw_dtype=qtype if kind not in (ggml.F32, ggml.F16) else None)
