@@ -400,7 +400,12 @@ class ChatRun(CompletionRun):
         if not engine.has_chat_template:
             raise APIError(NOT_A_CHAT_MODEL, status=404, param="model", code="model_not_found")
         request.check_token_ids(engine.vocab_size)
-        ids = await asyncio.to_thread(engine.chat_prompt_ids, request.messages)
+        from jinja2 import TemplateError
+
+        try:
+            ids = await asyncio.to_thread(engine.chat_prompt_ids, request.messages)
+        except TemplateError as error:  # the model's template refuses the conversation (a role it lacks)
+            raise APIError(f"The model's chat template refused the messages: {error}", param="messages") from error
         remainder = engine.max_context - len(ids)
         limit = request.max_completion_tokens
         if remainder < 1 or (limit is not None and limit > remainder):

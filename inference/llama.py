@@ -18,6 +18,12 @@ pre-RMSNorm, rotary position embeddings, SwiGLU MLP, grouped-query attention fro
   than ``enable_gqa`` or repeating K/V, and it never materialises repeated keys and values).
 - Prefill runs the linear layers over the tokens of all chunks packed together (no padding), and
   attention chunk by chunk, against each request's own partial cache (vLLM's "varlen" layout).
+- The other families (:mod:`inference.families`) are data on each layer, not code paths: a q/k/v
+  bias added to the stacked product's output (Qwen2), an RMSNorm of each query and key head before
+  the rotary embeddings (Qwen3), a sliding window (Mistral).  Our kernels take the first two as
+  they are (both are done before a kernel reads q/k/v); a window they cannot apply, so a step where
+  some query sees past its window runs attention in torch's operations.  The cache keeps every
+  position either way (no ring buffer: memory as for full attention).
 
 Rows of the running batch are contiguous: ``keep`` moves only the rows whose place changes, so an
 engine that fills a leaving row's place with the last row moves one row, and decode never gathers.
@@ -39,6 +45,7 @@ from .families.llama import (
     LinearFactory,
     LlamaLayer,
     LlamaWeights,
+    served_context,
     transformers_weights,
     unsupported_reason,
 )
@@ -92,7 +99,7 @@ def supports(model) -> bool:
     return unsupported_reason(model) is None
 
 
-@dataclass
+@dataclass(kw_only=True)
 class _Layer(LlamaLayer):
     """A decoder layer as the runner runs it.  ``o`` and ``down`` are only ever added into the
     residual stream in place: with float32 activations they are the formats' ``compute`` (see
@@ -180,13 +187,16 @@ class LlamaModelRunner:
         self.intermediate_size = config.intermediate_size
         self.eps = float(config.rms_norm_eps)
         self.num_layers = config.num_hidden_layers
-        self.max_context = int(config.max_position_embeddings)
+        self.max_context = served_context(config)  # longrope: the context its short factors serve
         self.vocab_size = weights.vocab_size
         self.device = weights.final_norm.device
         self._embedding = weights.embedding
         if weights.embedding_rows is not None:
             self._embedding_rows = weights.embedding_rows
         self._layers = [self._load_layer(layer) for layer in weights.layers]
+        self._smallest_window = min((layer.window for layer in self._layers if layer.window), default=None)
+        # The whole decode step in one kernel call runs Llama's layer only (no bias, no q/k norm).
+        self._llama_layers = all(layer.qkv_bias is None and layer.q_norm is None for layer in self._layers)
         self._final_norm = weights.final_norm
         self._lm_head = weights.lm_head
         self._inv_freq, self._rope_scaling = weights.inv_freq.to(self.device), weights.rope_scaling
@@ -251,6 +261,10 @@ class LlamaModelRunner:
             o_add=self._residual_add(layer.o),
             down_add=self._residual_add(layer.down),
             products=(layer.qkv, layer.o, layer.gate_up, layer.down),
+            qkv_bias=layer.qkv_bias,
+            q_norm=layer.q_norm,
+            k_norm=layer.k_norm,
+            window=layer.window,
         )
 
     def _residual_linear(self, linear: Linear) -> Linear:
@@ -306,6 +320,25 @@ class LlamaModelRunner:
         tokens, heads, dim = qk.shape
         swapped = qk.unflatten(-1, (2, dim // 2)).flip(-2).view(tokens, heads, dim)
         return torch.addcmul(qk * cos, swapped, sin)
+
+    def _qkv(self, layer: _Layer, x: torch.Tensor) -> torch.Tensor:
+        """Queries, keys and values ``[tokens, (heads + 2 kv_heads) * head_dim]`` (a new contiguous
+        tensor) of normed hidden states ``x`` ``[tokens, hidden]``: the stacked product, its bias,
+        and each query and key head's RMSNorm (Qwen3's, before rope), in place."""
+        qkv = layer.qkv(x)
+        if layer.qkv_bias is not None:
+            qkv += layer.qkv_bias
+        if layer.q_norm is not None:
+            heads, kv_heads, dim = self.num_heads, self.num_kv_heads, self.head_dim
+            qk = qkv[:, : (heads + kv_heads) * dim].unflatten(-1, (heads + kv_heads, dim))
+            qk[:, :heads] = F.rms_norm(qk[:, :heads], (dim,), layer.q_norm, self.eps)
+            qk[:, heads:] = F.rms_norm(qk[:, heads:], (dim,), layer.k_norm, self.eps)
+        return qkv
+
+    def _past_window(self, positions: int) -> bool:
+        """Whether a query among the first ``positions`` positions sees past a layer's window (so
+        our kernels, which attend to every earlier position, cannot run that step's attention)."""
+        return self._smallest_window is not None and positions > self._smallest_window
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         """The embeddings ``[tokens, hidden]`` of ``ids`` ``[tokens]``: a new tensor (a residual stream)."""
@@ -379,16 +412,21 @@ class LlamaModelRunner:
         qk_width = (heads + kv_heads) * dim
         x = self._embed(ids)  # [tokens, hidden]
         tokens = x.shape[0]
-        tables = self._prefill_tables(chunks, partials) if self._prefill_attention_fits() else None
+        fits = self._prefill_attention_fits() and not self._past_window(end)
+        tables = self._prefill_tables(chunks, partials) if fits else None
         if tables is None:
-            # Each chunk's attention in blocks of ATTENTION_QUERIES queries: (first, end, mask) per block.
-            blocks = [self._attention_blocks(chunk.start, len(chunk.token_ids)) for chunk in chunks]
+            # Each chunk's attention in blocks of ATTENTION_QUERIES queries: (first, end, mask) per
+            # block, for each of the layers' windows.
+            blocks_of = {
+                window: [self._attention_blocks(chunk.start, len(chunk.token_ids), window) for chunk in chunks]
+                for window in {layer.window for layer in self._layers}
+            }
             positions = torch.cat(
                 [torch.arange(chunk.start, chunk.start + len(chunk.token_ids), device=self.device) for chunk in chunks]
             )
             cos, sin = self._cos[positions][:, None], self._sin[positions][:, None]
         for index, layer in enumerate(self._layers):
-            qkv = layer.qkv(self._norm(x, layer.input_norm))
+            qkv = self._qkv(layer, self._norm(x, layer.input_norm))
             if tables is not None:  # one call: rotary embeddings, cache writes, attention
                 attended = torch.empty(tokens, heads * dim, dtype=x.dtype, device=self.device)
                 if not self._kernels.prefill_attention(
@@ -398,6 +436,7 @@ class LlamaModelRunner:
                 layer.o_add(attended, x)
                 self._mlp_add(layer, x)
                 continue
+            blocks = blocks_of[layer.window]
             with _one_thread():  # rotary embeddings, cache writes, attention's float32 keys and values
                 qk = self._rotate(qkv[:, :qk_width].view(tokens, heads + kv_heads, dim), cos, sin)
                 values = qkv[:, qk_width:].view(tokens, kv_heads, dim)
@@ -526,18 +565,25 @@ class LlamaModelRunner:
         with _one_thread():
             return torch.cat(outputs, dim=2)
 
-    def _attention_blocks(self, start: int, size: int) -> list[tuple[int, int, torch.Tensor | None]]:
+    def _attention_blocks(
+        self, start: int, size: int, window: int | None = None
+    ) -> list[tuple[int, int, torch.Tensor | None]]:
         """A chunk's attention calls: ``(first, end, mask)`` per block of at most
         :data:`ATTENTION_QUERIES` of its queries ``[first, end)`` (``start`` positions are cached
-        before it), which attend to positions ``0 .. start + end``; ``mask`` boolean ``[end - first,
-        start + end]`` (True: attend), or None (SDPA's own causal mask) for a block at position 0."""
+        before it), which attend to positions ``0 .. start + end``, or to the last ``window`` of
+        them; ``mask`` boolean ``[end - first, start + end]`` (True: attend), or None (SDPA's own
+        causal mask) for a block at position 0 that no window cuts."""
         result = []
         for first in range(0, size, ATTENTION_QUERIES):
             end = min(size, first + ATTENTION_QUERIES)
+            cut = window is not None and start + end > window
             mask = None
-            if start + first:
-                columns = torch.arange(start + end, device=self.device)
-                mask = columns[None, :] <= (start + first + torch.arange(end - first, device=self.device))[:, None]
+            if start + first or cut:
+                columns = torch.arange(start + end, device=self.device)[None, :]
+                queries = (start + first + torch.arange(end - first, device=self.device))[:, None]
+                mask = columns <= queries
+                if cut:
+                    mask &= columns > queries - window
             result.append((first, end, mask))
         return result
 
@@ -632,8 +678,8 @@ class LlamaModelRunner:
         self._rope_table(longest)
         self._reserve(rows, longest)
         positions = torch.tensor(self._lengths, device=self.device)
-        if self._kernels is not None:
-            table = self._whole_step_table(rows)
+        if self._kernels is not None and not self._past_window(longest):
+            table = self._whole_step_table(rows) if self._llama_layers else None
             if table is not None:
                 hidden = self._embed(torch.tensor(input_ids))
                 self._kernels.decode_layers_q4_1(
@@ -649,12 +695,18 @@ class LlamaModelRunner:
         slots = (
             torch.arange(rows * kv_heads, device=self.device).view(rows, kv_heads) * capacity + positions[:, None]
         ).view(-1)
-        mask = None
-        if min(self._lengths) + 1 != longest:  # rows of one length attend to every column: no mask
-            mask = (torch.arange(longest, device=self.device)[None, :] <= positions[:, None]).view(rows, 1, 1, longest)
+        columns = torch.arange(longest, device=self.device)[None, :]
+        masks: dict[int | None, torch.Tensor | None] = {}
+        for window in {layer.window for layer in self._layers}:
+            mask = None
+            if min(self._lengths) + 1 != longest:  # rows of one length attend to every column: no mask
+                mask = columns <= positions[:, None]
+            if window is not None and longest > window:
+                mask = (columns <= positions[:, None]) & (columns > positions[:, None] - window)
+            masks[window] = None if mask is None else mask.view(rows, 1, 1, longest)
         cos, sin = self._cos[positions][:, None], self._sin[positions][:, None]
         ids = torch.tensor(input_ids, device=self.device)
-        logits = self._logits(self._decode_layers(ids, cos, sin, slots, mask, longest))
+        logits = self._logits(self._decode_layers(ids, cos, sin, slots, masks, longest))
         self._lengths = [length + 1 for length in self._lengths]
         return logits
 
@@ -664,19 +716,19 @@ class LlamaModelRunner:
         cos: torch.Tensor,
         sin: torch.Tensor,
         slots: torch.Tensor,
-        mask: torch.Tensor | None,
+        masks: dict[int | None, torch.Tensor | None],
         longest: int,
     ) -> torch.Tensor:
         """The decode step's tensor work: ``ids`` ``[rows]``, ``cos``/``sin`` ``[rows, 1, head_dim]``,
-        ``slots`` ``[rows * kv_heads]`` (where each new key goes, see :meth:`decode`), ``mask``
-        ``[rows, 1, 1, longest]`` or None; writes the caches, returns the last layer's hidden states ``[rows, hidden]``."""
+        ``slots`` ``[rows * kv_heads]`` (where each new key goes, see :meth:`decode`), ``masks``
+        per layer window ``[rows, 1, 1, longest]`` or None; writes the caches, returns the last layer's hidden states ``[rows, hidden]``."""
         rows = ids.shape[0]
         heads, kv_heads, dim = self.num_heads, self.num_kv_heads, self.head_dim
         group = heads // kv_heads
         qk_width = (heads + kv_heads) * dim
         x = self._embed(ids)  # [rows, hidden]
         for index, layer in enumerate(self._layers):
-            qkv = layer.qkv(self._norm(x, layer.input_norm))
+            qkv = self._qkv(layer, self._norm(x, layer.input_norm))
             qk = self._rotate(qkv[:, :qk_width].view(rows, heads + kv_heads, dim), cos, sin)
             cache_keys, cache_values = (
                 self._layer_keys[index],
@@ -693,7 +745,7 @@ class LlamaModelRunner:
                 qk[:, :heads].view(rows, kv_heads, group, dim),
                 cache_keys[:rows, :, :longest].to(x.dtype),
                 cache_values[:rows, :, :longest].to(x.dtype),
-                attn_mask=mask,
+                attn_mask=masks[layer.window],
             )  # [rows, kv_heads, group, dim]
             x += layer.o(attended.reshape(rows, heads * dim))
             x += self._mlp(layer, x)
@@ -708,7 +760,7 @@ class LlamaModelRunner:
         assert kernels is not None
         x = self._embed(ids)  # [rows, hidden], a new tensor: the residual stream
         for index, layer in enumerate(self._layers):
-            qkv = layer.qkv(kernels.rms_norm(x, layer.input_norm, eps))
+            qkv = self._qkv(layer, kernels.rms_norm(x, layer.input_norm, eps))
             attended = kernels.decode_attention(
                 qkv,
                 self.num_heads,

@@ -224,10 +224,11 @@ def gguf_tokenizer(gguf: Path, cache_dir: Path) -> PreTrainedTokenizerBase:
 
 def load_gguf(path: Path, config: ModelConfig, runner: str = "auto"):
     """``(model, tokenizer, device)`` of a GGUF file: a :class:`GGUFCheckpoint` where the Llama runner
-    reads the file as it is (a ``llama`` architecture, ``ENGINE_RUNNER`` not ``transformers``, a CPU),
-    else transformers' model dequantized from it in memory (slower; logged).  Raises
-    :class:`inference.formats.gguf.ModelFileError` for a broken file."""
+    reads the file as it is (an architecture of :mod:`inference.families`, ``ENGINE_RUNNER`` not
+    ``transformers``, a CPU), else transformers' model dequantized from it in memory (slower;
+    logged).  Raises :class:`inference.formats.gguf.ModelFileError` for a broken file."""
     from .families import llama as family
+    from .families.family import architectures
     from .formats.gguf import GGUFFile
 
     started = time.perf_counter()
@@ -236,7 +237,7 @@ def load_gguf(path: Path, config: ModelConfig, runner: str = "auto"):
     architecture = file.require("general.architecture")
     device = resolve_device(config.device)
     tokenizer = gguf_tokenizer(path, Path(config.cache_dir))
-    if architecture in family.ARCHITECTURES and runner != "transformers" and device.type == "cpu":
+    if architecture in architectures() and runner != "transformers" and device.type == "cpu":
         checkpoint = GGUFCheckpoint(file, family.config_from_gguf(file))
         logger.info(
             "Opened %s: %s, %d layers, %d tensors, in %.1f s",
@@ -246,7 +247,7 @@ def load_gguf(path: Path, config: ModelConfig, runner: str = "auto"):
     logger.warning(
         "%s (architecture %s) runs on transformers' modeling, dequantized to float in memory: "
         "the Llama runner reads only %s GGUF files on a CPU (ENGINE_RUNNER=%s)",
-        path.name, architecture, ", ".join(family.ARCHITECTURES), runner,
+        path.name, architecture, ", ".join(architectures()), runner,
     )  # fmt: skip
     dtype = resolve_dtype(config.dtype, device)
     model = AutoModelForCausalLM.from_pretrained(
@@ -296,9 +297,9 @@ def _llama_runner_takes(model_config, runner: str) -> bool:
     need the loaded model; a model failing them runs on transformers' modeling, in float32 here)."""
     if runner == "transformers":
         return False
-    from .families import llama
+    from .families.family import model_types
 
-    return getattr(model_config, "model_type", None) in llama.MODEL_TYPES
+    return getattr(model_config, "model_type", None) in model_types()
 
 
 def model_fingerprint(model: PreTrainedModel, weight_formats: str = "") -> str:

@@ -1,2 +1,6 @@
-"""Model families: how each family's checkpoint maps onto the runner (names, shapes, rotary
-embeddings), one small module each.  :mod:`inference.families.llama` is the first."""
+"""Model families: how each family's checkpoint maps onto the one runner (names, shapes, rotary
+embeddings, biases, norms, attention windows), one small module each, registered on import
+(:mod:`inference.families.family`): :mod:`~inference.families.llama` (with Mistral) and
+:mod:`~inference.families.qwen`, :mod:`~inference.families.phi3`."""
+
+from . import llama, phi3, qwen  # noqa: F401  (registers the families)

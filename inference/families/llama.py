@@ -2,7 +2,10 @@
 
 Both give a :class:`LlamaWeights`: the model's dimensions, rotary frequencies, norm scales and linear
 layers, with q/k/v and gate/up stacked along their output rows (one product each).  The runner
-(:class:`inference.llama.LlamaModelRunner`) reads nothing else.
+(:class:`inference.llama.LlamaModelRunner`) reads nothing else.  The other families the runner
+takes (:mod:`inference.families.qwen`) are read by the same code, as their :class:`~.family.Family`
+says: q/k/v biases and sliding windows where the checkpoint has them, per-head q/k norms.  Mistral
+is Llama with a sliding window (``model_type`` ``mistral``; its GGUF files are ``llama`` ones).
 
 A GGUF file of architecture ``llama`` (llama.cpp's converter writes SmolLM2, Llama 2/3.x, TinyLlama
 so) has its dimensions under ``llama.*`` metadata keys and its tensors under ggml's names
@@ -20,20 +23,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-from transformers import LlamaConfig
+from transformers import LlamaConfig, PretrainedConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from ..formats import ggml
 from ..formats.gguf import GGUFFile, ModelFileError
+from .family import Family, architectures, for_architecture, for_model_type, layer_windows, model_types, register
 
 logger = logging.getLogger(__name__)
 
 Linear = Callable[[torch.Tensor], torch.Tensor]
-ARCHITECTURES = ("llama",)
-MODEL_TYPES = ("llama",)
+LLAMA = register(Family("llama", ("llama",), ("llama", "mistral"), LlamaConfig, permuted_qk=True))
 # Rope variants whose frequencies do not depend on the sequence length within max_position_embeddings
-# ("dynamic" NTK scaling only changes them beyond it, where the runner never goes).
-STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "dynamic")
+# ("dynamic" NTK scaling only changes them beyond it, where the runner never goes; "longrope" within
+# original_max_position_embeddings, the context the runner then serves: see served_context).
+STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "dynamic", "longrope")
 OUTPUT_NAME = "lm_head.weight"  # the name a linear factory is given for the output layer (tied or not)
 
 # A decoder layer's tensors: transformers' name -> ggml's.
@@ -52,7 +56,8 @@ LAYER_TENSORS = {
 
 @dataclass
 class LlamaLayer:
-    """One decoder layer: RMSNorm scales ``[hidden]`` (float, the runner's dtype) and its linears."""
+    """One decoder layer: RMSNorm scales ``[hidden]`` (float, the runner's dtype) and its linears;
+    the other families' differences, None where the layer is Llama's."""
 
     input_norm: torch.Tensor
     qkv: Linear  # [tokens, hidden] -> [tokens, (heads + 2 kv_heads) * head_dim]
@@ -60,6 +65,10 @@ class LlamaLayer:
     post_norm: torch.Tensor
     gate_up: Linear  # [tokens, hidden] -> [tokens, 2 * intermediate]
     down: Linear  # [tokens, intermediate] -> [tokens, hidden]
+    qkv_bias: torch.Tensor | None = None  # [(heads + 2 kv_heads) * head_dim], added to qkv's output (Qwen2)
+    q_norm: torch.Tensor | None = None  # [head_dim]: RMSNorm scales of each query head, before rope (Qwen3)
+    k_norm: torch.Tensor | None = None  # [head_dim]: ... of each key head
+    window: int | None = None  # a query attends to this many positions, itself included (sliding window)
 
 
 @dataclass
@@ -69,7 +78,7 @@ class LlamaWeights:
     ``embedding_rows(ids) -> [n, hidden]`` float32 reads the rows from the output layer's or the
     file's blocks (no float copy of the vocabulary).  ``description``: the weights' formats, for the log."""
 
-    config: LlamaConfig
+    config: PretrainedConfig
     inv_freq: torch.Tensor
     rope_scaling: float
     embedding: torch.Tensor | None
@@ -84,6 +93,20 @@ class LlamaWeights:
 
 def head_dim(config) -> int:
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def served_context(config) -> int:
+    """The positions the runner serves of a model: ``max_position_embeddings``, or for longrope
+    ``original_max_position_embeddings``, the length up to which its frequencies (the short
+    factors) do not change with the sequence's length (:mod:`inference.families.phi3`)."""
+    rope = getattr(config, "rope_parameters", None) or {}
+    context = int(config.max_position_embeddings)
+    if rope.get("rope_type") == "longrope":
+        original = rope.get("original_max_position_embeddings") or getattr(
+            config, "original_max_position_embeddings", None
+        )
+        context = min(context, int(original or context))
+    return context
 
 
 def rope_frequencies(config) -> tuple[torch.Tensor, float]:
@@ -117,12 +140,14 @@ def unpermute_rows(rows: int, heads: int) -> torch.Tensor:
 # --- A GGUF file ------------------------------------------------------------------------------------
 
 
-def config_from_gguf(file: GGUFFile) -> LlamaConfig:
-    """The transformers config of a ``llama`` GGUF (its ``llama.*`` metadata and tensor shapes);
-    raises :class:`ModelFileError` when a key is missing or a tensor's shape disagrees with it."""
+def config_from_gguf(file: GGUFFile):
+    """The transformers config of a GGUF file of a family's architecture (its ``<arch>.*`` metadata
+    and tensor shapes), of the family's ``config_class``; raises :class:`ModelFileError` for another
+    architecture, or when a key is missing or a tensor's shape disagrees with it."""
     arch = file.require("general.architecture")
-    if arch not in ARCHITECTURES:
-        raise ModelFileError(f"{file.path}: architecture {arch!r} is not a Llama one ({', '.join(ARCHITECTURES)})")
+    family = for_architecture(arch)
+    if family is None:
+        raise ModelFileError(f"{file.path}: architecture {arch!r} is not one of {', '.join(architectures())}")
 
     def key(name: str, default=None):
         value = file.get(f"{arch}.{name}", default)
@@ -136,13 +161,45 @@ def config_from_gguf(file: GGUFFile) -> LlamaConfig:
     heads = int(key("attention.head_count"))
     kv_heads = int(key("attention.head_count_kv", heads))
     dim = int(key("attention.key_length", 0) or key("rope.dimension_count", 0) or int(key("embedding_length")) // heads)
+    rotated = int(key("rope.dimension_count", 0) or 0)
+    stored = file.tensors.get("blk.0.attn_q.weight") or file.tensors.get("blk.0.attn_qkv.weight")
+    if rotated and stored is not None:
+        rows = int(stored.shape[0]) // (heads if stored.name.endswith("attn_q.weight") else heads + 2 * kv_heads)
+        if rotated < rows:  # Phi-4-mini's: rotary embeddings on part of each head only
+            raise ModelFileError(
+                f"{file.path}: rotary embeddings on {rotated} of each head's {rows} dimensions (partial rotary, "
+                "as Phi-4-mini's) are not supported from a GGUF file; serve the model's transformers folder"
+            )
     rope: dict = {"rope_type": "default", "rope_theta": float(key("rope.freq_base", 10000.0))}
     scaling = file.get(f"{arch}.rope.scaling.type")
     if scaling == "linear":
         rope = {**rope, "rope_type": "linear", "factor": float(key("rope.scaling.factor"))}
     elif scaling not in (None, "none"):
         raise ModelFileError(f"{file.path}: rope scaling {scaling!r} is not supported (none, linear, or rope_freqs)")
-    config = LlamaConfig(
+    extra: dict = {}
+    if "rope_factors_short.weight" in file.tensors or "rope_factors_long.weight" in file.tensors:
+        # Longrope (Phi-3's): the divisors of each inverse frequency for short and long sequences.
+        short = file.floats(
+            "rope_factors_short.weight" if "rope_factors_short.weight" in file.tensors else "rope_factors_long.weight"
+        )
+        long = file.floats(
+            "rope_factors_long.weight" if "rope_factors_long.weight" in file.tensors else "rope_factors_short.weight"
+        )
+        original = int(key("rope.scaling.original_context_length"))
+        rope = {
+            **rope,
+            "rope_type": "longrope",
+            "short_factor": short.reshape(-1).tolist(),
+            "long_factor": long.reshape(-1).tolist(),
+            "original_max_position_embeddings": original,
+        }
+        if file.get(f"{arch}.rope.scaling.attn_factor") is not None:
+            rope["attention_factor"] = float(key("rope.scaling.attn_factor"))
+        extra["original_max_position_embeddings"] = original
+    window = int(file.get(f"{arch}.attention.sliding_window", 0) or 0)
+    # Every layer's (max_window_layers 0 for Qwen's configs, which read use_sliding_window).
+    windowed = {"sliding_window": window, "use_sliding_window": True, "max_window_layers": 0} if window else {}
+    config = family.config_class(
         vocab_size=int(vocab),
         hidden_size=int(key("embedding_length")),
         intermediate_size=int(key("feed_forward_length")),
@@ -156,16 +213,18 @@ def config_from_gguf(file: GGUFFile) -> LlamaConfig:
         tie_word_embeddings="output.weight" not in file.tensors,
         bos_token_id=file.get("tokenizer.ggml.bos_token_id"),
         eos_token_id=file.get("tokenizer.ggml.eos_token_id"),
+        **windowed,
+        **extra,
     )
     if hidden != config.hidden_size:
         raise ModelFileError(
             f"{file.path}: token_embd.weight is {hidden} wide, but {arch}.embedding_length says {config.hidden_size}"
         )
-    _check_shapes(file, config)
+    _check_shapes(file, config, family)
     return config
 
 
-def _check_shapes(file: GGUFFile, config: LlamaConfig) -> None:
+def _check_shapes(file: GGUFFile, config, family: Family) -> None:
     dim, hidden, inter = head_dim(config), config.hidden_size, config.intermediate_size
     heads, kv_heads = int(config.num_attention_heads), int(config.num_key_value_heads or config.num_attention_heads)
     expected = {
@@ -179,10 +238,27 @@ def _check_shapes(file: GGUFFile, config: LlamaConfig) -> None:
         "ffn_up": (inter, hidden),
         "ffn_down": (hidden, inter),
     }
+    if family.qk_norm:
+        expected.update({"attn_q_norm": (dim,), "attn_k_norm": (dim,)})
+    biases = {part: expected[part][:1] for part in ("attn_q", "attn_k", "attn_v")}
+    if family.fused_qkv:  # q, k and v's rows in one tensor
+        for part in ("attn_q", "attn_k", "attn_v"):
+            del expected[part]
+        expected["attn_qkv"] = ((heads + 2 * kv_heads) * dim, hidden)
+    if family.fused_gate_up:  # ffn_up holds the gate's rows, then the up projection's
+        del expected["ffn_gate"]
+        expected["ffn_up"] = (2 * inter, hidden)
     names = {
         f"blk.{i}.{part}.weight": shape for i in range(config.num_hidden_layers) for part, shape in expected.items()
     }
+    for i in range(config.num_hidden_layers):  # biases are optional: checked where the file has them
+        for part in ("attn_q", "attn_k", "attn_v"):
+            if f"blk.{i}.{part}.bias" in file.tensors:
+                names[f"blk.{i}.{part}.bias"] = biases[part]
     names["output_norm.weight"] = (hidden,)
+    for name in ("rope_factors_short.weight", "rope_factors_long.weight"):
+        if name in file.tensors:
+            names[name] = (dim // 2,)
     if "output.weight" in file.tensors:
         names["output.weight"] = (config.vocab_size, hidden)
     for name, shape in names.items():
@@ -195,7 +271,7 @@ def _check_shapes(file: GGUFFile, config: LlamaConfig) -> None:
             )
 
 
-def gguf_weights(file: GGUFFile, config: LlamaConfig, dtype: torch.dtype, weights: str = "auto") -> LlamaWeights:
+def gguf_weights(file: GGUFFile, config, dtype: torch.dtype, weights: str = "auto") -> LlamaWeights:
     """The runner's weights from ``file``: each linear in its stored type (``weights`` ``auto``,
     :func:`inference.formats.ggml.linear`), or dequantized and rebuilt in a format of
     :mod:`inference.weights` (``weights`` a format name, e.g. ``float32`` for the deterministic
@@ -205,15 +281,21 @@ def gguf_weights(file: GGUFFile, config: LlamaConfig, dtype: torch.dtype, weight
     from .. import weights as formats
 
     heads, kv_heads = int(config.num_attention_heads), int(config.num_key_value_heads or config.num_attention_heads)
+    family = for_architecture(file.require("general.architecture"))
+    if family is None:
+        raise ModelFileError(f"{file.path}: architecture {file.get('general.architecture')!r} has no family here")
     counts: dict[str, int] = {}
+
+    def in_order(rows: torch.Tensor, name: str) -> torch.Tensor:
+        """A q/k weight's rows (or bias) in transformers' order: llama.cpp permuted only ``llama``'s."""
+        if family.permuted_qk and (".attn_q." in name or ".attn_k." in name):
+            return rows[unpermute_rows(rows.shape[0], heads if ".attn_q." in name else kv_heads)]
+        return rows
 
     def part(name: str) -> tuple[torch.Tensor, int, int]:
         info = file.tensors[name]
         counts[info.type_name] = counts.get(info.type_name, 0) + 1
-        raw = file.raw(name)
-        if ".attn_q." in name or ".attn_k." in name:
-            raw = raw[unpermute_rows(raw.shape[0], heads if ".attn_q." in name else kv_heads)]
-        return raw, info.ggml_type, info.shape[-1]
+        return in_order(file.raw(name), name), info.ggml_type, info.shape[-1]
 
     def build(*names: str) -> Linear:
         parts = [part(name) for name in names]
@@ -228,8 +310,23 @@ def gguf_weights(file: GGUFFile, config: LlamaConfig, dtype: torch.dtype, weight
 
     def vector(name: str) -> torch.Tensor:
         counts[file.tensors[name].type_name] = counts.get(file.tensors[name].type_name, 0) + 1
-        return file.floats(name).to(dtype)
+        return in_order(file.floats(name), name).to(dtype)
 
+    def qkv_bias(prefix: str) -> torch.Tensor | None:
+        """q, k and v's biases stacked as their rows are, zeros for one the file lacks; None for none."""
+        names = [f"{prefix}{part}.bias" for part in ("attn_q", "attn_k", "attn_v")]
+        if not any(name in file.tensors for name in names):
+            return None
+        dim = head_dim(config)
+        sizes = (heads * dim, kv_heads * dim, kv_heads * dim)
+        return torch.cat(
+            [
+                vector(name) if name in file.tensors else torch.zeros(size, dtype=dtype)
+                for name, size in zip(names, sizes)
+            ]
+        )
+
+    windows = layer_windows(config)
     layers = []
     started, reported = time.perf_counter(), 0
     for index in range(config.num_hidden_layers):
@@ -244,14 +341,26 @@ def gguf_weights(file: GGUFFile, config: LlamaConfig, dtype: torch.dtype, weight
                 time.perf_counter() - started,
             )
         prefix = f"blk.{index}."
+        qkv_names = [prefix + part + ".weight" for part in ("attn_q", "attn_k", "attn_v")]
+        if family.fused_qkv:
+            qkv_names = [prefix + "attn_qkv.weight"]
+        gate_up_names = (
+            [prefix + "ffn_up.weight"]
+            if family.fused_gate_up
+            else [prefix + "ffn_gate.weight", prefix + "ffn_up.weight"]
+        )
         layers.append(
             LlamaLayer(
                 input_norm=vector(prefix + "attn_norm.weight"),
-                qkv=build(prefix + "attn_q.weight", prefix + "attn_k.weight", prefix + "attn_v.weight"),
+                qkv=build(*qkv_names),
                 o=build(prefix + "attn_output.weight"),
                 post_norm=vector(prefix + "ffn_norm.weight"),
-                gate_up=build(prefix + "ffn_gate.weight", prefix + "ffn_up.weight"),
+                gate_up=build(*gate_up_names),
                 down=build(prefix + "ffn_down.weight"),
+                qkv_bias=qkv_bias(prefix),
+                q_norm=vector(prefix + "attn_q_norm.weight") if family.qk_norm else None,
+                k_norm=vector(prefix + "attn_k_norm.weight") if family.qk_norm else None,
+                window=windows[index],
             )
         )
     tied = "output.weight" not in file.tensors
@@ -295,15 +404,19 @@ LinearFactory = Callable[[torch.Tensor, torch.dtype, tuple[str, ...]], Linear]
 def unsupported_reason(model) -> str | None:
     """Why the runner cannot run ``model`` (a transformers causal LM), or None if it can.
 
-    Supported: ``model_type`` ``llama`` with no attention or MLP bias, SiLU MLP, full rotary
-    embeddings of a static variant (:data:`STATIC_ROPE_TYPES`), plain ``nn.Linear`` layers (not
-    prepacked or quantized).
+    Supported: a registered family's ``model_type`` (:func:`~.family.model_types`), biases on q/k/v
+    only, SiLU MLP, full rotary embeddings of a static variant (:data:`STATIC_ROPE_TYPES`), full or
+    sliding-window attention layers, plain ``nn.Linear`` layers (not prepacked or quantized).
     """
     config = model.config
-    if getattr(config, "model_type", None) not in MODEL_TYPES:
-        return f"model_type {getattr(config, 'model_type', None)!r} is not one of {MODEL_TYPES}"
-    if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
-        return "attention or MLP layers have a bias"
+    family = for_model_type(getattr(config, "model_type", None))
+    if family is None:
+        return f"model_type {getattr(config, 'model_type', None)!r} is not one of {model_types()}"
+    if getattr(config, "mlp_bias", False):
+        return "the MLP layers have a bias"
+    kinds = set(getattr(config, "layer_types", None) or ()) - {"full_attention", "sliding_attention"}
+    if kinds:
+        return f"layer_types {sorted(kinds)} are not full or sliding-window attention"
     if getattr(config, "hidden_act", "silu") != "silu":
         return f"hidden_act {config.hidden_act!r} is not silu"
     rope = getattr(config, "rope_parameters", None) or {}
@@ -313,17 +426,16 @@ def unsupported_reason(model) -> str | None:
         return "partial rotary embeddings"
     for layer in model.model.layers:
         attention, mlp = layer.self_attn, layer.mlp
-        modules = (
-            attention.q_proj,
-            attention.k_proj,
-            attention.v_proj,
-            attention.o_proj,
-            mlp.gate_proj,
-            mlp.up_proj,
-            mlp.down_proj,
-        )
+        projections = _projections(attention, mlp)
+        modules = (*projections[0], attention.o_proj, *projections[1], mlp.down_proj)
         if any(type(module) is not torch.nn.Linear for module in modules):
             return "linear layers are not plain nn.Linear (prepacked or quantized)"
+        if any(module.bias is not None for module in modules[len(projections[0]) :]):
+            return "the attention's output or the MLP layers have a bias"
+        if family.fused_qkv and projections[0][0].bias is not None:
+            return "the fused q/k/v projection has a bias"
+        if family.qk_norm and not (hasattr(attention, "q_norm") and hasattr(attention, "k_norm")):
+            return f"the {family.name} family's attention lacks its q/k norms"
     if type(model.get_output_embeddings()) is not torch.nn.Linear:
         return "the output layer is not a plain nn.Linear"
     return None
@@ -337,9 +449,11 @@ def transformers_weights(model, dtype: torch.dtype, linear_factory: LinearFactor
     if reason is not None:
         raise ValueError(f"LlamaModelRunner cannot run this model: {reason}")
     config = model.config
+    windows = layer_windows(config)
     with torch.no_grad():
         layers = [
-            _transformers_layer(index, layer, dtype, linear_factory) for index, layer in enumerate(model.model.layers)
+            _transformers_layer(index, layer, dtype, linear_factory, windows[index])
+            for index, layer in enumerate(model.model.layers)
         ]
         output = model.get_output_embeddings()
         lm_head = linear_factory(output.weight, dtype, (OUTPUT_NAME,))
@@ -367,20 +481,56 @@ def transformers_weights(model, dtype: torch.dtype, linear_factory: LinearFactor
     )
 
 
-def _transformers_layer(index: int, layer, dtype: torch.dtype, linear_factory: LinearFactory) -> LlamaLayer:
+def _projections(attention, mlp) -> tuple[tuple, tuple]:
+    """A transformers layer's q/k/v projections and its gate/up ones: three and two modules, or one
+    each where the family fuses them (Phi-3's ``qkv_proj``, ``gate_up_proj``: gate rows first)."""
+    qkv = (
+        (attention.qkv_proj,)
+        if hasattr(attention, "qkv_proj")
+        else (attention.q_proj, attention.k_proj, attention.v_proj)
+    )
+    gate_up = (mlp.gate_up_proj,) if hasattr(mlp, "gate_up_proj") else (mlp.gate_proj, mlp.up_proj)
+    return qkv, gate_up
+
+
+def _transformers_layer(
+    index: int, layer, dtype: torch.dtype, linear_factory: LinearFactory, window: int | None
+) -> LlamaLayer:
     attention, mlp = layer.self_attn, layer.mlp
     prefix = f"model.layers.{index}"
+    projections, gate_up_projections = _projections(attention, mlp)
+    bias = None
+    if any(module.bias is not None for module in projections):
+        bias = torch.cat(
+            [
+                module.bias
+                if module.bias is not None
+                else torch.zeros(module.out_features, device=module.weight.device)
+                for module in projections
+            ]
+        )
+    q_norm, k_norm = getattr(attention, "q_norm", None), getattr(attention, "k_norm", None)
 
     def names(*parts: str) -> tuple[str, ...]:
         return tuple(f"{prefix}.{part}.weight" for part in parts)
 
-    qkv = torch.cat([attention.q_proj.weight, attention.k_proj.weight, attention.v_proj.weight])
-    gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
+    qkv = torch.cat([module.weight for module in projections])
+    gate_up = torch.cat([module.weight for module in gate_up_projections])
+    qkv_names = (
+        ("self_attn.qkv_proj",)
+        if len(projections) == 1
+        else ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
+    )
+    gate_up_names = ("mlp.gate_up_proj",) if len(gate_up_projections) == 1 else ("mlp.gate_proj", "mlp.up_proj")
     return LlamaLayer(
         input_norm=layer.input_layernorm.weight.detach().to(dtype),
-        qkv=linear_factory(qkv.detach(), dtype, names("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
+        qkv=linear_factory(qkv.detach(), dtype, names(*qkv_names)),
         o=linear_factory(attention.o_proj.weight.detach(), dtype, names("self_attn.o_proj")),
         post_norm=layer.post_attention_layernorm.weight.detach().to(dtype),
-        gate_up=linear_factory(gate_up.detach(), dtype, names("mlp.gate_proj", "mlp.up_proj")),
+        gate_up=linear_factory(gate_up.detach(), dtype, names(*gate_up_names)),
         down=linear_factory(mlp.down_proj.weight.detach(), dtype, names("mlp.down_proj")),
+        qkv_bias=None if bias is None else bias.detach().to(dtype),
+        q_norm=None if q_norm is None else q_norm.weight.detach().to(dtype),
+        k_norm=None if k_norm is None else k_norm.weight.detach().to(dtype),
+        window=window,
     )

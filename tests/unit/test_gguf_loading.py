@@ -20,97 +20,21 @@ from inference.formats.gguf import GGUFFile, ModelFileError  # noqa: E402
 from inference.llama import LlamaModelRunner  # noqa: E402
 from inference.model_loader import end_of_generation_ids  # noqa: E402
 from inference.model_runner import PrefillChunk  # noqa: E402
+from testing import tiny_families  # noqa: E402
 
-HIDDEN, HEADS, KV_HEADS, LAYERS, INTER, VOCAB = 64, 4, 2, 2, 128, 96
-# transformers' parameter names -> the tiny model's GGUF tensor names
-GGUF_NAMES = {
-    "model.embed_tokens.weight": "token_embd.weight",
-    "model.norm.weight": "output_norm.weight",
-    "lm_head.weight": "output.weight",
-    **{
-        f"model.layers.{i}.{hf}.weight": f"blk.{i}.{ours}.weight"
-        for i in range(LAYERS)
-        for hf, ours in family.LAYER_TENSORS.items()
-    },
-}
+LAYERS = tiny_families.LAYERS
 
 
 def _tiny_llama(seed: int = 0):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=INTER, num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=256,
-        rms_norm_eps=1e-5, tie_word_embeddings=False,
-    )  # fmt: skip
-    model = LlamaForCausalLM(config).eval()
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.normal_(0, 0.2)
-    return model
-
-
-def _permute(weight: np.ndarray, heads: int) -> np.ndarray:
-    # convert_hf_to_gguf's LlamaModel.permute: each head's rotary halves interleaved.
-    rows = weight.shape[0]
-    return weight.reshape(heads, 2, rows // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+    return tiny_families.tiny_family_model("llama", seed)
 
 
 def _write(model, path: Path, kind: int, *, corrupt: str = "") -> dict[str, np.ndarray]:
-    """Write ``model`` as a llama GGUF with its matrices in ggml type ``kind``; returns the values
-    each tensor holds as stored (dequantized), under GGUF names."""
-    writer = gguf.GGUFWriter(str(path), "llama")
-    config = model.config
-    writer.add_context_length(config.max_position_embeddings)
-    writer.add_embedding_length(HIDDEN)
-    writer.add_block_count(LAYERS)
-    writer.add_feed_forward_length(INTER)
-    writer.add_head_count(HEADS)
-    writer.add_head_count_kv(KV_HEADS if corrupt != "kv_heads" else 3)
-    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_rope_freq_base(10000.0)
-    state = {name: tensor.detach().float().numpy() for name, tensor in model.state_dict().items()}
-    stored = {}
-    qtype = gguf.GGMLQuantizationType(kind)
-    for hf, name in GGUF_NAMES.items():
-        values = state[hf]
-        if name.endswith("attn_q.weight"):
-            values = _permute(values, HEADS)
-        elif name.endswith("attn_k.weight"):
-            values = _permute(values, KV_HEADS)
-        if values.ndim == 1:
-            writer.add_tensor(name, values.astype(np.float32))
-            stored[name] = values
-            continue
-        if kind == ggml.F32:
-            data = values.astype(np.float32)
-        elif kind == ggml.F16:
-            data = values.astype(np.float16)
-        else:
-            data = gguf.quants.quantize(values, qtype)
-        writer.add_tensor(name, data, raw_dtype=qtype if kind not in (ggml.F32, ggml.F16) else None)
-        raw = np.ascontiguousarray(data).view(np.uint8).reshape(values.shape[0], -1)
-        stored[name] = ggml.dequantize(torch.from_numpy(raw.copy()), kind, values.shape[1]).numpy()
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return stored
+    return tiny_families.write_gguf(model, path, kind, corrupt=corrupt)
 
 
 def _reference(model, stored: dict[str, np.ndarray]):
-    """``model`` with every weight replaced by what the file stores, q/k rows back in transformers' order."""
-    state = {}
-    for name, tensor in model.state_dict().items():
-        ours = GGUF_NAMES[name]
-        values = torch.from_numpy(stored[ours].copy()).reshape(tensor.shape)
-        if ours.endswith(("attn_q.weight", "attn_k.weight")):
-            heads = HEADS if "attn_q" in ours else KV_HEADS
-            values = values[family.unpermute_rows(values.shape[0], heads)]
-        state[name] = values
-    model.load_state_dict(state)
-    return model
+    return tiny_families.stored_reference(model, stored)
 
 
 TYPES = [ggml.F32, ggml.F16, ggml.Q8_0, ggml.Q4_0, ggml.Q4_1, ggml.Q5_0, ggml.Q5_1]
@@ -119,7 +43,7 @@ TYPES = [ggml.F32, ggml.F16, ggml.Q8_0, ggml.Q4_0, ggml.Q4_1, ggml.Q5_0, ggml.Q5
 @pytest.mark.parametrize("kind", TYPES, ids=[ggml.type_name(kind) for kind in TYPES])
 def test_a_gguf_llama_gives_transformers_logits_on_its_stored_weights(tmp_path, kind):
     needs_kernels = kind not in (ggml.F32,)
-    if needs_kernels and cpu_kernels.load(tmp_path / "cache") is None:
+    if needs_kernels and cpu_kernels.load(None) is None:
         pytest.skip("our CPU kernels cannot run here")
     model = _tiny_llama()
     stored = _write(model, tmp_path / "tiny.gguf", kind)
@@ -142,7 +66,7 @@ def test_a_gguf_llama_gives_transformers_logits_on_its_stored_weights(tmp_path, 
 
 
 def test_decode_continues_a_gguf_prompt_as_transformers_does(tmp_path):
-    if cpu_kernels.load(tmp_path / "cache") is None:
+    if cpu_kernels.load(None) is None:
         pytest.skip("our CPU kernels cannot run here")
     model = _tiny_llama(1)
     reference = _reference(model, _write(model, tmp_path / "tiny.gguf", ggml.Q8_0))

@@ -1,0 +1,294 @@
+"""Tiny random models of each family the runner takes, and the GGUF files llama.cpp would write of them.
+
+Each family's tiny config keeps its real model's shape ratios (query heads per KV head, head size
+against the hidden size, MLP width, tied embeddings, rope base, norm epsilon) at a hidden size of
+128-448 and 2 layers.  :func:`write_gguf` writes a model with gguf-py's writer as llama.cpp's
+converter does (its architecture's metadata keys, ggml's tensor names, q/k rows permuted for
+``llama`` only) and returns what each tensor holds as stored; :func:`stored_reference` is the
+transformers model on those (dequantized) weights, the reference of a block format's logits.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+
+from inference.families import llama as family
+from inference.formats import ggml
+
+VOCAB = 96
+PHI3_TOKENS = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2}  # Phi3Config's defaults lie past VOCAB
+# name -> (model class, config class, config, GGUF architecture)
+FAMILIES = {
+    # SmolLM2 / Llama 3.2-1B: 2 query heads per KV head (here 4 / 2), head size 16, untied.
+    "llama": (LlamaForCausalLM, LlamaConfig, {
+        "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
+    }, "llama"),
+    # Qwen2.5-0.5B: 14 / 2 heads of 64 (here 7 / 1), MLP 5.4 times the hidden size, q/k/v biases, tied.
+    "qwen2": (Qwen2ForCausalLM, Qwen2Config, {
+        "hidden_size": 448, "intermediate_size": 2432, "num_attention_heads": 7, "num_key_value_heads": 1,
+        "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6},
+    }, "qwen2"),
+    # Qwen3-0.6B: 16 / 8 heads of 128, heads * head_dim twice the hidden size (here 4 / 2 of 64 over
+    # 128), MLP 3 times, q/k norms, tied.
+    "qwen3": (Qwen3ForCausalLM, Qwen3Config, {
+        "hidden_size": 128, "intermediate_size": 384, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 64, "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1e6},
+    }, "qwen3"),
+    # Mistral-7B-v0.1: 32 / 8 heads of 128 (here 4 / 1 of 64), MLP 3.5 times, untied, a sliding window
+    # of 4096 of 32768 positions (here 8 of 256, so that tests pass it).
+    "mistral": (MistralForCausalLM, MistralConfig, {
+        "hidden_size": 256, "intermediate_size": 896, "num_attention_heads": 4, "num_key_value_heads": 1,
+        "head_dim": 64, "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "sliding_window": 8, **PHI3_TOKENS,
+    }, "llama"),
+    # Phi-3-mini-4k: 32 / 32 heads of 96 (here 2 / 2), MLP 2.7 times, untied, fused qkv and gate/up,
+    # a sliding window of 2047 of 4096 positions (here 8 of 256).
+    "phi3": (Phi3ForCausalLM, Phi3Config, {
+        "hidden_size": 192, "intermediate_size": 512, "num_attention_heads": 2, "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "sliding_window": 8, **PHI3_TOKENS,
+    }, "phi3"),
+    # Phi-3.5-mini (Phi-3-mini-128k): the same shape with longrope, short and long factors per
+    # frequency, 4096 of 131072 positions pretrained (here 64 of 256).
+    "phi3-longrope": (Phi3ForCausalLM, Phi3Config, {
+        "hidden_size": 192, "intermediate_size": 512, "num_attention_heads": 2, "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "original_max_position_embeddings": 64, **PHI3_TOKENS,
+        "rope_parameters": {
+            "rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 64,
+            "short_factor": [1.0 + 0.05 * i for i in range(48)], "long_factor": [1.0 + 0.5 * i for i in range(48)],
+        },
+    }, "phi3"),
+}  # fmt: skip
+LAYERS = 2
+
+
+def architecture(name: str) -> str:
+    """The GGUF architecture llama.cpp's converter writes family ``name`` as."""
+    return FAMILIES[name][3]
+
+
+def tiny_family_model(name: str, seed: int = 0, **overrides):
+    """The tiny random float32 model of family ``name`` (:data:`FAMILIES`), eval mode; weights normal
+    of std 0.2 (norm scales too, so that they matter), seeded."""
+    model_class, config_class, shape, _ = FAMILIES[name]
+    torch.manual_seed(seed)
+    config = config_class(
+        **{"vocab_size": VOCAB, "num_hidden_layers": LAYERS, "max_position_embeddings": 256, **shape, **overrides}
+    )
+    model = model_class(config).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_(0, 0.2)
+    return model
+
+
+def gguf_names(model) -> dict[str, str]:
+    """transformers' parameter names of ``model`` -> its GGUF tensor names (a tied output layer has none)."""
+    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
+    if not model.config.tie_word_embeddings:
+        names["lm_head.weight"] = "output.weight"
+    parts = {
+        **family.LAYER_TENSORS,
+        "self_attn.q_norm": "attn_q_norm",
+        "self_attn.k_norm": "attn_k_norm",
+        "self_attn.qkv_proj": "attn_qkv",  # Phi-3's fused q/k/v
+        "mlp.gate_up_proj": "ffn_up",  # Phi-3's gate and up rows, as llama.cpp stores them
+    }
+    state = model.state_dict()
+    for index in range(model.config.num_hidden_layers):
+        for hf, ours in parts.items():
+            for kind in ("weight", "bias"):
+                if f"model.layers.{index}.{hf}.{kind}" in state:
+                    names[f"model.layers.{index}.{hf}.{kind}"] = f"blk.{index}.{ours}.{kind}"
+    return names
+
+
+def permute(weight: np.ndarray, heads: int) -> np.ndarray:
+    """convert_hf_to_gguf's ``LlamaModel.permute``: each head's rotary halves interleaved (rows, or a bias)."""
+    rows = weight.shape[0]
+    return weight.reshape(heads, 2, rows // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+
+
+def _heads(config, name: str) -> int:
+    return int(config.num_attention_heads if ".attn_q." in name else config.num_key_value_heads)
+
+
+# --- A tokenizer and chat format per family ---------------------------------------------------------
+
+# Each family's chat template, as its instruct model's file carries it (reduced to the roles' rules).
+CHATML = (  # Qwen2.5 / Qwen3: ChatML, a default system message when the conversation has none
+    "{%- if messages[0]['role'] != 'system' %}"
+    "{{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{%- endif %}"
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+PHI3_CHAT = (  # Phi-3 / 3.5-mini-instruct
+    "{% for message in messages %}"
+    "{{ '<|' + message['role'] + '|>\\n' + message['content'] + '<|end|>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% else %}{{ eos_token }}{% endif %}"
+)
+MISTRAL_CHAT = (  # Mistral-7B-Instruct-v0.1: no system role, user and assistant alternate
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}"
+    "{% else %}{{ message['content'] + eos_token }}{% endif %}{% endfor %}"
+)
+# name -> (special tokens after the 256 byte tokens, eos token, chat template)
+CHAT_FORMATS = {
+    "llama": (["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"], "<|end_of_text|>", None),
+    "qwen2": (["<|endoftext|>", "<|im_start|>", "<|im_end|>"], "<|im_end|>", CHATML),
+    "qwen3": (["<|endoftext|>", "<|im_start|>", "<|im_end|>"], "<|im_end|>", CHATML),
+    "mistral": (["<s>", "</s>", "[INST]", "[/INST]"], "</s>", MISTRAL_CHAT),
+    "phi3": (["<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"], "<|endoftext|>", PHI3_CHAT),
+}
+CHAT_FORMATS["phi3-longrope"] = CHAT_FORMATS["phi3"]
+# The tokens that end a stream in each family's chat format (its eos and end-of-turn tokens).
+STOP_TOKENS = {
+    "qwen2": ("<|im_end|>", "<|endoftext|>"),
+    "qwen3": ("<|im_end|>", "<|endoftext|>"),
+    "mistral": ("</s>",),
+    "phi3": ("<|end|>", "<|endoftext|>"),
+}
+
+
+def vocabulary(name: str) -> list[str]:
+    """Family ``name``'s tiny vocabulary: GPT-2's byte alphabet (any text tokenizes, a byte a token:
+    no merges; the real families' own vocabularies are byte-level BPE too, but for Mistral's and Phi-3's
+    SentencePiece) and the family's special tokens after it.  A model to write with it has
+    ``vocab_size=len(vocabulary(name))``."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    spelling = bytes_to_unicode()
+    return [spelling[byte] for byte in range(256)] + CHAT_FORMATS[name][0]
+
+
+def random_q4_k(name: str, shape: tuple[int, ...]) -> np.ndarray:
+    """Random Q4_K blocks ``[rows, width / 256 * 144]`` (uint8) of a matrix of ``shape``, seeded by its
+    name: gguf-py cannot quantize to Q4_K, so a Q4_K file holds these instead of the model's weights
+    (its :func:`stored_reference` then runs on them).  Scales ``d``/``dmin`` in 1e-4..1e-3, so that
+    weights stay below 1 in size."""
+    rows, width = shape
+    if width % 256:
+        raise ValueError(f"{name}: a Q4_K row is whole blocks of 256, not {width}")
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    blocks = rng.integers(0, 256, size=(rows, width // 256, 144), dtype=np.uint8)
+    blocks[..., 0:4] = rng.uniform(1e-4, 1e-3, size=(rows, width // 256, 2)).astype(np.float16).view(np.uint8)
+    return blocks.reshape(rows, -1)
+
+
+def _add_tokenizer(writer, name: str) -> None:
+    specials, eos, template = CHAT_FORMATS[name]
+    tokens = vocabulary(name)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([1] * 256 + [3] * len(specials))  # normal, then control
+    writer.add_token_scores([0.0] * len(tokens))  # no merges: transformers derives none from these
+    writer.add_eos_token_id(tokens.index(eos))
+    writer.add_bos_token_id(256)
+    writer.add_add_bos_token(False)
+    if template is not None:
+        writer.add_chat_template(template)
+
+
+def write_gguf(
+    model, path: Path, kind: int, *, architecture: str = "llama", corrupt: str = "", tokenizer: str = ""
+) -> dict[str, np.ndarray]:
+    """Write ``model`` as a GGUF file of ``architecture`` with its matrices in ggml type ``kind``
+    (vectors in F32, as llama.cpp keeps them); returns the values each tensor holds as stored
+    (dequantized), under GGUF names.  ``corrupt="kv_heads"`` writes a wrong KV head count,
+    ``"partial_rope"`` a rotary width of 3/4 of the head;
+    ``tokenizer``: a family name whose :func:`vocabulary` and chat template the file carries."""
+    import gguf
+
+    config = model.config
+    writer = gguf.GGUFWriter(str(path), architecture)
+    if tokenizer:
+        _add_tokenizer(writer, tokenizer)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads if corrupt != "kv_heads" else 3)
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_rope_freq_base(float((config.rope_parameters or {}).get("rope_theta", 10000.0)))
+    dim = family.head_dim(config)
+    if dim != config.hidden_size // config.num_attention_heads:
+        writer.add_key_length(dim)
+        writer.add_value_length(dim)
+    if getattr(config, "sliding_window", None):
+        writer.add_sliding_window(config.sliding_window)
+    if corrupt == "partial_rope":  # Phi-4-mini's file: rotary embeddings on 3/4 of each head
+        writer.add_rope_dimension_count(dim * 3 // 4)
+    rope = config.rope_parameters or {}
+    if rope.get("rope_type") == "longrope":  # llama.cpp's Phi-3 converter: two factor tensors, two keys
+        writer.add_rope_dimension_count(dim)
+        writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+        factor = config.max_position_embeddings / rope["original_max_position_embeddings"]
+        writer.add_rope_scaling_attn_factors(
+            math.sqrt(1 + math.log(factor) / math.log(rope["original_max_position_embeddings"]))
+        )
+        writer.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))
+        writer.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32))
+    state = {name: tensor.detach().float().numpy() for name, tensor in model.state_dict().items()}
+    stored = {}
+    qtype = gguf.GGMLQuantizationType(kind)
+    for hf, name in gguf_names(model).items():
+        values = state[hf]
+        if architecture == "llama" and (".attn_q." in name or ".attn_k." in name):
+            values = permute(values, _heads(config, name))
+        if values.ndim == 1:
+            writer.add_tensor(name, values.astype(np.float32))
+            stored[name] = values
+            continue
+        if kind == ggml.F32:
+            data = values.astype(np.float32)
+        elif kind == ggml.F16:
+            data = values.astype(np.float16)
+        elif kind == ggml.Q4_K:
+            data = random_q4_k(name, values.shape)
+        else:
+            data = gguf.quants.quantize(values, qtype)
+        writer.add_tensor(name, data, raw_dtype=qtype if kind not in (ggml.F32, ggml.F16) else None)
+        raw = np.ascontiguousarray(data).view(np.uint8).reshape(values.shape[0], -1)
+        stored[name] = ggml.dequantize(torch.from_numpy(raw.copy()), kind, values.shape[1]).numpy()
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return stored
+
+
+def stored_reference(model, stored: dict[str, np.ndarray], *, architecture: str = "llama"):
+    """``model`` with every weight replaced by what the file stores, q/k rows back in transformers'
+    order where the architecture permuted them; returns ``model``."""
+    names = gguf_names(model)
+    state = {}
+    for name, tensor in model.state_dict().items():
+        ours = names.get(name, "token_embd.weight")  # a tied lm_head.weight is the embedding's
+        values = torch.from_numpy(stored[ours].copy()).reshape(tensor.shape)
+        if architecture == "llama" and (".attn_q." in ours or ".attn_k." in ours):
+            values = values[family.unpermute_rows(values.shape[0], _heads(model.config, ours))]
+        state[name] = values
+    model.load_state_dict(state)
+    return model
