@@ -29,7 +29,7 @@ PARAM = "response_format"
 def _validator() -> Draft202012Validator:
     """``{"response_format": <the chat request's response_format schema>}``, so that errors are
     named ``response_format.json_schema.name`` and the like."""
-    from .protocol import _spec_document  # the one vendored spec
+    from .completions.protocol import _spec_document  # the one vendored spec
 
     document = _spec_document()
     chat = document["$defs"]["CreateChatCompletionRequest"]["allOf"][1]["properties"][PARAM]

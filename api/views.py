@@ -30,11 +30,8 @@ from keys.usage import record_usage
 from . import draining, metrics, sse
 from .access import notes_of
 from .auth import admission_headers, admit, authenticate, current_headers
-from .chat import ChatRun, new_chat_completion_id, parse_chat_request
-from .engine import get_engine, key_may_use, served_models
-from .errors import APIError, error_response
-from .handlers import is_api_path
-from .protocol import (
+from .chat.protocol import ChatRun, new_chat_completion_id, parse_chat_request
+from .completions.protocol import (
     body_too_large_error,
     model_list,
     model_not_found_error,
@@ -42,7 +39,10 @@ from .protocol import (
     new_completion_id,
     parse_completion_request,
 )
-from .serving import CompletionRun
+from .completions.serving import CompletionRun
+from .engine import get_engine, key_may_use, served_models
+from .errors import APIError, error_response
+from .handlers import is_api_path
 from .types import Model
 
 logger = logging.getLogger(__name__)

@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 from jsonschema import Draft202012Validator
 
-from api.errors import APIError
-from api.protocol import (
+from api.completions.protocol import (
     SCHEMA_PATH,
     body_too_large_error,
     completion_choice,
@@ -29,6 +28,7 @@ from api.protocol import (
     new_completion_id,
     usage_dict,
 )
+from api.errors import APIError
 from tests.openai_schema import validate
 
 CREATED = 1_589_478_378

@@ -61,7 +61,7 @@ from api.types import (
 if TYPE_CHECKING:
     from inference.sampling import SamplingParams
 
-SCHEMA_PATH = Path(__file__).with_name("openai_schema.json")
+SCHEMA_PATH = Path(__file__).parent.parent / "openai_schema.json"
 
 # The spec's prompt forms: a string, strings, token ids, or lists of token ids.
 Prompt = str | list[str] | list[int] | list[list[int]]

@@ -34,8 +34,7 @@ from jsonschema.exceptions import relevance
 from inference.outputs import TokenLogprob
 from inference.text import token_bytes, token_text
 
-from .errors import APIError, schema_error, string_too_short_error, unrecognized_arguments_error
-from .protocol import (
+from ..completions.protocol import (
     DEFAULT_MAX_N,
     INT64_RANGE,
     INVALID_JSON_MESSAGE,
@@ -47,9 +46,10 @@ from .protocol import (
     _spec_document,
     usage_dict,
 )
-from .response_format import compile_grammar
-from .serving import CompletionRun, _Choice, _Prompt
-from .types import CompletionUsage
+from ..completions.serving import CompletionRun, _Choice, _Prompt
+from ..errors import APIError, schema_error, string_too_short_error, unrecognized_arguments_error
+from ..response_format import compile_grammar
+from ..types import CompletionUsage
 
 if TYPE_CHECKING:
     from inference.sampling import SamplingParams
@@ -161,7 +161,7 @@ class ChatCompletionRequest(StreamAndStopFields):
 
     def check_token_ids(self, vocab_size: int) -> None:
         """``logit_bias`` keys must be this model's token ids (400 ``invalid_value``, ``logit_bias``)."""
-        from .errors import invalid_value_error
+        from ..errors import invalid_value_error
 
         for key in self.logit_bias or {}:
             if not 0 <= int(key) < vocab_size:

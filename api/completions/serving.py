@@ -25,8 +25,10 @@ from inference.outputs import (
 )
 from inference.text import prompt_text_offsets, token_text
 
-from . import metrics
-from .errors import APIError
+from .. import metrics
+from ..errors import APIError
+from ..response_format import compile_grammar
+from ..types import CompletionChoice, CompletionChunk, CompletionLogprobs, CreateCompletionResponse
 from .protocol import (
     CompletionRequest,
     completion_choice,
@@ -35,8 +37,6 @@ from .protocol import (
     logprobs_dict,
     usage_dict,
 )
-from .response_format import compile_grammar
-from .types import CompletionChoice, CompletionChunk, CompletionLogprobs, CreateCompletionResponse
 
 if TYPE_CHECKING:
     from inference.engine import Engine, RequestStream
