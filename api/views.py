@@ -31,18 +31,12 @@ from . import draining, metrics, sse
 from .access import notes_of
 from .auth import admission_headers, admit, authenticate, current_headers
 from .chat.protocol import ChatRun, new_chat_completion_id, parse_chat_request
-from .completions.protocol import (
-    body_too_large_error,
-    model_list,
-    model_not_found_error,
-    model_object,
-    new_completion_id,
-    parse_completion_request,
-)
+from .completions.protocol import new_completion_id, parse_completion_request
 from .completions.serving import CompletionRun
 from .engine import get_engine, key_may_use, served_models
 from .errors import APIError, error_response
 from .handlers import is_api_path
+from .protocol import body_too_large_error, model_list, model_not_found_error, model_object
 from .types import Model
 
 logger = logging.getLogger(__name__)

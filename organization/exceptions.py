@@ -29,7 +29,6 @@ from django.http import Http404
 from rest_framework import exceptions, fields, serializers
 from rest_framework.response import Response
 
-from api.completions.protocol import body_too_large_error
 from api.errors import (
     APIError,
     above_maximum_error,
@@ -42,6 +41,7 @@ from api.errors import (
     string_too_long_error,
     string_too_short_error,
 )
+from api.protocol import body_too_large_error
 
 JSON_PARSE_MESSAGE = (
     "We could not parse the JSON body of your request. (HINT: This likely means you aren't using your HTTP "

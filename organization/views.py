@@ -36,8 +36,8 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from api.completions.protocol import body_too_large_error
 from api.errors import APIError, invalid_value_error
+from api.protocol import body_too_large_error
 from api.usage_api import ORGANIZATION_GROUPS, build_usage_page, parse_usage_query
 from audit.models import AuditLogEntry
 from keys import ids

@@ -5,7 +5,7 @@ from typing import Any
 
 from jsonschema.exceptions import best_match
 
-from api.completions.protocol import spec_validator
+from api.protocol import spec_validator
 
 
 def validate(schema_name: str, instance: Any) -> None:

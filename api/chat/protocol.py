@@ -34,20 +34,20 @@ from jsonschema.exceptions import relevance
 from inference.outputs import TokenLogprob
 from inference.text import token_bytes, token_text
 
-from ..completions.protocol import (
+from ..completions.serving import CompletionRun, _Choice, _Prompt
+from ..errors import APIError, schema_error, string_too_short_error, unrecognized_arguments_error
+from ..protocol import (
     DEFAULT_MAX_N,
     INT64_RANGE,
     INVALID_JSON_MESSAGE,
     StreamAndStopFields,
-    _check_logit_bias,
-    _check_range,
-    _check_unicode,
-    _reject_constant,
-    _spec_document,
+    check_logit_bias,
+    check_range,
+    check_unicode,
+    reject_constant,
+    spec_document,
     usage_dict,
 )
-from ..completions.serving import CompletionRun, _Choice, _Prompt
-from ..errors import APIError, schema_error, string_too_short_error, unrecognized_arguments_error
 from ..response_format import compile_grammar
 from ..types import CompletionUsage
 
@@ -83,7 +83,7 @@ NOT_A_CHAT_MODEL = (
 @cache
 def _validator() -> Draft202012Validator:
     """``CreateChatCompletionRequest`` without the ``n`` maximum (``API_MAX_N`` applies instead)."""
-    document = copy.deepcopy(_spec_document())
+    document = copy.deepcopy(spec_document())
     document["$defs"][REQUEST_SCHEMA]["allOf"][1]["properties"]["n"].pop("maximum", None)
     return Draft202012Validator({**document, "$ref": f"#/$defs/{REQUEST_SCHEMA}"})
 
@@ -91,7 +91,7 @@ def _validator() -> Draft202012Validator:
 @cache
 def _known_fields() -> frozenset[str]:
     """Every property the spec's request schema names, through its ``allOf`` and ``$ref`` s."""
-    definitions = _spec_document()["$defs"]
+    definitions = spec_document()["$defs"]
 
     def names(schema: dict[str, Any]) -> set[str]:
         found = set(schema.get("properties", ()))
@@ -182,7 +182,7 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
     import json
 
     try:
-        data = json.loads(body, parse_constant=_reject_constant)
+        data = json.loads(body, parse_constant=reject_constant)
     except (ValueError, RecursionError):
         raise APIError(INVALID_JSON_MESSAGE) from None
     if isinstance(data, dict):
@@ -193,10 +193,10 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
     error = max(_validator().iter_errors(data), key=relevance, default=None)
     if error is not None:
         raise schema_error(error, root=_validator().schema)
-    _check_unicode(data)
+    check_unicode(data)
     _check_unsupported(data)
     if "logit_bias" in data:
-        data["logit_bias"] = _check_logit_bias(data["logit_bias"])
+        data["logit_bias"] = check_logit_bias(data["logit_bias"])
     for name in ("n", "seed", "max_tokens", "max_completion_tokens", "top_logprobs"):
         if name in data:
             data[name] = int(data[name])
@@ -274,10 +274,10 @@ def _check_rules(data: dict[str, Any]) -> None:
     """The rules the schema cannot express, each naming its ``param`` in the schema errors' codes."""
     for name in ("max_completion_tokens", "max_tokens"):
         if name in data:
-            _check_range(data[name], 1, 2**31 - 1, name)
-    _check_range(data.get("n", 1), 1, getattr(settings, "API_MAX_N", DEFAULT_MAX_N), "n")
+            check_range(data[name], 1, 2**31 - 1, name)
+    check_range(data.get("n", 1), 1, getattr(settings, "API_MAX_N", DEFAULT_MAX_N), "n")
     if "seed" in data:
-        _check_range(data["seed"], *INT64_RANGE, "seed")
+        check_range(data["seed"], *INT64_RANGE, "seed")
     if "top_logprobs" in data and not data.get("logprobs"):
         raise APIError(
             "Invalid value for 'top_logprobs': 'logprobs' must be set to true when 'top_logprobs' is set.",

@@ -1,4 +1,4 @@
-"""The request and response schemas of ``/v1/completions`` and ``/v1/models``, in one module.
+"""The request and response schemas of ``/v1/completions``, in one module.
 
 Views stay thin: they hand the raw body to :func:`parse_completion_request`, which returns a
 :class:`CompletionRequest` or raises :class:`~api.errors.APIError` (400, with ``param``);
@@ -7,14 +7,13 @@ Views stay thin: they hand the raw body to :func:`parse_completion_request`, whi
 plain dicts whose keys are in OpenAI's order, so ``json.dumps`` matches OpenAI's output in shape.
 
 The source of truth is OpenAI's OpenAPI spec (``CreateCompletionRequest``,
-``CreateCompletionResponse``, ``CompletionUsage``, ``Model``, ``ListModelsResponse``, ``Error``),
-vendored as JSON Schema 2020-12 in ``api/openai_schema.json`` by
-``tools/vendor_openai_schema.py``.  Schema violations get OpenAI's ``code`` and wording from
-:func:`api.errors.schema_error`, e.g. ``"Invalid 'temperature': decimal above maximum value.
-Expected a value <= 2, but got 2.5 instead."`` (``decimal_above_max_value``).  The rules the schema
-cannot express (``best_of >= n``, ``stream_options`` only with ``stream``, server caps from
-settings, ...) are in :func:`_check_rules_beyond_schema`, built with the same helpers of
-``api.errors``, each naming its ``param``.
+``CreateCompletionResponse``, ``CompletionUsage``), vendored in ``api/openai_schema.json``
+(:mod:`api.protocol` reads it, with what the chat endpoint shares).  Schema violations get OpenAI's
+``code`` and wording from :func:`api.errors.schema_error`, e.g. ``"Invalid 'temperature': decimal
+above maximum value. Expected a value <= 2, but got 2.5 instead."`` (``decimal_above_max_value``).
+The rules the schema cannot express (``best_of >= n``, ``stream_options`` only with ``stream``,
+server caps from settings, ...) are in :func:`_check_rules_beyond_schema`, built with the same
+helpers of ``api.errors``, each naming its ``param``.
 
 Nothing here imports torch: ``SamplingParams`` is imported inside ``sampling_params()``.
 """
@@ -23,10 +22,9 @@ from __future__ import annotations
 import copy
 import json
 import secrets
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
@@ -47,6 +45,18 @@ from api.errors import (
     string_too_short_error,
     unrecognized_arguments_error,
 )
+from api.protocol import (
+    DEFAULT_MAX_N,
+    INT64_RANGE,
+    INVALID_JSON_MESSAGE,
+    StreamAndStopFields,
+    check_logit_bias,
+    check_range,
+    check_unicode,
+    is_integer,
+    reject_constant,
+    spec_document,
+)
 from api.response_format import check_response_format
 from api.types import (
     CompletionChoice,
@@ -54,51 +64,21 @@ from api.types import (
     CompletionLogprobs,
     CompletionUsage,
     CreateCompletionResponse,
-    ListModelsResponse,
-    Model,
 )
 
 if TYPE_CHECKING:
     from inference.sampling import SamplingParams
 
-SCHEMA_PATH = Path(__file__).parent.parent / "openai_schema.json"
-
 # The spec's prompt forms: a string, strings, token ids, or lists of token ids.
 Prompt = str | list[str] | list[int] | list[list[int]]
 
-INVALID_JSON_MESSAGE = (
-    "We could not parse the JSON body of your request. (HINT: This likely means you aren't using your "
-    "HTTP library correctly. The API expects a JSON payload, but what was sent was not valid JSON.)"
-)
-DEFAULT_MAX_N = 20
 DEFAULT_MAX_PROMPTS = 64
 DEFAULT_MAX_QUEUE = 256  # ENGINE_MAX_QUEUE's default
-MAX_TOKEN_ID_DIGITS = 18  # any real vocabulary's ids fit; longer strings would not even fit an int64
 DEFAULT_MAX_LOGPROBS = 5
-LOGIT_BIAS_RANGE = (-100, 100)  # the spec's description: "an associated bias value from -100 to 100"
-INT64_RANGE = (-(2**63), 2**63 - 1)  # seed is ``format: int64`` in the spec
 MAX_STOP_SEQUENCES = 4  # StopConfiguration: "Up to 4 sequences" (maxItems 4)
 
 
-# --- The vendored spec --------------------------------------------------------------------------
-
-
-@cache
-def _spec_document() -> dict[str, Any]:
-    """``api/openai_schema.json``: ``{"$schema", "$comment", "$defs": {name: schema}}``."""
-    return json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
-
-
-@cache
-def spec_validator(schema_name: str) -> Draft202012Validator:
-    """A validator for one of the spec's schemas, exactly as vendored (e.g. ``"Model"``).
-
-    Raises ``KeyError`` for a name that is not in ``api/openai_schema.json``.
-    """
-    document = _spec_document()
-    if schema_name not in document["$defs"]:  # fail here, not with a reference error later
-        raise KeyError(schema_name)
-    return Draft202012Validator({**document, "$ref": f"#/$defs/{schema_name}"})
+# --- The request's schema -----------------------------------------------------------------------
 
 
 @cache
@@ -108,7 +88,7 @@ def _request_validator() -> Draft202012Validator:
     Those caps are server settings (``API_MAX_N``, ``API_MAX_LOGPROBS``) that may differ from the
     spec's 128 and 5, so :func:`_check_rules_beyond_schema` applies them instead.
     """
-    document = copy.deepcopy(_spec_document())
+    document = copy.deepcopy(spec_document())
     properties = document["$defs"]["CreateCompletionRequest"]["properties"]
     for name in ("n", "logprobs"):
         properties[name].pop("maximum", None)
@@ -118,32 +98,12 @@ def _request_validator() -> Draft202012Validator:
 @cache
 def _request_fields() -> tuple[frozenset[str], tuple[str, ...]]:
     """The request's known field names and its required ones, from the spec."""
-    schema = _spec_document()["$defs"]["CreateCompletionRequest"]
+    schema = spec_document()["$defs"]["CreateCompletionRequest"]
     # response_format is our extension (structured output, as on the chat endpoint).
     return frozenset(schema["properties"]) | {"response_format"}, tuple(schema.get("required", ()))
 
 
 # --- The request --------------------------------------------------------------------------------
-
-
-class StreamAndStopFields:
-    """What the legacy and the chat request read alike from ``stream``, ``stream_options`` and ``stop``."""
-
-    stream: bool
-    stream_options: dict[str, Any] | None
-    stop: str | list[str] | None
-
-    @property
-    def include_usage(self) -> bool:
-        """Whether a stream ends with a usage chunk (``stream_options.include_usage``)."""
-        return self.stream and bool((self.stream_options or {}).get("include_usage"))
-
-    @property
-    def stop_sequences(self) -> tuple[str, ...]:
-        """``stop`` as a tuple: ``None`` → ``()``, ``"x"`` → ``("x",)``, a list → a tuple."""
-        if self.stop is None:
-            return ()
-        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
 
 
 @dataclass(frozen=True)
@@ -268,20 +228,20 @@ def parse_completion_request(body: bytes) -> CompletionRequest:
     the spec's schema or misses a required field (the most relevant error by jsonschema's
     ``relevance``, in OpenAI's words and code by :func:`api.errors.schema_error`, ``param`` its
     path, e.g. ``stream_options.include_usage``); then the rules the schema cannot express
-    (:func:`_check_prompt`, :func:`_check_logit_bias`, :func:`_check_rules_beyond_schema`).
+    (:func:`_check_prompt`, :func:`check_logit_bias`, :func:`_check_rules_beyond_schema`).
     The body size cap is the view's (see :func:`body_too_large_error`).
     """
     data = _load_request_object(body)
     error = max(_request_validator().iter_errors(_schema_view(data)), key=relevance, default=None)
     if error is not None:
         raise schema_error(error)
-    _check_unicode(data)
+    check_unicode(data)
     if "response_format" in data:
         check_response_format(data["response_format"])
     if "prompt" in data:  # a required field: present once the schema has passed
         data["prompt"] = _check_prompt(data["prompt"])
     if "logit_bias" in data:
-        data["logit_bias"] = _check_logit_bias(data["logit_bias"])
+        data["logit_bias"] = check_logit_bias(data["logit_bias"])
     for name in INTEGER_FIELDS:
         if name in data:
             data[name] = int(data[name])  # the schema accepts 2.0 as an integer
@@ -298,7 +258,7 @@ def _load_request_object(body: bytes) -> dict[str, Any]:
     Raises ``APIError`` 400 for invalid JSON, a body that is not an object, or unknown fields.
     """
     try:
-        data = json.loads(body, parse_constant=_reject_constant)
+        data = json.loads(body, parse_constant=reject_constant)
     except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise APIError(INVALID_JSON_MESSAGE) from None
     if not isinstance(data, dict):
@@ -312,17 +272,12 @@ def _load_request_object(body: bytes) -> dict[str, Any]:
     return {name: value for name, value in data.items() if value is not None or name in required}
 
 
-def _reject_constant(name: str) -> None:
-    """``NaN``, ``Infinity`` and ``-Infinity`` are Python's extensions, not JSON."""
-    raise ValueError(f"{name} is not valid JSON")
-
-
 def _schema_view(data: dict[str, Any]) -> dict[str, Any]:
     """What jsonschema checks: ``data`` with valid stand-ins for a prompt list and a logit_bias map.
 
     jsonschema spends microseconds on each array item or map entry (and ``oneOf`` walks all four
     prompt forms), so a 4 MB body of token ids would cost seconds of CPU; the two fields that grow
-    with the body are checked in Python by :func:`_check_prompt` and :func:`_check_logit_bias`.
+    with the body are checked in Python by :func:`_check_prompt` and :func:`check_logit_bias`.
     Raises ``APIError`` 400 ``array_above_max_length`` for more stop sequences than the spec's 4.
     """
     stop = data.get("stop")
@@ -336,13 +291,6 @@ def _schema_view(data: dict[str, Any]) -> dict[str, Any]:
     if isinstance(view.get("logit_bias"), dict):
         view["logit_bias"] = {}
     return view
-
-
-def _is_integer(value: Any) -> bool:
-    """JSON Schema's ``integer``: an int that is not a bool, or a float with no fraction (``2.0``)."""
-    if isinstance(value, float):
-        return value.is_integer()
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _check_prompt(prompt: Prompt | None) -> Prompt:
@@ -365,7 +313,7 @@ def _check_prompt(prompt: Prompt | None) -> Prompt:
     if isinstance(first, str):
         _check_items(prompt, ["prompt"], lambda item: isinstance(item, str), "a string")
         return _check_prompt_count(prompt)
-    if _is_integer(first):
+    if is_integer(first):
         return _token_ids(prompt, ["prompt"])
     if isinstance(first, list):
         _check_items(prompt, ["prompt"], lambda item: isinstance(item, list), "an array of integers")
@@ -399,32 +347,12 @@ def _token_ids(ids: list[int | float], path: list) -> list[int]:
     """
     if not ids:
         raise array_too_short_error(param_path(path), 1, 0)
-    _check_items(ids, path, _is_integer, "an integer")
+    _check_items(ids, path, is_integer, "an integer")
     tokens = [int(token) for token in ids]
     lowest = min(tokens)
     if lowest < 0:
         raise below_minimum_error(param_path([*path, tokens.index(lowest)]), 0, lowest, integer=True)
     return tokens
-
-
-def _check_logit_bias(logit_bias: dict[str, Any]) -> dict[str, int]:
-    """``logit_bias`` with int values, once each key is a token id and each value an int in -100..100.
-
-    Raises ``APIError`` 400 for the first bad entry in the client's order: ``invalid_value``
-    (``param`` ``logit_bias``) for a key that is not a token id; ``invalid_type`` or
-    ``integer_above_max_value``/``integer_below_min_value`` for a value (``param`` ``logit_bias.50256``).
-    """
-    checked: dict[str, int] = {}
-    for key, bias in logit_bias.items():
-        if not (key.isascii() and key.isdigit()) or len(key) > MAX_TOKEN_ID_DIGITS:
-            why = 'Keys must be token ids: non-negative integers written as strings, e.g. "50256".'
-            raise invalid_value_error("logit_bias", key, why=why)
-        param = param_path(["logit_bias", key])
-        if not _is_integer(bias):
-            raise invalid_type_error(param, ["an integer"], bias)
-        _check_range(bias, *LOGIT_BIAS_RANGE, param)
-        checked[key] = int(bias)
-    return checked
 
 
 def _check_rules_beyond_schema(data: dict[str, Any]) -> None:
@@ -446,13 +374,13 @@ def _check_rules_beyond_schema(data: dict[str, Any]) -> None:
             raise invalid_value_error("best_of", data["best_of"], why="best_of > 1 cannot be used with stream.")
     if "logprobs" in data:
         max_logprobs = getattr(settings, "API_MAX_LOGPROBS", DEFAULT_MAX_LOGPROBS)
-        _check_range(data["logprobs"], 0, max_logprobs, "logprobs")
+        check_range(data["logprobs"], 0, max_logprobs, "logprobs")
     if data.get("max_tokens") == 0 and not echo:
         # 0 is in the spec's range, but it only makes sense to echo (score) the prompt.
         raise below_minimum_error("max_tokens", 1, 0, integer=True, why="max_tokens may be 0 only with echo.")
-    _check_range(n, 1, getattr(settings, "API_MAX_N", DEFAULT_MAX_N), "n")
+    check_range(n, 1, getattr(settings, "API_MAX_N", DEFAULT_MAX_N), "n")
     if "seed" in data:
-        _check_range(data["seed"], *INT64_RANGE, "seed")
+        check_range(data["seed"], *INT64_RANGE, "seed")
     stop = data.get("stop")
     if isinstance(stop, str) and not stop:
         # An empty stop string would match at once; vLLM drops it silently, we say so.
@@ -465,53 +393,12 @@ def _check_rules_beyond_schema(data: dict[str, Any]) -> None:
         )
 
 
-def _check_range(value: int, minimum: int, maximum: int, param: str) -> None:
-    """The schema's bound errors for integer bounds it does not carry (server caps, int64, bias)."""
-    if value < minimum:
-        raise below_minimum_error(param, minimum, value, integer=True)
-    if value > maximum:
-        raise above_maximum_error(param, maximum, value, integer=True)
-
-
-def _check_unicode(data: dict[str, Any]) -> None:
-    """Reject unpaired surrogates (``"\\ud800"`` is valid JSON but not text); tokenizers fail on them.
-
-    Raises ``APIError`` 400 ``invalid_value`` naming the field.
-    """
-    for name, value in data.items():
-        try:
-            json.dumps(value, ensure_ascii=False).encode("utf-8")
-        except UnicodeEncodeError:
-            message = f"Invalid value for '{name}': a string contains an unpaired UTF-16 surrogate, which is not text."
-            raise APIError(message, param=name, code="invalid_value") from None
-
-
 def _integer_text(value: int) -> str:
     """``value`` in digits, shortened; one too long for ``str`` (over Python's 4300 digits) by its size."""
     try:
         return shorten(str(value))
     except ValueError:
         return f"a {value.bit_length()}-bit number of"
-
-
-# --- Errors the views raise ---------------------------------------------------------------------
-
-
-def body_too_large_error(limit: int) -> APIError:
-    """413 for a body over ``limit`` bytes (``settings.API_MAX_BODY_BYTES``), code ``request_too_large``."""
-    return APIError(
-        f"The request body is too large: the limit is {limit} bytes.", status=413, code="request_too_large"
-    )
-
-
-def model_not_found_error(model: str) -> APIError:
-    """404 for a model this server does not serve, in OpenAI's words, code ``model_not_found``."""
-    return APIError(
-        f"The model `{shorten(model)}` does not exist or you do not have access to it.",
-        status=404,
-        param="model",
-        code="model_not_found",
-    )
 
 
 # --- Responses ----------------------------------------------------------------------------------
@@ -531,15 +418,6 @@ def completion_choice(
     (OpenAI streams it as null, though the spec's enum lacks null).  ``logprobs``: :func:`logprobs_dict`.
     """
     return {"text": text, "index": index, "logprobs": logprobs, "finish_reason": finish_reason}
-
-
-def usage_dict(prompt_tokens: int, completion_tokens: int) -> CompletionUsage:
-    """``CompletionUsage``: ``{"prompt_tokens", "completion_tokens", "total_tokens"}``."""
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-    }
 
 
 def logprobs_dict(
@@ -605,13 +483,3 @@ def completion_chunk(
     if include_usage or usage is not None:
         chunk["usage"] = usage
     return chunk
-
-
-def model_object(id: str, created: int, owned_by: str) -> Model:
-    """``Model``: ``{"id", "object": "model", "created", "owned_by"}``."""
-    return {"id": id, "object": "model", "created": created, "owned_by": owned_by}
-
-
-def model_list(models: Iterable[Model]) -> ListModelsResponse:
-    """``ListModelsResponse``: ``{"object": "list", "data": [model_object(...), ...]}``."""
-    return {"object": "list", "data": list(models)}

@@ -27,6 +27,7 @@ from inference.text import prompt_text_offsets, token_text
 
 from .. import metrics
 from ..errors import APIError
+from ..protocol import usage_dict
 from ..response_format import compile_grammar
 from ..types import CompletionChoice, CompletionChunk, CompletionLogprobs, CreateCompletionResponse
 from .protocol import (
@@ -35,7 +36,6 @@ from .protocol import (
     completion_chunk,
     completion_response,
     logprobs_dict,
-    usage_dict,
 )
 
 if TYPE_CHECKING:

@@ -30,7 +30,7 @@ import pytest
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
-from api.completions.protocol import SCHEMA_PATH
+from api.protocol import SCHEMA_PATH
 from testing.live_server import MODEL
 from tests.completion_helpers import NO_EOS, complete, merge_stream, stream_events
 

@@ -12,7 +12,7 @@ import json
 import pytest
 from django.test import AsyncRequestFactory, Client
 
-from api.completions.protocol import body_too_large_error
+from api.protocol import body_too_large_error
 from organization import views as organization_views
 from tests.admin_api import BASE, post
 

@@ -24,8 +24,8 @@ import pytest
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import relevance
 
-from api.completions.protocol import SCHEMA_PATH
 from api.errors import schema_error
+from api.protocol import SCHEMA_PATH
 from tests.inprocess_api import MODEL, post
 from tests.openai_schema import validate
 

@@ -11,13 +11,9 @@ from typing import Any
 
 import pytest
 
-from api.completions.protocol import (
-    INVALID_JSON_MESSAGE,
-    CompletionRequest,
-    body_too_large_error,
-    parse_completion_request,
-)
+from api.completions.protocol import CompletionRequest, parse_completion_request
 from api.errors import APIError
+from api.protocol import INVALID_JSON_MESSAGE, body_too_large_error
 from inference.sampling import SamplingParams
 from tests.openai_schema import validate
 
@@ -243,7 +239,7 @@ PROMPT_SAMPLES = [
 
 @pytest.mark.parametrize("prompt", PROMPT_SAMPLES, ids=[repr(p) for p in PROMPT_SAMPLES])
 def test_prompt_check_in_python_agrees_with_the_spec_schema(prompt: Any) -> None:
-    from api.completions.protocol import spec_validator
+    from api.protocol import spec_validator
 
     in_spec = spec_validator("CreateCompletionRequest").is_valid({"model": "m", "prompt": prompt})
     try:
@@ -257,7 +253,7 @@ def test_prompt_check_in_python_agrees_with_the_spec_schema(prompt: Any) -> None
 
 @pytest.mark.parametrize("bias", [1, 1.0, -100, 0.5, "1", True, None, [1], {}])
 def test_logit_bias_value_check_in_python_agrees_with_the_spec_schema(bias: Any) -> None:
-    from api.completions.protocol import spec_validator
+    from api.protocol import spec_validator
 
     instance = {"model": "m", "prompt": "", "logit_bias": {"1": bias}}
     in_spec = spec_validator("CreateCompletionRequest").is_valid(instance)
