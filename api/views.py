@@ -30,11 +30,13 @@ from keys.usage import record_usage
 from . import draining, metrics, sse
 from .access import notes_of
 from .auth import admission_headers, admit, authenticate, current_headers
-from .chat.protocol import ChatRun, new_chat_completion_id, parse_chat_request
+from .chat.protocol import new_chat_completion_id, parse_chat_request
+from .chat.serving import ChatRun
 from .completions.protocol import new_completion_id, parse_completion_request
 from .completions.serving import CompletionRun
 from .engine import get_engine, key_may_use, served_models
 from .errors import APIError, error_response
+from .generation import Generation
 from .handlers import is_api_path
 from .protocol import body_too_large_error, model_list, model_not_found_error, model_object
 from .types import Model
@@ -89,7 +91,7 @@ class _Endpoint:
     path: str
     new_id: Callable[[], str]
     parse: Callable[[bytes], Any]
-    run: type[CompletionRun]
+    run: Callable[[Any, Any, str], Generation]  # (engine, parsed request, completion id)
 
 
 COMPLETIONS = _Endpoint("/v1/completions", new_completion_id, parse_completion_request, CompletionRun)
@@ -171,7 +173,7 @@ async def _start_completion(request: HttpRequest, usage: _Usage, endpoint: _Endp
     return JsonResponse(result)
 
 
-async def _stream(run: CompletionRun, usage: _Usage) -> AsyncIterator[bytes]:
+async def _stream(run: Generation, usage: _Usage) -> AsyncIterator[bytes]:
     """The SSE body. A disconnect aborts the generation; the usage record is written either way."""
     error_type = ""
     try:
@@ -195,7 +197,7 @@ async def _stream(run: CompletionRun, usage: _Usage) -> AsyncIterator[bytes]:
         await usage.finish(200, error_type=error_type)
 
 
-async def _events(run: CompletionRun) -> AsyncIterator[bytes]:
+async def _events(run: Generation) -> AsyncIterator[bytes]:
     async for chunk in run.chunks():
         yield sse.event(chunk)
     yield sse.DONE
@@ -218,7 +220,7 @@ class _Usage:
         self.model = ""
         self.stream = False
         self.user = ""
-        self.run: CompletionRun | None = None
+        self.run: Generation | None = None
         self.submitted = False  # whether the engine took the request (only then are tokens charged)
         self.written = False
         self.admission: limits.Admission | None = None
@@ -226,7 +228,7 @@ class _Usage:
         self.loop = asyncio.get_running_loop()
         draining.state.opened(self)  # a draining process waits for this record before it exits
 
-    async def admit(self, run: CompletionRun) -> None:
+    async def admit(self, run: Generation) -> None:
         """The limits hook: reserve the request's largest cost before the engine sees it, or 429.
 
         The largest cost is the prompt tokens plus ``max_tokens`` for every candidate of every

@@ -11,9 +11,7 @@ What the engine cannot do is refused with a 400 naming the parameter, never sile
 roles, and image, audio, file and refusal content parts.  Fields that change nothing about the
 output (``metadata``, ``store``, ``service_tier``, ``prompt_cache_key``, ...) are accepted.
 
-:class:`ChatRun` serves a request with the legacy endpoint's machinery
-(:class:`api.serving.CompletionRun`): engine streams, usage counters and aborts are the same; the
-prompt is the model's chat template and the outputs take the chat shapes.
+:class:`api.chat.serving.ChatRun` serves the request; this module is its protocol alone.
 """
 
 from __future__ import annotations
@@ -22,7 +20,6 @@ import copy
 import dataclasses
 import math
 import secrets
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING, Any
@@ -34,7 +31,6 @@ from jsonschema.exceptions import relevance
 from inference.outputs import TokenLogprob
 from inference.text import token_bytes, token_text
 
-from ..completions.serving import CompletionRun, _Choice, _Prompt
 from ..errors import APIError, schema_error, string_too_short_error, unrecognized_arguments_error
 from ..protocol import (
     DEFAULT_MAX_N,
@@ -46,9 +42,7 @@ from ..protocol import (
     check_unicode,
     reject_constant,
     spec_document,
-    usage_dict,
 )
-from ..response_format import compile_grammar
 from ..types import CompletionUsage
 
 if TYPE_CHECKING:
@@ -130,14 +124,9 @@ class ChatCompletionRequest(StreamAndStopFields):
     top_p: float = 1.0
     user: str | None = None
 
-    # The legacy request's attributes that CompletionRun reads.
-    echo = False
-    suffix = None
-    best_of = 1
-
     @property
     def max_tokens(self) -> int:
-        """The most tokens any choice may generate, once :meth:`ChatRun.prepare` knows the prompt."""
+        """The most tokens any choice may generate, once :meth:`api.chat.serving.ChatRun.prepare` knows the prompt."""
         return self.max_completion_tokens or 1
 
     def sampling_params(self, *, max_tokens: int | None = None) -> SamplingParams:
@@ -375,92 +364,3 @@ def token_logprob(tokenizer: Any, entry: TokenLogprob) -> dict[str, Any]:
     top = [item(token_id, value) for token_id, value in entry.top if math.isfinite(value)]
     logprob = entry.logprob if entry.logprob is not None else float("-inf")  # generated tokens always have one
     return {**item(entry.token_id, logprob), "top_logprobs": top}
-
-
-# --- Serving --------------------------------------------------------------------------------------
-
-
-class ChatRun(CompletionRun):
-    """Serves one :class:`ChatCompletionRequest`: :meth:`prepare`, :meth:`start`, then
-    :meth:`response` or :meth:`chunks` (see :class:`api.serving.CompletionRun`)."""
-
-    request: ChatCompletionRequest  # type: ignore[assignment]  # a chat request, read by the overrides below
-
-    async def prepare(self) -> None:
-        """Apply the chat template, check the context, compile ``response_format``.
-
-        Raises ``APIError``: 404 (``param: "model"``, OpenAI's words) for a model without a chat
-        template; 400 ``context_length_exceeded`` (``messages``, or the token limit's name) when the
-        prompt and the limit do not fit; 400 naming ``response_format`` for a schema the grammar
-        library cannot compile; 400 for ``logit_bias`` keys outside the vocabulary.
-        """
-        import asyncio
-
-        engine, request = self.engine, self.request
-        if not engine.has_chat_template:
-            raise APIError(NOT_A_CHAT_MODEL, status=404, param="model", code="model_not_found")
-        request.check_token_ids(engine.vocab_size)
-        ids = await asyncio.to_thread(engine.chat_prompt_ids, request.messages)
-        remainder = engine.max_context - len(ids)
-        limit = request.max_completion_tokens
-        if remainder < 1 or (limit is not None and limit > remainder):
-            raise APIError(
-                f"This model's maximum context length is {engine.max_context} tokens. However, your messages "
-                f"resulted in {len(ids)} tokens"
-                + (f" and you requested {limit} completion tokens." if limit else ".")
-                + " Please reduce the length of the messages or completion.",
-                param="messages" if remainder < 1 else "max_completion_tokens",
-                code="context_length_exceeded",
-            )
-        grammar = await compile_grammar(engine, request.response_format)
-        self.params = dataclasses.replace(request.sampling_params(max_tokens=limit or remainder), grammar=grammar)
-        self.prompts = [_Prompt(ids, "")]
-        self.prompt_tokens = len(ids)
-
-    @property
-    def _fingerprint(self) -> str:
-        return self.engine.system_fingerprint
-
-    def _chat_logprobs(self, entries: list[TokenLogprob] | None) -> list[dict] | None:
-        if not self.request.logprobs:
-            return None
-        return [token_logprob(self.engine.tokenizer, entry) for entry in entries or []]
-
-    # The chat shapes replace the legacy ones: ChatRun shares CompletionRun's engine plumbing
-    # (streams, counters, aborts), not its response types.
-    async def response(self) -> dict[str, Any]:  # type: ignore[override]
-        """The whole ``CreateChatCompletionResponse`` once every choice has finished."""
-        candidates: dict[int, _Choice] = {}
-        async for _, output in self._outputs():
-            for candidate in output.outputs:
-                self._account(0, candidate)
-                candidates.setdefault(candidate.index, _Choice()).add(candidate)
-        choices = [
-            chat_choice(i, candidates[i].text, candidates[i].finish_reason, self._chat_logprobs(candidates[i].logprobs))
-            for i in range(self.request.n)
-        ]
-        usage = usage_dict(self.prompt_tokens, self.completion_tokens)
-        return chat_response(self.id, self.created, self.engine.model_id, self._fingerprint, choices, usage)
-
-    async def chunks(self) -> AsyncIterator[dict[str, Any]]:  # type: ignore[override]
-        """The stream: a ``delta.role`` chunk per choice first, then ``delta.content`` pieces, a last
-        chunk per choice with ``finish_reason`` and an empty delta, then the usage chunk if asked."""
-        include_usage = self.request.include_usage
-        model, fingerprint = self.engine.model_id, self._fingerprint
-
-        def chunk(choice: dict[str, Any]) -> dict[str, Any]:
-            return chat_chunk(self.id, self.created, model, fingerprint, [choice], include_usage=include_usage)
-
-        for index in range(self.request.n):
-            yield chunk(chunk_choice(index, {"role": "assistant", "content": "", "refusal": None}))
-        async for _, output in self._outputs():
-            for candidate in output.outputs:
-                self._account(0, candidate)
-                if candidate.text or candidate.logprobs:
-                    logprobs = self._chat_logprobs(candidate.logprobs)
-                    yield chunk(chunk_choice(candidate.index, {"content": candidate.text}, logprobs=logprobs))
-                if candidate.finish_reason is not None:
-                    yield chunk(chunk_choice(candidate.index, {}, candidate.finish_reason))
-        if include_usage:
-            usage = usage_dict(self.prompt_tokens, self.completion_tokens)
-            yield chat_chunk(self.id, self.created, model, fingerprint, [], usage=usage, include_usage=True)
