@@ -143,7 +143,7 @@ def _log(scope: dict, request_id: str | None, status: int, seconds: float) -> No
         "status": status,
         "latency_ms": round(seconds * 1000, 1),
     }
-    usage = notes.get("usage_record")  # a generation's usage record, as written (api/views.py)
+    usage = notes.get("usage_record")  # a generation's usage record, as written (api/accounting.py)
     if usage:
         fields.update(
             completion_id=usage["request_id"] if usage["request_id"] != request_id else None,

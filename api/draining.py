@@ -5,8 +5,8 @@ requests get a 503 with ``Retry-After`` (:func:`refusal`), ``/healthz`` says ``d
 requests already running may finish.  :data:`state` counts what the process still owes before it
 may exit: every API request from its arrival until its response's last byte is sent
 (:meth:`DrainState.serving`, entered by ``api/access.py``), every generation request whose usage
-record is not yet written (each registers its ``_Usage`` in ``api/views.py``), and every usage
-write still in flight (which also releases the request's concurrency slot and settles its tokens
+record is not yet written (each registers its ``RequestUsage``, ``api/accounting.py``), and every
+usage write still in flight (which also releases the request's concurrency slot and settles its tokens
 in the limits' store).
 
 Everything here runs on the server's one event loop; nothing is locked.
@@ -34,7 +34,7 @@ class DrainState:
     def __init__(self) -> None:
         self.draining = False
         self.since: float | None = None
-        # Weak: a streamed response dropped before its first byte is accounted for by its _Usage's
+        # Weak: a streamed response dropped before its first byte is accounted for by its RequestUsage's
         # __del__, which a strong reference here would keep from ever running.
         self._open: weakref.WeakSet[Any] = weakref.WeakSet()  # requests being served
         self._unrecorded: weakref.WeakSet[Any] = weakref.WeakSet()  # their usage records not yet begun

@@ -18,6 +18,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import relevance
 
 from .errors import APIError, schema_error
+from .protocol import spec_document
 
 if TYPE_CHECKING:
     from inference.engine import Engine
@@ -29,9 +30,7 @@ PARAM = "response_format"
 def _validator() -> Draft202012Validator:
     """``{"response_format": <the chat request's response_format schema>}``, so that errors are
     named ``response_format.json_schema.name`` and the like."""
-    from .protocol import _spec_document  # the one vendored spec
-
-    document = _spec_document()
+    document = spec_document()
     chat = document["$defs"]["CreateChatCompletionRequest"]["allOf"][1]["properties"][PARAM]
     schema = {"type": "object", "properties": {PARAM: chat}}
     return Draft202012Validator({**document, **schema})

@@ -1,8 +1,9 @@
 """The API's response bodies as ``TypedDict``s, fields in the order of OpenAI's spec.
 
-Built by the functions of ``api/protocol.py`` (``completion_response``, ``completion_chunk``, ...)
-and checked against the vendored spec by ``tests/unit/test_protocol_responses.py``; the names are
-the spec's schemas (``CreateCompletionResponse``, ``CompletionUsage``, ``Model``, ...).
+Built by the functions of ``api/completions/protocol.py`` and ``api/protocol.py``
+(``completion_response``, ``completion_chunk``, ``usage_dict``, ``model_object``, ...) and checked
+against the vendored spec by ``tests/unit/test_protocol_responses.py``; the names are the spec's
+schemas (``CreateCompletionResponse``, ``CompletionUsage``, ``Model``, ...).
 """
 
 from __future__ import annotations

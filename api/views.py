@@ -1,15 +1,15 @@
 """The API's views: thin. Each parses, authenticates, calls the engine and picks JSON or SSE.
 
-Routes (OpenAI's paths): ``POST /v1/completions``, ``GET /v1/models``, ``GET /v1/models/{id}``,
-and ``GET /healthz``.  Every ``/v1`` route needs a Bearer key.  Every request that gets past
-authentication leaves exactly one :class:`keys.models.UsageRecord`, written in ``finally`` so
-that streamed, failed and interrupted requests are counted with the tokens generated so far.
+Routes (OpenAI's paths): ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``,
+``GET /v1/models/{id}``, and ``GET /healthz``.  Every ``/v1`` route needs a Bearer key.  Every
+generation request that gets past authentication leaves exactly one :class:`keys.models.UsageRecord`
+(:class:`api.accounting.RequestUsage`), written in ``finally`` so that streamed, failed and
+interrupted requests are counted with the tokens generated so far.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -22,27 +22,20 @@ from django.views import defaults
 from django.views.decorators.csrf import csrf_exempt
 
 from inference.outputs import EngineShuttingDown
-from keys import limits
-from keys.auth import touch_last_used
-from keys.models import APIKey
-from keys.usage import record_usage
 
-from . import draining, metrics, sse
+from . import draining, sse
 from .access import notes_of
-from .auth import admission_headers, admit, authenticate, current_headers
-from .chat import ChatRun, new_chat_completion_id, parse_chat_request
+from .accounting import RequestUsage
+from .auth import authenticate
+from .chat.protocol import new_chat_completion_id, parse_chat_request
+from .chat.serving import ChatRun
+from .completions.protocol import new_completion_id, parse_completion_request
+from .completions.serving import CompletionRun
 from .engine import get_engine, key_may_use, served_models
 from .errors import APIError, error_response
+from .generation import Generation
 from .handlers import is_api_path
-from .protocol import (
-    body_too_large_error,
-    model_list,
-    model_not_found_error,
-    model_object,
-    new_completion_id,
-    parse_completion_request,
-)
-from .serving import CompletionRun
+from .protocol import body_too_large_error, model_list, model_not_found_error, model_object
 from .types import Model
 
 logger = logging.getLogger(__name__)
@@ -95,7 +88,7 @@ class _Endpoint:
     path: str
     new_id: Callable[[], str]
     parse: Callable[[bytes], Any]
-    run: type[CompletionRun]
+    run: Callable[[Any, Any, str], Generation]  # (engine, parsed request, completion id)
 
 
 COMPLETIONS = _Endpoint("/v1/completions", new_completion_id, parse_completion_request, CompletionRun)
@@ -113,8 +106,8 @@ async def _serve(request: HttpRequest, endpoint: _Endpoint) -> HttpResponseBase:
         response["x-request-id"] = completion_id
         return response
     # The access-log line reads the usage record from the request's notes; the notes do not hold
-    # the _Usage itself, whose finalizer accounts for a stream dropped before its first byte.
-    usage = _Usage(api_key, completion_id, endpoint.path, notes_of(request))
+    # the RequestUsage itself, whose finalizer accounts for a stream dropped before its first byte.
+    usage = RequestUsage(api_key, completion_id, endpoint.path, notes_of(request))
     try:
         response = await _start_completion(request, usage, endpoint)
     except APIError as error:
@@ -130,7 +123,7 @@ async def _serve(request: HttpRequest, endpoint: _Endpoint) -> HttpResponseBase:
     return response
 
 
-async def _start_completion(request: HttpRequest, usage: _Usage, endpoint: _Endpoint) -> HttpResponseBase:
+async def _start_completion(request: HttpRequest, usage: RequestUsage, endpoint: _Endpoint) -> HttpResponseBase:
     """Validate, submit, and answer: JSON after generation, or a stream whose errors are in-band."""
     try:
         body = request.body
@@ -177,7 +170,7 @@ async def _start_completion(request: HttpRequest, usage: _Usage, endpoint: _Endp
     return JsonResponse(result)
 
 
-async def _stream(run: CompletionRun, usage: _Usage) -> AsyncIterator[bytes]:
+async def _stream(run: Generation, usage: RequestUsage) -> AsyncIterator[bytes]:
     """The SSE body. A disconnect aborts the generation; the usage record is written either way."""
     error_type = ""
     try:
@@ -201,124 +194,10 @@ async def _stream(run: CompletionRun, usage: _Usage) -> AsyncIterator[bytes]:
         await usage.finish(200, error_type=error_type)
 
 
-async def _events(run: CompletionRun) -> AsyncIterator[bytes]:
+async def _events(run: Generation) -> AsyncIterator[bytes]:
     async for chunk in run.chunks():
         yield sse.event(chunk)
     yield sse.DONE
-
-
-class _Usage:
-    """Collects one request's accounting and writes its single usage record.
-
-    It also holds the request's admission by the per-key limits (:mod:`keys.limits`): the tokens
-    it reserved are settled to the real count in :meth:`finish`, in every path.  ``record`` is the
-    usage record's fields once written (the access log reads them).
-    """
-
-    def __init__(self, api_key: APIKey, request_id: str, endpoint: str, notes: dict[str, Any] | None = None) -> None:
-        self.api_key = api_key
-        self.notes = {} if notes is None else notes  # the access-log fields of the request (api/access.py)
-        self.request_id = request_id
-        self.endpoint = endpoint
-        self.started = time.monotonic()
-        self.model = ""
-        self.stream = False
-        self.user = ""
-        self.run: CompletionRun | None = None
-        self.submitted = False  # whether the engine took the request (only then are tokens charged)
-        self.written = False
-        self.admission: limits.Admission | None = None
-        self.limit_headers: dict[str, str] | None = None
-        self.loop = asyncio.get_running_loop()
-        draining.state.opened(self)  # a draining process waits for this record before it exits
-
-    async def admit(self, run: CompletionRun) -> None:
-        """The limits hook: reserve the request's largest cost before the engine sees it, or 429.
-
-        The largest cost is the prompt tokens plus ``max_tokens`` for every candidate of every
-        prompt (``best_of`` candidates, which is ``n`` unless ``best_of`` is sent).
-        """
-        tokens = run.prompt_tokens + run.params.max_tokens * run.params.best_of * len(run.prompts)
-        try:
-            self.admission = await admit(self.api_key, self.request_id, tokens)
-        except APIError as error:
-            self.limit_headers = {k: v for k, v in error.headers.items() if k.startswith("x-ratelimit-")}
-            raise
-        self.limit_headers = admission_headers(self.admission)
-
-    async def rate_limit_headers(self) -> dict[str, str]:
-        """The key's ``x-ratelimit-*`` headers, as of this request (read, not counted, if refused early)."""
-        if self.limit_headers is None:
-            self.limit_headers = await current_headers(self.api_key)
-        return self.limit_headers
-
-    async def finish(self, status: int, *, error_type: str = "") -> None:
-        """Write the record once and settle the reservation; shielded, so a disconnect cannot cancel them.
-
-        Tokens are recorded only for a request the engine took: one the limits refused, or the
-        engine's full queue (503), never reached the engine, and costs nothing.
-        """
-        if self.written:
-            return
-        self.written = True
-        interrupted = error_type == "interrupted"
-        run = self.run if self.submitted else None
-        finish_reason = "interrupted" if interrupted else (run.finish_reasons if run else "")
-        if error_type == "server_error" and not interrupted:
-            finish_reason = "error"
-        first = run.first_token_at if run else None
-        fields = dict(
-            request_id=self.request_id,
-            api_key=self.api_key,
-            model=self.model,
-            endpoint=self.endpoint,
-            prompt_tokens=run.prompt_tokens if run else 0,
-            completion_tokens=run.completion_tokens if run else 0,
-            stream=self.stream,
-            status_code=status,
-            finish_reason=finish_reason,
-            error_type=error_type,
-            latency_ms=(time.monotonic() - self.started) * 1000,
-            time_to_first_token_ms=None if first is None else (first - self.started) * 1000,
-            user=self.user,
-        )
-        self.notes["usage_record"] = fields  # what the access-log line reads
-        draining.state.closed(self)
-        write = draining.state.writing(_write_usage(self.api_key, fields, self.admission))
-        try:
-            await asyncio.shield(write)
-        except asyncio.CancelledError:
-            pass  # the shielded write goes on, and the process waits for it before it exits
-
-    def __del__(self) -> None:
-        # A streamed response dropped before its first byte (the client left while the middleware
-        # ran) never starts its generator, so no finally of ours runs: account for it here.
-        if self.written or self.loop.is_closed():
-            return
-        if self.run is not None:
-            self.run.abort()
-        self.loop.call_soon_threadsafe(_keep_running, self.finish, 499)
-
-
-_finishing: set[asyncio.Task] = set()
-
-
-def _keep_running(finish, status: int) -> None:
-    task = asyncio.ensure_future(finish(status, error_type="interrupted"))
-    _finishing.add(task)  # the loop keeps only weak references to tasks
-    task.add_done_callback(_finishing.discard)
-
-
-async def _write_usage(api_key: APIKey, fields: dict, admission: limits.Admission | None) -> None:
-    try:
-        await record_usage(**fields)
-        await touch_last_used(api_key)
-    except Exception:
-        metrics.usage_record_failures.inc()
-        logger.exception("Could not record usage for %s", fields.get("request_id"))
-    finally:
-        if admission is not None:
-            await admission.settle(fields["prompt_tokens"] + fields["completion_tokens"])
 
 
 def _status_of(error: BaseException) -> int:

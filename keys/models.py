@@ -144,7 +144,61 @@ class APIKeyManager(models.Manager.from_queryset(APIKeyQuerySet)):
         return insert_with_fresh_prefix(self, api_key)
 
 
-class APIKey(models.Model):
+class AbstractKey(models.Model):
+    """What an API key and an admin key (:class:`organization.models.AdminAPIKey`) share: the hash of
+    the whole plaintext, their lifetime (created, last used, expiry, one-way revocation) and the
+    checks on them.  Each concrete key adds its ``name``, ``owner`` and public ``prefix``."""
+
+    hashed_key = models.CharField(max_length=64, editable=False, help_text="SHA-256 hex of the whole key.")
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+    last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
+    expires_at = models.DateTimeField(null=True, blank=True, help_text="Leave empty for a key that never expires.")
+    revoked_at = models.DateTimeField(null=True, blank=True, editable=False)
+
+    class Meta:
+        abstract = True
+
+    @property
+    def is_revoked(self) -> bool:
+        return self.revoked_at is not None
+
+    @property
+    def is_expired(self) -> bool:
+        return self.expires_at is not None and self.expires_at <= timezone.now()
+
+    @property
+    def status(self) -> str:
+        """``"revoked"``, ``"expired"`` or ``"active"``; revocation wins over expiry."""
+        if self.is_revoked:
+            return "revoked"
+        return "expired" if self.is_expired else "active"
+
+    def verify(self, plaintext: str) -> bool:
+        """Whether ``plaintext`` is this key, compared in constant time (status is not checked)."""
+        return hmac.compare_digest(hash_key(plaintext), self.hashed_key)
+
+    def revoke(self) -> bool:
+        """Revoke the key now; ``False`` (and the first ``revoked_at`` kept) if it already was.
+
+        The conditional UPDATE makes two concurrent revocations agree on one timestamp; only the
+        one that revoked calls :meth:`on_revoked`.
+        """
+        if self.is_revoked:
+            return False
+        now = timezone.now()
+        updated = type(self)._default_manager.filter(pk=self.pk, revoked_at__isnull=True).update(revoked_at=now)
+        if updated:
+            self.revoked_at = now
+            self.on_revoked()
+        else:
+            self.refresh_from_db(fields=["revoked_at"])
+        return bool(updated)
+
+    def on_revoked(self) -> None:
+        """Called once, by the :meth:`revoke` that revoked the key; nothing to do by default."""
+
+
+class APIKey(AbstractKey):
     """A Bearer credential owned by a user; see the module docstring for the key format."""
 
     name = models.CharField(max_length=100, help_text="What the key is for, e.g. “laptop” or “CI”.")
@@ -157,11 +211,6 @@ class APIKey(models.Model):
         validators=[RegexValidator(rf"^[A-Za-z0-9]{{{PREFIX_LENGTH}}}$")],
         help_text="The public part of the key, after “sk-cs-”.",
     )
-    hashed_key = models.CharField(max_length=64, editable=False, help_text="SHA-256 hex of the whole key.")
-    created_at = models.DateTimeField(default=timezone.now, editable=False)
-    last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
-    expires_at = models.DateTimeField(null=True, blank=True, help_text="Leave empty for a key that never expires.")
-    revoked_at = models.DateTimeField(null=True, blank=True, editable=False)
     rpm_limit = models.PositiveIntegerField(
         "requests per minute", null=True, blank=True, help_text=f"Empty: the default (API_DEFAULT_RPM). {_NO_LIMIT}"
     )
@@ -200,14 +249,6 @@ class APIKey(models.Model):
         return f"{self.name} ({KEY_NAMESPACE}{self.prefix}…)"
 
     @property
-    def is_revoked(self) -> bool:
-        return self.revoked_at is not None
-
-    @property
-    def is_expired(self) -> bool:
-        return self.expires_at is not None and self.expires_at <= timezone.now()
-
-    @property
     def is_active(self) -> bool:
         return not self.is_revoked and not self.is_expired
 
@@ -221,33 +262,9 @@ class APIKey(models.Model):
         allowed = self.models
         return not allowed or model in allowed
 
-    @property
-    def status(self) -> str:
-        """``"revoked"``, ``"expired"`` or ``"active"``; revocation wins over expiry."""
-        if self.is_revoked:
-            return "revoked"
-        return "expired" if self.is_expired else "active"
-
-    def verify(self, plaintext: str) -> bool:
-        """Whether ``plaintext`` is this key, compared in constant time (status is not checked)."""
-        return hmac.compare_digest(hash_key(plaintext), self.hashed_key)
-
-    def revoke(self) -> bool:
-        """Revoke the key now; ``False`` (and the first ``revoked_at`` kept) if it already was.
-
-        The conditional UPDATE makes two concurrent revocations agree on one timestamp; only the
-        one that revoked sends :data:`keys.signals.api_key_revoked`.
-        """
-        if self.is_revoked:
-            return False
-        now = timezone.now()
-        updated = type(self).objects.filter(pk=self.pk, revoked_at__isnull=True).update(revoked_at=now)
-        if updated:
-            self.revoked_at = now
-            api_key_revoked.send(sender=type(self), api_key=self)
-        else:
-            self.refresh_from_db(fields=["revoked_at"])
-        return bool(updated)
+    def on_revoked(self) -> None:
+        """Tell :data:`keys.signals.api_key_revoked`'s receivers (the audit log): once, by the revocation."""
+        api_key_revoked.send(sender=type(self), api_key=self)
 
     def save(self, *args, **kwargs) -> None:
         """Save, refusing (``ValueError``) to clear the revocation of a revoked row."""

@@ -13,16 +13,14 @@ an audit trail can still name it, and revocation is one-way as for API keys.
 
 from __future__ import annotations
 
-import hmac
 import re
 from datetime import datetime
 
 from django.conf import settings
 from django.db import models
-from django.utils import timezone
 
 from keys.ids import api_key_id
-from keys.models import PREFIX_LENGTH, hash_key, insert_with_fresh_prefix
+from keys.models import PREFIX_LENGTH, AbstractKey, insert_with_fresh_prefix
 
 ADMIN_KEY_NAMESPACE = "sk-cs-admin-"
 _ADMIN_KEY_PATTERN = re.compile(
@@ -62,7 +60,7 @@ class AdminAPIKeyManager(models.Manager.from_queryset(AdminAPIKeyQuerySet)):  # 
         return insert_with_fresh_prefix(self, admin_key, ADMIN_KEY_NAMESPACE)
 
 
-class AdminAPIKey(models.Model):
+class AdminAPIKey(AbstractKey):
     """A Bearer credential of the Administration API, owned by a staff user (OpenAI's ``AdminApiKey``)."""
 
     name = models.CharField(max_length=100, help_text="What the key is for, e.g. “billing sync”.")
@@ -74,11 +72,6 @@ class AdminAPIKey(models.Model):
         help_text="The staff user the key acts for.",
     )
     prefix = models.CharField(max_length=PREFIX_LENGTH, unique=True, editable=False)
-    hashed_key = models.CharField(max_length=64, editable=False, help_text="SHA-256 hex of the whole key.")
-    created_at = models.DateTimeField(default=timezone.now, editable=False)
-    last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
-    expires_at = models.DateTimeField(null=True, blank=True, help_text="Leave empty for a key that never expires.")
-    revoked_at = models.DateTimeField(null=True, blank=True, editable=False)
 
     objects = AdminAPIKeyManager()
 
@@ -98,34 +91,3 @@ class AdminAPIKey(models.Model):
     def redacted_value(self) -> str:
         """``sk-cs-admin-{prefix}...``: the public part only (the secret is not stored)."""
         return f"{ADMIN_KEY_NAMESPACE}{self.prefix}..."
-
-    @property
-    def is_revoked(self) -> bool:
-        return self.revoked_at is not None
-
-    @property
-    def is_expired(self) -> bool:
-        return self.expires_at is not None and self.expires_at <= timezone.now()
-
-    @property
-    def status(self) -> str:
-        """``"revoked"``, ``"expired"`` or ``"active"``; revocation wins over expiry."""
-        if self.is_revoked:
-            return "revoked"
-        return "expired" if self.is_expired else "active"
-
-    def verify(self, plaintext: str) -> bool:
-        """Whether ``plaintext`` is this key, compared in constant time (status is not checked)."""
-        return hmac.compare_digest(hash_key(plaintext), self.hashed_key)
-
-    def revoke(self) -> bool:
-        """Revoke the key now; ``False`` if it already was (one conditional UPDATE, as ``APIKey.revoke``)."""
-        if self.is_revoked:
-            return False
-        now = timezone.now()
-        updated = type(self).objects.filter(pk=self.pk, revoked_at__isnull=True).update(revoked_at=now)
-        if updated:
-            self.revoked_at = now
-        else:
-            self.refresh_from_db(fields=["revoked_at"])
-        return bool(updated)

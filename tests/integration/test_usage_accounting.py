@@ -120,11 +120,11 @@ def test_a_retried_request_is_counted_once_per_attempt(tiny_api, valid_key):
 
 
 def test_finishing_an_attempt_twice_writes_one_record_and_settles_once(tiny_api, limited_key):
+    from api.accounting import RequestUsage
     from api.auth import admission_headers, admit
-    from api.views import _Usage
 
     async def scenario():
-        usage = _Usage(limited_key.api_key, "cmpl-twice", "/v1/completions")
+        usage = RequestUsage(limited_key.api_key, "cmpl-twice", "/v1/completions")
         usage.admission = await admit(limited_key.api_key, "cmpl-twice", 50)
         await usage.finish(200)
         await usage.finish(500, error_type="server_error")

@@ -9,7 +9,7 @@ from api.draining import DrainState, refusal_error
 
 
 class Usage:
-    """Stands in for a request's ``_Usage``."""
+    """Stands in for a request's ``RequestUsage``."""
 
 
 def test_a_draining_process_refuses_with_503_retry_after_in_openais_shape():
@@ -48,7 +48,7 @@ def test_waiting_for_idle_ends_at_the_timeout_or_when_interrupted():
 
 
 def test_a_request_object_that_is_gone_is_not_waited_for():
-    # Weak references: a dropped response's _Usage accounts for itself in __del__.
+    # Weak references: a dropped response's RequestUsage accounts for itself in __del__.
     state = DrainState()
     state.opened(Usage())
     gc.collect()
@@ -94,7 +94,7 @@ def test_an_api_request_is_waited_for_until_its_last_byte_is_sent():
 
 
 def test_a_request_with_a_pending_usage_record_counts_once_and_keeps_the_process_until_recorded():
-    class Usage:  # what api/views.py's _Usage tells the drain
+    class Usage:  # what api/accounting.py's RequestUsage tells the drain
         pass
 
     state = DrainState()

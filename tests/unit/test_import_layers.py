@@ -2,7 +2,8 @@
 
 The first test imports every module of ``inference`` in a fresh interpreter and looks for Django
 in ``sys.modules``.  The others read every module's imports from its source (``ast``), those inside
-functions included, so a lazy import cannot hide an edge.
+functions included, so a lazy import cannot hide an edge: between the apps, and between the modules
+of each app, where no module may import itself through a circle of others.
 """
 
 from __future__ import annotations
@@ -134,16 +135,20 @@ def runtime_imports(path: Path, modules: set[str]) -> set[str]:
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
-            found.update(
-                name for name in [target, *(f"{target}.{alias.name}" for alias in node.names)] if name in modules
-            )
+            for alias in node.names:
+                # ``from package import submodule`` runs the submodule; the package is its parent,
+                # imported before any of its modules, so it is no edge of its own.
+                submodule = f"{target}.{alias.name}"
+                found.update(name for name in [submodule if submodule in modules else target] if name in modules)
         elif isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names if alias.name in modules)
     return found - {module_name(path)}
 
 
-def test_no_module_of_inference_imports_itself_in_a_circle():
-    paths = {module_name(path): path for path in (ROOT / "inference").rglob("*.py")}
+def import_circles(app: str) -> list[list[str]]:
+    """Every circle of runtime imports among the modules of ``app``, each as the route that closes it
+    (``["api.a", "api.b", "api.a"]``)."""
+    paths = {module_name(path): path for path in (ROOT / app).rglob("*.py")}
     graph = {name: runtime_imports(path, set(paths)) for name, path in paths.items()}
 
     def reaches(start: str, goal: str) -> list[str] | None:
@@ -158,5 +163,35 @@ def test_no_module_of_inference_imports_itself_in_a_circle():
                     stack.append([*route, following])
         return None
 
-    circles = [route for name in graph if (route := reaches(name, name))]
+    return [route for name in sorted(graph) if (route := reaches(name, name))]
+
+
+@pytest.mark.parametrize("app", sorted(ALLOWED))
+def test_no_module_of_an_app_imports_itself_in_a_circle(app):
+    circles = import_circles(app)
+
     assert not circles, "import circles: " + "; ".join(" -> ".join(route) for route in circles)
+
+
+def test_the_circle_walk_finds_a_lazy_circle(tmp_path, monkeypatch):
+    package = tmp_path / "app"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("from .b import x\n")
+    (package / "b.py").write_text("def f():\n    from app.a import y\n")
+    (package / "c.py").write_text("from . import a\n")
+    monkeypatch.setattr(f"{__name__}.ROOT", tmp_path)
+
+    assert import_circles("app") == [["app.a", "app.b", "app.a"], ["app.b", "app.a", "app.b"]]
+
+
+def test_importing_a_submodule_from_its_package_is_no_edge_to_the_package(tmp_path, monkeypatch):
+    package = tmp_path / "app"
+    package.mkdir()
+    (package / "__init__.py").write_text("from .b import x\n")
+    (package / "a.py").write_text("x = 1\n")
+    (package / "b.py").write_text("from . import a\nx = a.x\n")
+    monkeypatch.setattr(f"{__name__}.ROOT", tmp_path)
+
+    assert runtime_imports(package / "b.py", {"app", "app.a", "app.b"}) == {"app.a"}
+    assert import_circles("app") == []

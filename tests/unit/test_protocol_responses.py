@@ -1,4 +1,5 @@
-"""The response builders of ``api.protocol`` produce what OpenAI's spec describes, keys in its order.
+"""The response builders of ``api.protocol`` and ``api.completions.protocol`` produce what OpenAI's spec
+describes, keys in its order.
 
 Each builder's output is checked against the vendored spec (``tests.openai_schema.validate``); the two
 places where OpenAI's real stream departs from its own spec (``finish_reason: null`` mid-stream,
@@ -15,20 +16,15 @@ from pathlib import Path
 import pytest
 from jsonschema import Draft202012Validator
 
-from api.errors import APIError
-from api.protocol import (
-    SCHEMA_PATH,
-    body_too_large_error,
+from api.completions.protocol import (
     completion_choice,
     completion_chunk,
     completion_response,
     logprobs_dict,
-    model_list,
-    model_not_found_error,
-    model_object,
     new_completion_id,
-    usage_dict,
 )
+from api.errors import APIError
+from api.protocol import SCHEMA_PATH, body_too_large_error, model_list, model_not_found_error, model_object, usage_dict
 from tests.openai_schema import validate
 
 CREATED = 1_589_478_378

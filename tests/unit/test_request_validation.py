@@ -11,13 +11,9 @@ from typing import Any
 
 import pytest
 
+from api.completions.protocol import CompletionRequest, parse_completion_request
 from api.errors import APIError
-from api.protocol import (
-    INVALID_JSON_MESSAGE,
-    CompletionRequest,
-    body_too_large_error,
-    parse_completion_request,
-)
+from api.protocol import INVALID_JSON_MESSAGE, body_too_large_error
 from inference.sampling import SamplingParams
 from tests.openai_schema import validate
 

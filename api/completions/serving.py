@@ -2,123 +2,55 @@
 
 The view parses and authenticates; :class:`CompletionRun` does the rest of the API's semantics
 (OpenAI's legacy Completions API, ``CreateCompletionRequest``/``CreateCompletionResponse``):
-tokenising the prompts, the context-length check, one engine request per prompt, choice indices
-``prompt_index * n + j``, ``best_of`` ranking, ``echo``, ``logprobs`` with ``text_offset``, and
-the token counts that usage accounting reads, also when the run is cut short.
+tokenising the prompts, the context-length check, choice indices ``prompt_index * n + j``,
+``best_of`` ranking, ``echo``, ``logprobs`` with ``text_offset``.  One engine request per prompt,
+their merged outputs and the token counts that usage accounting reads are :mod:`api.generation`'s.
 """
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from inference.outputs import (
-    CompletionOutput,
-    EngineError,
-    EngineOverloaded,
-    EngineShuttingDown,
-    RequestOutput,
-    TokenLogprob,
-)
+from inference.outputs import TokenLogprob
 from inference.text import prompt_text_offsets, token_text
 
-from . import metrics
-from .errors import APIError
+from ..errors import APIError
+from ..generation import Candidate, Generation, Prompt
+from ..protocol import usage_dict
+from ..response_format import compile_grammar
+from ..types import CompletionChoice, CompletionChunk, CompletionLogprobs, CreateCompletionResponse
 from .protocol import (
     CompletionRequest,
     completion_choice,
     completion_chunk,
     completion_response,
     logprobs_dict,
-    usage_dict,
 )
-from .response_format import compile_grammar
-from .types import CompletionChoice, CompletionChunk, CompletionLogprobs, CreateCompletionResponse
 
 if TYPE_CHECKING:
-    from inference.engine import Engine, RequestStream
+    from inference.engine import Engine
 
 INLINE_ENCODE_CHARS = 2000  # prompts up to this many characters are tokenised on the event loop
 
 
-@dataclass
-class _Prompt:
-    """A tokenised prompt: its ids and the text that ``echo`` returns."""
+class CompletionRun(Generation):
+    """Serves one validated :class:`CompletionRequest` with ``engine`` (see :class:`api.generation.Generation`).
 
-    ids: list[int]
-    text: str
-
-
-@dataclass
-class _Choice:
-    """A candidate's accumulated output (non-streamed responses and ``best_of`` ranking)."""
-
-    text: str = ""
-    texts: list[str] = field(default_factory=list)
-    logprobs: list[TokenLogprob] = field(default_factory=list)
-    finish_reason: str | None = None
-    num_tokens: int = 0
-    cumulative_logprob: float = 0.0
-
-    def add(self, output: CompletionOutput) -> None:
-        self.text += output.text
-        self.texts.extend(output.texts)
-        self.logprobs.extend(output.logprobs or [])
-        self.finish_reason = output.finish_reason
-        self.num_tokens = output.num_tokens
-        self.cumulative_logprob = output.cumulative_logprob
-
-    @property
-    def mean_logprob(self) -> float:
-        """The mean log-probability of the tokens returned, what a client can check with ``logprobs``.
-
-        A candidate that returned no token (it ended at once) is scored by the engine's cumulative
-        log-probability, which is then that of the end-of-sequence token.
-        """
-        returned = [entry.logprob for entry in self.logprobs if entry.logprob is not None]
-        if not returned:
-            return self.cumulative_logprob
-        return sum(returned) / len(returned)
-
-
-class CompletionRun:
-    """Serves one validated :class:`CompletionRequest` with ``engine``.
-
-    Call :meth:`prepare` (tokenises; raises ``APIError`` 400 for bad token ids or an overflowing
-    context), then :meth:`start` (submits; raises ``APIError`` 503 when the engine is loading or
-    its queue is full), then either :meth:`response` or :meth:`chunks`.  :meth:`abort` stops the
-    generation; ``prompt_tokens``, ``completion_tokens`` and ``finish_reasons`` are readable at any
-    time for accounting.
+    :meth:`prepare` tokenises the prompts and raises ``APIError`` 400 for bad token ids, a missing
+    fill-in-the-middle vocabulary or an overflowing context; :meth:`response` and :meth:`chunks`
+    give the legacy shapes, choice ``prompt_index * n + j``, ``best_of`` ranked.
     """
 
     def __init__(self, engine: Engine, request: CompletionRequest, completion_id: str) -> None:
-        self.engine = engine
-        self.request = request
-        self.id = completion_id
-        self.created = int(time.time())
-        self.params = request.sampling_params()
-        if self.params.best_of > self.params.n and self.params.logprobs is None:
+        params = request.sampling_params()
+        if params.best_of > params.n and params.logprobs is None:
             # best_of ranks candidates by the mean log-probability of the tokens they return, so
             # the engine must hand those back even when the client did not ask for logprobs.
-            self.params = dataclasses.replace(self.params, logprobs=0)
-        self.prompts: list[_Prompt] = []
-        self.streams: list[RequestStream] = []
-        self.prompt_tokens = 0
-        self._tokens: dict[tuple[int, int], int] = {}  # (prompt, candidate) -> tokens generated
-        self._finish: dict[tuple[int, int], str] = {}
-        self.first_token_at: float | None = None
-
-    @property
-    def completion_tokens(self) -> int:
-        return sum(self._tokens.values())
-
-    @property
-    def finish_reasons(self) -> str:
-        """The distinct finish reasons so far, comma-separated (``"stop,length"``)."""
-        return ",".join(sorted(set(self._finish.values())))
+            params = dataclasses.replace(params, logprobs=0)
+        super().__init__(engine, completion_id, params)
+        self.request = request
 
     async def prepare(self) -> None:
         """Tokenise every prompt (in a thread: a long prompt must not stall the event loop)."""
@@ -136,7 +68,7 @@ class CompletionRun:
             if not ids:
                 ids = engine.document_start_ids()
             request.check_context_length(len(ids), engine.max_context)
-            self.prompts.append(_Prompt(ids, text))
+            self.prompts.append(Prompt(ids, text))
         self.prompt_tokens = sum(len(p.ids) for p in self.prompts)
         grammar = await compile_grammar(engine, request.response_format)
         if grammar is not None:
@@ -169,78 +101,16 @@ class CompletionRun:
             )
         return ids
 
-    def start(self) -> None:
-        """Submit one engine request per prompt, all in one group (they take prefill turns with
-        other API requests as one)."""
-        try:
-            prompts = [(f"{self.id}-{index}", prompt.ids) for index, prompt in enumerate(self.prompts)]
-            self.streams.extend(self.engine.submit_many(prompts, self.params, group=self.id))
-        except EngineError as error:
-            self.abort()
-            if isinstance(error, EngineShuttingDown):
-                metrics.draining_refused.inc()  # a deploy's refusal, not a fault
-            raise APIError(
-                str(error),
-                status=error.status,
-                type="server_error",
-                code=_submit_error_code(error),
-                headers={"Retry-After": "1"},
-            ) from error
-
-    def abort(self) -> None:
-        """Stop every prompt's generation; harmless when finished."""
-        for stream in self.streams:
-            stream.abort()
-
-    def _account(self, prompt_index: int, output: CompletionOutput) -> None:
-        if self.first_token_at is None and output.num_tokens:
-            self.first_token_at = time.monotonic()
-        self._tokens[(prompt_index, output.index)] = output.num_tokens
-        if output.finish_reason is not None:
-            self._finish[(prompt_index, output.index)] = output.finish_reason
-
-    async def _outputs(self) -> AsyncIterator[tuple[int, RequestOutput]]:
-        """Every prompt's outputs as they come, tagged with the prompt's index."""
-        if len(self.streams) == 1:
-            async for output in self.streams[0]:
-                yield 0, output
-            return
-        queue: asyncio.Queue[tuple[int, RequestOutput | BaseException | None]] = asyncio.Queue()
-
-        async def pump(index: int, stream: RequestStream) -> None:
-            try:
-                async for output in stream:
-                    queue.put_nowait((index, output))
-            except BaseException as error:  # noqa: BLE001 - handed to the consumer below
-                queue.put_nowait((index, error))
-            finally:
-                queue.put_nowait((index, None))
-
-        tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(self.streams)]
-        try:
-            remaining = len(tasks)
-            while remaining:
-                index, item = await queue.get()
-                if item is None:
-                    remaining -= 1
-                elif isinstance(item, BaseException):
-                    raise item
-                else:
-                    yield index, item
-        finally:
-            for task in tasks:
-                task.cancel()
-
     async def response(self) -> CreateCompletionResponse:
         """The whole ``CreateCompletionResponse`` once every choice has finished."""
-        candidates: dict[tuple[int, int], _Choice] = {}
+        candidates: dict[tuple[int, int], Candidate] = {}
         prompt_logprobs: dict[int, list[TokenLogprob]] = {}
-        async for prompt_index, output in self._outputs():
+        async for prompt_index, output in self.outputs():
             if output.prompt_logprobs is not None:
                 prompt_logprobs[prompt_index] = output.prompt_logprobs
             for candidate in output.outputs:
-                self._account(prompt_index, candidate)
-                candidates.setdefault((prompt_index, candidate.index), _Choice()).add(candidate)
+                self.count(prompt_index, candidate)
+                candidates.setdefault((prompt_index, candidate.index), Candidate()).add(candidate)
         choices: list[CompletionChoice] = []
         n = self.request.n
         for prompt_index, prompt in enumerate(self.prompts):
@@ -254,7 +124,7 @@ class CompletionRun:
             self.id, self.created, self.engine.model_id, choices, usage_dict(self.prompt_tokens, self.completion_tokens)
         )
 
-    def _choice(self, index: int, prompt: _Prompt, choice: _Choice, prompt_logprobs: list[TokenLogprob] | None) -> CompletionChoice:
+    def _choice(self, index: int, prompt: Prompt, choice: Candidate, prompt_logprobs: list[TokenLogprob] | None) -> CompletionChoice:
         text = (prompt.text if self.request.echo else "") + choice.text
         logprobs = None
         if self.request.logprobs is not None:
@@ -267,7 +137,7 @@ class CompletionRun:
         texts: list[str],
         entries: list[TokenLogprob],
         prompt_logprobs: list[TokenLogprob] | None,
-        prompt: _Prompt,
+        prompt: Prompt,
         offset: int | None = None,
     ) -> CompletionLogprobs:
         """``logprobs`` for ``entries`` (whose texts are ``texts``), preceded by ``prompt_logprobs`` if given.
@@ -311,12 +181,12 @@ class CompletionRun:
         # The engine sends a prompt's logprobs once; every choice of that prompt echoes them.
         prompt_logprobs: dict[int, list[TokenLogprob]] = {}
         model = self.engine.model_id
-        async for prompt_index, output in self._outputs():
+        async for prompt_index, output in self.outputs():
             prompt = self.prompts[prompt_index]
             if output.prompt_logprobs is not None:
                 prompt_logprobs[prompt_index] = output.prompt_logprobs
             for candidate in output.outputs:
-                self._account(prompt_index, candidate)
+                self.count(prompt_index, candidate)
                 key = (prompt_index, candidate.index)
                 text = candidate.text
                 logprobs = None
@@ -341,11 +211,3 @@ class CompletionRun:
                 include_usage=True,
             )
 
-
-def _submit_error_code(error: EngineError) -> str | None:
-    """The ``code`` of a submission the engine refused: a full queue, or a process shutting down."""
-    if isinstance(error, EngineShuttingDown):
-        return "server_shutting_down"  # the same code as the draining process's own 503
-    if isinstance(error, EngineOverloaded):
-        return "server_overloaded"
-    return None

@@ -1,9 +1,8 @@
-"""OpenAI's error shape, one exception type and one response helper for the whole API.
+"""Invalid parameters in OpenAI's words: JSON Schema errors and the rules beyond a schema as ``APIError``.
 
-Every error leaves the server as ``{"error": {"message", "type", "param", "code"}}`` with all four
-keys present (the spec's ``Error`` schema in ``openai-openapi.yaml`` requires them all).
-Invalid parameters get OpenAI's ``code`` and wording from one mapping, :func:`schema_error`, and the
-builders beside it (``invalid_type_error``, ``above_maximum_error``, ...) for rules beyond a schema.
+:func:`schema_error` maps what a jsonschema validator reports to OpenAI's ``code`` and message, and
+the builders beside it (``invalid_type_error``, ``above_maximum_error``, ...) say the same for rules a
+schema cannot express, so that every 400 reads alike (:mod:`api.errors.shape` is the error itself).
 """
 from __future__ import annotations
 
@@ -11,61 +10,16 @@ import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from django.http import JsonResponse
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError, relevance
 from referencing import Registry
 from referencing.exceptions import Unresolvable
 from referencing.jsonschema import DRAFT202012
 
+from .shape import APIError
+
 if TYPE_CHECKING:
     from referencing._core import Resolver  # the type of Registry().resolver(); not exported elsewhere
-
-
-class APIError(Exception):
-    """An error that becomes an HTTP response (or an in-band SSE error event after the first byte).
-
-    ``status`` is the HTTP status; ``type``, ``param`` and ``code`` are OpenAI's fields, e.g.
-    ``APIError("Invalid 'n': ...", param="n", code="integer_above_max_value")`` (the builders below
-    make these).
-    ``headers`` are extra response headers such as ``Retry-After``.
-    """
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        status: int = 400,
-        type: str = "invalid_request_error",
-        param: str | None = None,
-        code: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status = status
-        self.type = type
-        self.param = param
-        self.code = code
-        self.headers = headers or {}
-
-    def to_dict(self) -> dict:
-        """The JSON body: ``{"error": {"message", "type", "param", "code"}}``."""
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
-
-def error_response(error: APIError) -> JsonResponse:
-    """The JSON HTTP response for ``error``, with its status and extra headers.
-
-    Django's ``django.request`` logger does not log it a second time: the access log
-    (``api/access.py``) has one line for every request, its status included.  (Django's private
-    flag; an uncaught exception's 500 is still logged with its traceback.)
-    """
-    response = JsonResponse(error.to_dict(), status=error.status)
-    for name, value in error.headers.items():
-        response[name] = value
-    response._has_been_logged = True  # type: ignore[attr-defined]
-    return response
 
 
 # --- Invalid parameters, in OpenAI's words -------------------------------------------------------

@@ -11,9 +11,7 @@ What the engine cannot do is refused with a 400 naming the parameter, never sile
 roles, and image, audio, file and refusal content parts.  Fields that change nothing about the
 output (``metadata``, ``store``, ``service_tier``, ``prompt_cache_key``, ...) are accepted.
 
-:class:`ChatRun` serves a request with the legacy endpoint's machinery
-(:class:`api.serving.CompletionRun`): engine streams, usage counters and aborts are the same; the
-prompt is the model's chat template and the outputs take the chat shapes.
+:class:`api.chat.serving.ChatRun` serves the request; this module is its protocol alone.
 """
 
 from __future__ import annotations
@@ -22,7 +20,6 @@ import copy
 import dataclasses
 import math
 import secrets
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING, Any
@@ -34,22 +31,19 @@ from jsonschema.exceptions import relevance
 from inference.outputs import TokenLogprob
 from inference.text import token_bytes, token_text
 
-from .errors import APIError, schema_error, string_too_short_error, unrecognized_arguments_error
-from .protocol import (
+from ..errors import APIError, schema_error, string_too_short_error, unrecognized_arguments_error
+from ..protocol import (
     DEFAULT_MAX_N,
     INT64_RANGE,
     INVALID_JSON_MESSAGE,
     StreamAndStopFields,
-    _check_logit_bias,
-    _check_range,
-    _check_unicode,
-    _reject_constant,
-    _spec_document,
-    usage_dict,
+    check_logit_bias,
+    check_range,
+    check_unicode,
+    reject_constant,
+    spec_document,
 )
-from .response_format import compile_grammar
-from .serving import CompletionRun, _Choice, _Prompt
-from .types import CompletionUsage
+from ..types import CompletionUsage
 
 if TYPE_CHECKING:
     from inference.sampling import SamplingParams
@@ -83,7 +77,7 @@ NOT_A_CHAT_MODEL = (
 @cache
 def _validator() -> Draft202012Validator:
     """``CreateChatCompletionRequest`` without the ``n`` maximum (``API_MAX_N`` applies instead)."""
-    document = copy.deepcopy(_spec_document())
+    document = copy.deepcopy(spec_document())
     document["$defs"][REQUEST_SCHEMA]["allOf"][1]["properties"]["n"].pop("maximum", None)
     return Draft202012Validator({**document, "$ref": f"#/$defs/{REQUEST_SCHEMA}"})
 
@@ -91,7 +85,7 @@ def _validator() -> Draft202012Validator:
 @cache
 def _known_fields() -> frozenset[str]:
     """Every property the spec's request schema names, through its ``allOf`` and ``$ref`` s."""
-    definitions = _spec_document()["$defs"]
+    definitions = spec_document()["$defs"]
 
     def names(schema: dict[str, Any]) -> set[str]:
         found = set(schema.get("properties", ()))
@@ -130,14 +124,9 @@ class ChatCompletionRequest(StreamAndStopFields):
     top_p: float = 1.0
     user: str | None = None
 
-    # The legacy request's attributes that CompletionRun reads.
-    echo = False
-    suffix = None
-    best_of = 1
-
     @property
     def max_tokens(self) -> int:
-        """The most tokens any choice may generate, once :meth:`ChatRun.prepare` knows the prompt."""
+        """The most tokens any choice may generate, once :meth:`api.chat.serving.ChatRun.prepare` knows the prompt."""
         return self.max_completion_tokens or 1
 
     def sampling_params(self, *, max_tokens: int | None = None) -> SamplingParams:
@@ -161,7 +150,7 @@ class ChatCompletionRequest(StreamAndStopFields):
 
     def check_token_ids(self, vocab_size: int) -> None:
         """``logit_bias`` keys must be this model's token ids (400 ``invalid_value``, ``logit_bias``)."""
-        from .errors import invalid_value_error
+        from ..errors import invalid_value_error
 
         for key in self.logit_bias or {}:
             if not 0 <= int(key) < vocab_size:
@@ -182,7 +171,7 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
     import json
 
     try:
-        data = json.loads(body, parse_constant=_reject_constant)
+        data = json.loads(body, parse_constant=reject_constant)
     except (ValueError, RecursionError):
         raise APIError(INVALID_JSON_MESSAGE) from None
     if isinstance(data, dict):
@@ -193,10 +182,10 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
     error = max(_validator().iter_errors(data), key=relevance, default=None)
     if error is not None:
         raise schema_error(error, root=_validator().schema)
-    _check_unicode(data)
+    check_unicode(data)
     _check_unsupported(data)
     if "logit_bias" in data:
-        data["logit_bias"] = _check_logit_bias(data["logit_bias"])
+        data["logit_bias"] = check_logit_bias(data["logit_bias"])
     for name in ("n", "seed", "max_tokens", "max_completion_tokens", "top_logprobs"):
         if name in data:
             data[name] = int(data[name])
@@ -274,10 +263,10 @@ def _check_rules(data: dict[str, Any]) -> None:
     """The rules the schema cannot express, each naming its ``param`` in the schema errors' codes."""
     for name in ("max_completion_tokens", "max_tokens"):
         if name in data:
-            _check_range(data[name], 1, 2**31 - 1, name)
-    _check_range(data.get("n", 1), 1, getattr(settings, "API_MAX_N", DEFAULT_MAX_N), "n")
+            check_range(data[name], 1, 2**31 - 1, name)
+    check_range(data.get("n", 1), 1, getattr(settings, "API_MAX_N", DEFAULT_MAX_N), "n")
     if "seed" in data:
-        _check_range(data["seed"], *INT64_RANGE, "seed")
+        check_range(data["seed"], *INT64_RANGE, "seed")
     if "top_logprobs" in data and not data.get("logprobs"):
         raise APIError(
             "Invalid value for 'top_logprobs': 'logprobs' must be set to true when 'top_logprobs' is set.",
@@ -375,97 +364,3 @@ def token_logprob(tokenizer: Any, entry: TokenLogprob) -> dict[str, Any]:
     top = [item(token_id, value) for token_id, value in entry.top if math.isfinite(value)]
     logprob = entry.logprob if entry.logprob is not None else float("-inf")  # generated tokens always have one
     return {**item(entry.token_id, logprob), "top_logprobs": top}
-
-
-# --- Serving --------------------------------------------------------------------------------------
-
-
-class ChatRun(CompletionRun):
-    """Serves one :class:`ChatCompletionRequest`: :meth:`prepare`, :meth:`start`, then
-    :meth:`response` or :meth:`chunks` (see :class:`api.serving.CompletionRun`)."""
-
-    request: ChatCompletionRequest  # type: ignore[assignment]  # a chat request, read by the overrides below
-
-    async def prepare(self) -> None:
-        """Apply the chat template, check the context, compile ``response_format``.
-
-        Raises ``APIError``: 404 (``param: "model"``, OpenAI's words) for a model without a chat
-        template; 400 ``context_length_exceeded`` (``messages``, or the token limit's name) when the
-        prompt and the limit do not fit; 400 naming ``response_format`` for a schema the grammar
-        library cannot compile; 400 for ``logit_bias`` keys outside the vocabulary.
-        """
-        import asyncio
-
-        engine, request = self.engine, self.request
-        if not engine.has_chat_template:
-            raise APIError(NOT_A_CHAT_MODEL, status=404, param="model", code="model_not_found")
-        request.check_token_ids(engine.vocab_size)
-        from jinja2 import TemplateError
-
-        try:
-            ids = await asyncio.to_thread(engine.chat_prompt_ids, request.messages)
-        except TemplateError as error:  # the model's template refuses the conversation (a role it lacks)
-            raise APIError(f"The model's chat template refused the messages: {error}", param="messages") from error
-        remainder = engine.max_context - len(ids)
-        limit = request.max_completion_tokens
-        if remainder < 1 or (limit is not None and limit > remainder):
-            raise APIError(
-                f"This model's maximum context length is {engine.max_context} tokens. However, your messages "
-                f"resulted in {len(ids)} tokens"
-                + (f" and you requested {limit} completion tokens." if limit else ".")
-                + " Please reduce the length of the messages or completion.",
-                param="messages" if remainder < 1 else "max_completion_tokens",
-                code="context_length_exceeded",
-            )
-        grammar = await compile_grammar(engine, request.response_format)
-        self.params = dataclasses.replace(request.sampling_params(max_tokens=limit or remainder), grammar=grammar)
-        self.prompts = [_Prompt(ids, "")]
-        self.prompt_tokens = len(ids)
-
-    @property
-    def _fingerprint(self) -> str:
-        return self.engine.system_fingerprint
-
-    def _chat_logprobs(self, entries: list[TokenLogprob] | None) -> list[dict] | None:
-        if not self.request.logprobs:
-            return None
-        return [token_logprob(self.engine.tokenizer, entry) for entry in entries or []]
-
-    # The chat shapes replace the legacy ones: ChatRun shares CompletionRun's engine plumbing
-    # (streams, counters, aborts), not its response types.
-    async def response(self) -> dict[str, Any]:  # type: ignore[override]
-        """The whole ``CreateChatCompletionResponse`` once every choice has finished."""
-        candidates: dict[int, _Choice] = {}
-        async for _, output in self._outputs():
-            for candidate in output.outputs:
-                self._account(0, candidate)
-                candidates.setdefault(candidate.index, _Choice()).add(candidate)
-        choices = [
-            chat_choice(i, candidates[i].text, candidates[i].finish_reason, self._chat_logprobs(candidates[i].logprobs))
-            for i in range(self.request.n)
-        ]
-        usage = usage_dict(self.prompt_tokens, self.completion_tokens)
-        return chat_response(self.id, self.created, self.engine.model_id, self._fingerprint, choices, usage)
-
-    async def chunks(self) -> AsyncIterator[dict[str, Any]]:  # type: ignore[override]
-        """The stream: a ``delta.role`` chunk per choice first, then ``delta.content`` pieces, a last
-        chunk per choice with ``finish_reason`` and an empty delta, then the usage chunk if asked."""
-        include_usage = self.request.include_usage
-        model, fingerprint = self.engine.model_id, self._fingerprint
-
-        def chunk(choice: dict[str, Any]) -> dict[str, Any]:
-            return chat_chunk(self.id, self.created, model, fingerprint, [choice], include_usage=include_usage)
-
-        for index in range(self.request.n):
-            yield chunk(chunk_choice(index, {"role": "assistant", "content": "", "refusal": None}))
-        async for _, output in self._outputs():
-            for candidate in output.outputs:
-                self._account(0, candidate)
-                if candidate.text or candidate.logprobs:
-                    logprobs = self._chat_logprobs(candidate.logprobs)
-                    yield chunk(chunk_choice(candidate.index, {"content": candidate.text}, logprobs=logprobs))
-                if candidate.finish_reason is not None:
-                    yield chunk(chunk_choice(candidate.index, {}, candidate.finish_reason))
-        if include_usage:
-            usage = usage_dict(self.prompt_tokens, self.completion_tokens)
-            yield chat_chunk(self.id, self.created, model, fingerprint, [], usage=usage, include_usage=True)

@@ -1,0 +1,140 @@
+"""One generation request's accounting: its single usage record and its admission by the key's limits.
+
+:class:`RequestUsage` is made once a request is authenticated and finished exactly once, in every
+path (answered, refused, failed, streamed, interrupted, or dropped before its first byte), writing one
+:class:`keys.models.UsageRecord` with the tokens the run generated so far and settling the tokens
+it reserved with :mod:`keys.limits`.  A draining process waits for every open one (:mod:`api.draining`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from keys import limits
+from keys.auth import touch_last_used
+from keys.models import APIKey
+from keys.usage import record_usage
+
+from . import draining, metrics
+from .auth import admission_headers, admit, current_headers
+from .errors import APIError
+from .generation import Generation
+
+logger = logging.getLogger(__name__)
+
+
+class RequestUsage:
+    """Collects one request's accounting and writes its single usage record.
+
+    It also holds the request's admission by the per-key limits (:mod:`keys.limits`): the tokens
+    it reserved are settled to the real count in :meth:`finish`, in every path.  ``record`` is the
+    usage record's fields once written (the access log reads them).
+    """
+
+    def __init__(self, api_key: APIKey, request_id: str, endpoint: str, notes: dict[str, Any] | None = None) -> None:
+        self.api_key = api_key
+        self.notes = {} if notes is None else notes  # the access-log fields of the request (api/access.py)
+        self.request_id = request_id
+        self.endpoint = endpoint
+        self.started = time.monotonic()
+        self.model = ""
+        self.stream = False
+        self.user = ""
+        self.run: Generation | None = None
+        self.submitted = False  # whether the engine took the request (only then are tokens charged)
+        self.written = False
+        self.admission: limits.Admission | None = None
+        self.limit_headers: dict[str, str] | None = None
+        self.loop = asyncio.get_running_loop()
+        draining.state.opened(self)  # a draining process waits for this record before it exits
+
+    async def admit(self, run: Generation) -> None:
+        """The limits hook: reserve the request's largest cost before the engine sees it, or 429.
+
+        The largest cost is the prompt tokens plus ``max_tokens`` for every candidate of every
+        prompt (``best_of`` candidates, which is ``n`` unless ``best_of`` is sent).
+        """
+        tokens = run.prompt_tokens + run.params.max_tokens * run.params.best_of * len(run.prompts)
+        try:
+            self.admission = await admit(self.api_key, self.request_id, tokens)
+        except APIError as error:
+            self.limit_headers = {k: v for k, v in error.headers.items() if k.startswith("x-ratelimit-")}
+            raise
+        self.limit_headers = admission_headers(self.admission)
+
+    async def rate_limit_headers(self) -> dict[str, str]:
+        """The key's ``x-ratelimit-*`` headers, as of this request (read, not counted, if refused early)."""
+        if self.limit_headers is None:
+            self.limit_headers = await current_headers(self.api_key)
+        return self.limit_headers
+
+    async def finish(self, status: int, *, error_type: str = "") -> None:
+        """Write the record once and settle the reservation; shielded, so a disconnect cannot cancel them.
+
+        Tokens are recorded only for a request the engine took: one the limits refused, or the
+        engine's full queue (503), never reached the engine, and costs nothing.
+        """
+        if self.written:
+            return
+        self.written = True
+        interrupted = error_type == "interrupted"
+        run = self.run if self.submitted else None
+        finish_reason = "interrupted" if interrupted else (run.finish_reasons if run else "")
+        if error_type == "server_error" and not interrupted:
+            finish_reason = "error"
+        first = run.first_token_at if run else None
+        fields = dict(
+            request_id=self.request_id,
+            api_key=self.api_key,
+            model=self.model,
+            endpoint=self.endpoint,
+            prompt_tokens=run.prompt_tokens if run else 0,
+            completion_tokens=run.completion_tokens if run else 0,
+            stream=self.stream,
+            status_code=status,
+            finish_reason=finish_reason,
+            error_type=error_type,
+            latency_ms=(time.monotonic() - self.started) * 1000,
+            time_to_first_token_ms=None if first is None else (first - self.started) * 1000,
+            user=self.user,
+        )
+        self.notes["usage_record"] = fields  # what the access-log line reads
+        draining.state.closed(self)
+        write = draining.state.writing(_write_usage(self.api_key, fields, self.admission))
+        try:
+            await asyncio.shield(write)
+        except asyncio.CancelledError:
+            pass  # the shielded write goes on, and the process waits for it before it exits
+
+    def __del__(self) -> None:
+        # A streamed response dropped before its first byte (the client left while the middleware
+        # ran) never starts its generator, so no finally of ours runs: account for it here.
+        if self.written or self.loop.is_closed():
+            return
+        if self.run is not None:
+            self.run.abort()
+        self.loop.call_soon_threadsafe(_keep_running, self.finish, 499)
+
+
+_finishing: set[asyncio.Task] = set()
+
+
+def _keep_running(finish, status: int) -> None:
+    task = asyncio.ensure_future(finish(status, error_type="interrupted"))
+    _finishing.add(task)  # the loop keeps only weak references to tasks
+    task.add_done_callback(_finishing.discard)
+
+
+async def _write_usage(api_key: APIKey, fields: dict, admission: limits.Admission | None) -> None:
+    try:
+        await record_usage(**fields)
+        await touch_last_used(api_key)
+    except Exception:
+        metrics.usage_record_failures.inc()
+        logger.exception("Could not record usage for %s", fields.get("request_id"))
+    finally:
+        if admission is not None:
+            await admission.settle(fields["prompt_tokens"] + fields["completion_tokens"])

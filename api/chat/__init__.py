@@ -1,0 +1,1 @@
+"""``POST /v1/chat/completions``: its protocol (request, checks, response shapes) and its serving."""

@@ -1,0 +1,1 @@
+"""``POST /v1/completions``: its protocol (request, checks, response shapes) and its serving (a request in flight)."""
