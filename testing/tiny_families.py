@@ -15,6 +15,10 @@ from pathlib import Path
 import numpy as np
 import torch
 from transformers import (
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
@@ -54,7 +58,37 @@ FAMILIES = {
         "hidden_size": 256, "intermediate_size": 896, "num_attention_heads": 4, "num_key_value_heads": 1,
         "head_dim": 64, "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "sliding_window": 8,
     }, "llama"),
+    # Gemma-2-2B: 8 / 4 heads of 256, heads * head_dim 0.89 of the hidden size (here 4 / 2 of 64 over
+    # 288), MLP 4 times, attention scale head_dim ** -0.5, soft-caps 50 and 30, local layers (window
+    # 4096 of 8192, here 6 of 256) alternating with global ones from the first, tied.
+    "gemma2": (Gemma2ForCausalLM, Gemma2Config, {
+        "hidden_size": 288, "intermediate_size": 1152, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 64, "query_pre_attn_scalar": 64, "rms_norm_eps": 1e-6, "sliding_window": 6,
+        "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0, "tie_word_embeddings": True,
+    }, "gemma2"),
+    # Gemma-3-1B: 4 / 1 heads of 256 (here of 64 over 288), MLP 6 times, q/k norms, five local layers
+    # (window 512, here 6) to one global (so 6 layers here), rope bases 1e4 local and 1e6 global with
+    # Gemma-3-4B's linear scaling (factor 8) on the global layers, tied.
+    "gemma3": (Gemma3ForCausalLM, Gemma3TextConfig, {
+        "hidden_size": 288, "intermediate_size": 1728, "num_attention_heads": 4, "num_key_value_heads": 1,
+        "head_dim": 64, "query_pre_attn_scalar": 64, "rms_norm_eps": 1e-6, "sliding_window": 6,
+        "num_hidden_layers": 6, "tie_word_embeddings": True,
+        "rope_parameters": {
+            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+        },
+    }, "gemma3"),
 }  # fmt: skip
+# Gemma's layer norms under GGUF names (transformers' post_attention_layernorm is the attention's
+# output norm there, not the MLP's input norm as in Llama).
+GEMMA_NORMS = {
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "post_attention_norm",
+    "pre_feedforward_layernorm": "ffn_norm",
+    "post_feedforward_layernorm": "post_ffw_norm",
+}
+# What each architecture's converter adds to a norm's scales (Gemma's x * (1 + w) stored as w + 1).
+NORM_OFFSETS = {"gemma2": 1.0, "gemma3": 1.0}
 LAYERS = 2
 
 
@@ -64,7 +98,7 @@ def tiny_family_model(name: str, seed: int = 0, **overrides):
     model_class, config_class, shape, _ = FAMILIES[name]
     torch.manual_seed(seed)
     config = config_class(
-        vocab_size=VOCAB, num_hidden_layers=LAYERS, max_position_embeddings=256, **{**shape, **overrides}
+        **{"vocab_size": VOCAB, "num_hidden_layers": LAYERS, "max_position_embeddings": 256, **shape, **overrides}
     )
     model = model_class(config).eval()
     with torch.no_grad():
@@ -79,6 +113,8 @@ def gguf_names(model) -> dict[str, str]:
     if not model.config.tie_word_embeddings:
         names["lm_head.weight"] = "output.weight"
     parts = {**family.LAYER_TENSORS, "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
+    if model.config.model_type in ("gemma2", "gemma3_text"):
+        parts.update(GEMMA_NORMS)
     state = model.state_dict()
     for index in range(model.config.num_hidden_layers):
         for hf, ours in parts.items():
@@ -115,13 +151,16 @@ def write_gguf(
     writer.add_head_count(config.num_attention_heads)
     writer.add_head_count_kv(config.num_key_value_heads if corrupt != "kv_heads" else 3)
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_rope_freq_base(float((config.rope_parameters or {}).get("rope_theta", 10000.0)))
+    if architecture != "gemma3":  # Gemma 3's rope_parameters are per layer type (see _write_gemma_metadata)
+        writer.add_rope_freq_base(float((config.rope_parameters or {}).get("rope_theta", 10000.0)))
     dim = family.head_dim(config)
     if dim != config.hidden_size // config.num_attention_heads:
         writer.add_key_length(dim)
         writer.add_value_length(dim)
     if getattr(config, "sliding_window", None):
         writer.add_sliding_window(config.sliding_window)
+    _write_gemma_metadata(writer, config, architecture)
+    offset = NORM_OFFSETS.get(architecture, 0.0)
     state = {name: tensor.detach().float().numpy() for name, tensor in model.state_dict().items()}
     stored = {}
     qtype = gguf.GGMLQuantizationType(kind)
@@ -129,6 +168,8 @@ def write_gguf(
         values = state[hf]
         if architecture == "llama" and (".attn_q." in name or ".attn_k." in name):
             values = permute(values, _heads(config, name))
+        if name.endswith("norm.weight"):
+            values = values + offset
         if values.ndim == 1:
             writer.add_tensor(name, values.astype(np.float32))
             stored[name] = values
@@ -149,14 +190,35 @@ def write_gguf(
     return stored
 
 
+def _write_gemma_metadata(writer, config, architecture: str) -> None:
+    """What ``convert_hf_to_gguf``'s ``Gemma2Model``/``Gemma3Model`` write beyond the shared keys."""
+    if architecture == "gemma2":
+        writer.add_attn_logit_softcapping(config.attn_logit_softcapping)
+        writer.add_final_logit_softcapping(config.final_logit_softcapping)
+    elif architecture == "gemma3":
+        full = config.rope_parameters["full_attention"]
+        writer.add_rope_freq_base(float(full["rope_theta"]))
+        if full.get("rope_type") == "linear":
+            import gguf
+
+            writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            writer.add_rope_scaling_factor(float(full["factor"]))
+        if config.final_logit_softcapping:
+            writer.add_final_logit_softcapping(config.final_logit_softcapping)
+
+
 def stored_reference(model, stored: dict[str, np.ndarray], *, architecture: str = "llama"):
     """``model`` with every weight replaced by what the file stores, q/k rows back in transformers'
-    order where the architecture permuted them; returns ``model``."""
+    order where the architecture permuted them, norm offsets taken off where the converter added
+    them; returns ``model``."""
     names = gguf_names(model)
+    offset = NORM_OFFSETS.get(architecture, 0.0)
     state = {}
     for name, tensor in model.state_dict().items():
         ours = names.get(name, "token_embd.weight")  # a tied lm_head.weight is the embedding's
         values = torch.from_numpy(stored[ours].copy()).reshape(tensor.shape)
+        if ours.endswith("norm.weight"):
+            values = values - offset
         if architecture == "llama" and (".attn_q." in ours or ".attn_k." in ours):
             values = values[family.unpermute_rows(values.shape[0], _heads(model.config, ours))]
         state[name] = values

@@ -8,7 +8,9 @@ window of each layer (:func:`layer_windows`: Mistral's, Qwen2's when enabled).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from transformers import PretrainedConfig
 
@@ -20,14 +22,30 @@ class Family:
     ``config_class``: the transformers config a GGUF file's metadata becomes.  ``permuted_qk``:
     llama.cpp's converter interleaved each head's rotary halves in the GGUF's q/k rows (its
     ``LlamaModel.permute``, architecture ``llama`` only).  ``qk_norm``: an RMSNorm of each query
-    and key head (``[head_dim]`` scales) before the rotary embeddings (Qwen3)."""
+    and key head (``[head_dim]`` scales) before the rotary embeddings (Qwen3, Gemma 3).
+
+    Gemma's differences: ``norm_offset``, what transformers' RMSNorms add to their stored scales
+    (``x * (1 + w)``; the loader adds it, so the runner multiplies by the scale as it is; a GGUF
+    file stores ``w + 1`` already, as llama.cpp's converter writes it).  ``activation``: the MLP's
+    gate activation, transformers' ``hidden_act``/``hidden_activation`` name (``silu``: SwiGLU;
+    ``gelu_pytorch_tanh``: GeGLU).  ``embedding_scale``: the embeddings are multiplied by
+    ``sqrt(hidden_size)``.  ``sandwich_norms``: an RMSNorm of the attention's and of the MLP's
+    output before each is added to the residual stream (GGUF ``post_attention_norm``,
+    ``post_ffw_norm``; the MLP's input norm is then transformers' ``pre_feedforward_layernorm``).
+    ``gguf_config``: the family's own transformers config arguments from a GGUF file's metadata
+    (``(file, architecture) -> dict``), over the ones every family shares."""
 
     name: str
     architectures: tuple[str, ...]
     model_types: tuple[str, ...]
-    config_class: type[PretrainedConfig]
+    config_class: Callable[..., PretrainedConfig]  # a transformers config class
     permuted_qk: bool = False
     qk_norm: bool = False
+    norm_offset: float = 0.0
+    activation: str = "silu"
+    embedding_scale: bool = False
+    sandwich_norms: bool = False
+    gguf_config: Callable[[Any, str], dict[str, Any]] | None = None
 
 
 _FAMILIES: list[Family] = []
