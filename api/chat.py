@@ -31,7 +31,7 @@ from django.conf import settings
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import relevance
 
-from inference.outputs import TokenLogprob
+from inference.outputs import ChatTemplateError, TokenLogprob
 from inference.text import token_bytes, token_text
 
 from .errors import APIError, schema_error, string_too_short_error, unrecognized_arguments_error
@@ -390,7 +390,8 @@ class ChatRun(CompletionRun):
         """Apply the chat template, check the context, compile ``response_format``.
 
         Raises ``APIError``: 404 (``param: "model"``, OpenAI's words) for a model without a chat
-        template; 400 ``context_length_exceeded`` (``messages``, or the token limit's name) when the
+        template; 400 naming ``messages`` for messages the template refuses (its own words, e.g.
+        Gemma's for a system role); 400 ``context_length_exceeded`` (``messages``, or the token limit's name) when the
         prompt and the limit do not fit; 400 naming ``response_format`` for a schema the grammar
         library cannot compile; 400 for ``logit_bias`` keys outside the vocabulary.
         """
@@ -400,7 +401,10 @@ class ChatRun(CompletionRun):
         if not engine.has_chat_template:
             raise APIError(NOT_A_CHAT_MODEL, status=404, param="model", code="model_not_found")
         request.check_token_ids(engine.vocab_size)
-        ids = await asyncio.to_thread(engine.chat_prompt_ids, request.messages)
+        try:
+            ids = await asyncio.to_thread(engine.chat_prompt_ids, request.messages)
+        except ChatTemplateError as error:
+            raise APIError(f"The model's chat template refused these messages: {error}", param="messages") from error
         remainder = engine.max_context - len(ids)
         limit = request.max_completion_tokens
         if remainder < 1 or (limit is not None and limit > remainder):

@@ -134,16 +134,79 @@ def _heads(config, name: str) -> int:
     return int(config.num_attention_heads if ".attn_q." in name else config.num_key_value_heads)
 
 
+# Google's chat templates (tokenizer_config.json): Gemma 2's refuses a system role; Gemma 3's puts
+# the system message at the head of the first user turn.  Both call the assistant "model".
+GEMMA2_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+    "{% endif %}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% if (message['role'] == 'assistant') %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}"
+    "{% endif %}{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}"
+)
+GEMMA3_CHAT_TEMPLATE = (
+    "{{ bos_token }}{%- if messages[0]['role'] == 'system' -%}{%- if messages[0]['content'] is string -%}"
+    "{%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}{%- else -%}"
+    "{%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}{%- endif -%}"
+    '{%- set loop_messages = messages[1:] -%}{%- else -%}{%- set first_user_prefix = "" -%}'
+    "{%- set loop_messages = messages -%}{%- endif -%}{%- for message in loop_messages -%}"
+    "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}"
+    '{{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}{%- endif -%}'
+    "{%- if (message['role'] == 'assistant') -%}{%- set role = \"model\" -%}{%- else -%}"
+    "{%- set role = message['role'] -%}{%- endif -%}"
+    "{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else \"\") }}"
+    "{%- if message['content'] is string -%}{{ message['content'] | trim }}"
+    "{%- elif message['content'] is iterable -%}{%- for item in message['content'] -%}"
+    "{%- if item['type'] == 'text' -%}{{ item['text'] | trim }}{%- endif -%}{%- endfor -%}"
+    "{%- else -%}{{ raise_exception(\"Invalid content type\") }}{%- endif -%}{{ '<end_of_turn>\n' }}"
+    "{%- endfor -%}{%- if add_generation_prompt -%}{{'<start_of_turn>model\n'}}{%- endif -%}"
+)
+# A Gemma-like SentencePiece vocabulary of VOCAB tokens: Gemma's special tokens at Gemma's ids
+# (pad 0, eos 1, bos 2, unk 3; <start_of_turn>/<end_of_turn> are 106/107 in Gemma's own), then
+# one token per character of plain English text and a few words.
+GEMMA_SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
+_PIECES = ["\u2581", *"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,!?'\n"]
+_PIECES += ["\u2581" + word for word in ("Hi", "Be", "brief", "hello", "there", "How", "are", "you")]
+GEMMA_TOKENS = GEMMA_SPECIALS + _PIECES + [f"<unused{i}>" for i in range(VOCAB - len(GEMMA_SPECIALS) - len(_PIECES))]
+
+
+def _write_gemma_tokenizer(writer, chat_template: str) -> None:
+    """A SentencePiece (``llama``) tokenizer of :data:`GEMMA_TOKENS`, as ``convert_hf_to_gguf``
+    writes Gemma's, with ``chat_template``."""
+    specials = len(GEMMA_SPECIALS)
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(GEMMA_TOKENS)
+    writer.add_token_scores([0.0] * specials + [-float(i) for i in range(len(GEMMA_TOKENS) - specials)])
+    writer.add_token_types([3, 3, 3, 2, 3, 3] + [1] * (len(GEMMA_TOKENS) - specials))  # control, unknown, normal
+    writer.add_pad_token_id(0)
+    writer.add_eos_token_id(1)
+    writer.add_bos_token_id(2)
+    writer.add_unk_token_id(3)
+    writer.add_add_bos_token(True)
+    writer.add_add_eos_token(False)
+    writer.add_add_space_prefix(False)
+    writer.add_chat_template(chat_template)
+
+
 def write_gguf(
-    model, path: Path, kind: int, *, architecture: str = "llama", corrupt: str = ""
+    model,
+    path: Path,
+    kind: int,
+    *,
+    architecture: str = "llama",
+    corrupt: str = "",
+    chat_template: str | None = None,
 ) -> dict[str, np.ndarray]:
     """Write ``model`` as a GGUF file of ``architecture`` with its matrices in ggml type ``kind``
     (vectors in F32, as llama.cpp keeps them); returns the values each tensor holds as stored
-    (dequantized), under GGUF names.  ``corrupt="kv_heads"`` writes a wrong KV head count."""
+    (dequantized), under GGUF names.  ``corrupt="kv_heads"`` writes a wrong KV head count.
+    ``chat_template``: with Gemma's tokenizer (:data:`GEMMA_TOKENS`) and this template."""
     import gguf
 
     config = model.config
     writer = gguf.GGUFWriter(str(path), architecture)
+    if chat_template is not None:
+        _write_gemma_tokenizer(writer, chat_template)
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
     writer.add_block_count(config.num_hidden_layers)

@@ -140,3 +140,84 @@ def test_a_gguf_gemma_reads_its_family_settings_from_the_metadata(tmp_path, name
     for key in ("sliding_window", "query_pre_attn_scalar", "final_logit_softcapping", "attn_logit_softcapping"):
         assert getattr(config, key) == getattr(expected, key), key
     assert config.rope_parameters == expected.rope_parameters
+
+
+# --- the chat template and the stop token of a GGUF file ------------------------------------------
+
+# Conversations and what Gemma 3's template makes of them (transformers' apply_chat_template with
+# Google's template): no system turn, its text at the head of the first user turn; "model" turns.
+CONVERSATIONS = [
+    ([{"role": "user", "content": "Hi"}], "<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n"),
+    (
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+        "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\n",
+    ),
+    (
+        [
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "hello there"},
+            {"role": "user", "content": " How are you? "},
+        ],
+        "<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\nhello there<end_of_turn>\n"
+        "<start_of_turn>user\nHow are you?<end_of_turn>\n<start_of_turn>model\n",
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def gemma_engine(tmp_path_factory):
+    """An engine serving a tiny Gemma 3 GGUF file with Gemma's tokenizer and chat template."""
+    from inference.engine import Engine, EngineConfig
+    from inference.model_loader import ModelConfig
+
+    _needs_kernels()
+    folder = tmp_path_factory.mktemp("gemma")
+    model = tiny_families.tiny_family_model("gemma3")
+    path = folder / "tiny-gemma.gguf"
+    tiny_families.write_gguf(
+        model, path, ggml.Q8_0, architecture="gemma3", chat_template=tiny_families.GEMMA3_CHAT_TEMPLATE
+    )
+    # MODEL_PATH naming the file: the engine loads it as a server does (the default cache: our
+    # kernels built once there).
+    engine = Engine(ModelConfig(path=str(path), model_id="tiny-gemma", device="cpu"), EngineConfig(max_batch_size=2))
+    engine.start()
+    assert engine.wait_ready(120), engine.load_error
+    yield engine
+    engine.stop()
+
+
+@pytest.mark.parametrize("messages, text", CONVERSATIONS)
+def test_a_gguf_gemmas_chat_prompt_is_its_templates_turns(gemma_engine, messages, text):
+    ids = gemma_engine.chat_prompt_ids(messages)
+
+    assert gemma_engine.tokenizer.decode(ids) == text
+    assert ids == gemma_engine.tokenizer.encode(text, add_special_tokens=False)
+    assert ids[:2] == [2, tiny_families.GEMMA_TOKENS.index("<start_of_turn>")]  # bos, then one token each
+
+
+def test_gemmas_template_refuses_roles_that_do_not_alternate(gemma_engine):
+    from inference.outputs import ChatTemplateError
+
+    with pytest.raises(ChatTemplateError, match="roles must alternate"):
+        gemma_engine.chat_prompt_ids([{"role": "user", "content": "Hi"}, {"role": "user", "content": "Hi"}])
+
+
+def test_end_of_turn_ends_a_gemma_generation(gemma_engine):
+    import asyncio
+
+    from inference.sampling import SamplingParams
+
+    end_of_turn = tiny_families.GEMMA_TOKENS.index("<end_of_turn>")
+    assert end_of_turn in gemma_engine.eos_token_ids
+    params = SamplingParams(max_tokens=8, temperature=0.0, logit_bias={end_of_turn: 100.0})
+
+    async def run():
+        outputs = []
+        async for output in gemma_engine.submit("r", gemma_engine.chat_prompt_ids(CONVERSATIONS[0][0]), params):
+            outputs.extend(output.outputs)
+        return outputs
+
+    outputs = asyncio.run(run())
+    assert outputs[-1].finish_reason == "stop"
+    assert sum(len(output.token_ids) for output in outputs) <= 1  # the stop token only, never past it
+    assert "".join(output.text for output in outputs) == ""
