@@ -56,6 +56,7 @@ from api.types import (
     CreateCompletionResponse,
     ListModelsResponse,
     Model,
+    ModelRunnerInfo,
 )
 
 if TYPE_CHECKING:
@@ -607,9 +608,13 @@ def completion_chunk(
     return chunk
 
 
-def model_object(id: str, created: int, owned_by: str) -> Model:
-    """``Model``: ``{"id", "object": "model", "created", "owned_by"}``."""
-    return {"id": id, "object": "model", "created": created, "owned_by": owned_by}
+def model_object(id: str, created: int, owned_by: str, runner: ModelRunnerInfo | None = None) -> Model:
+    """``Model``: ``{"id", "object": "model", "created", "owned_by"}``, and our extension ``runner``
+    (:class:`~api.types.ModelRunnerInfo`) where given."""
+    model: Model = {"id": id, "object": "model", "created": created, "owned_by": owned_by}
+    if runner is not None:
+        model["runner"] = runner
+    return model
 
 
 def model_list(models: Iterable[Model]) -> ListModelsResponse:

@@ -58,13 +58,22 @@ class CompletionChunk(TypedDict):
     usage: NotRequired[CompletionUsage | None]
 
 
+class ModelRunnerInfo(TypedDict):
+    """Our extension of ``Model``: which runner serves the model (``llama``: our own forward pass,
+    ``transformers``: transformers' modeling) and why."""
+
+    name: Literal["llama", "transformers"]
+    reason: str
+
+
 class Model(TypedDict):
-    """``Model``; ``created`` in Unix seconds."""
+    """``Model``; ``created`` in Unix seconds; ``runner`` our extension, once the model is loaded."""
 
     id: str
     object: Literal["model"]
     created: int
     owned_by: str
+    runner: NotRequired[ModelRunnerInfo]
 
 
 class ListModelsResponse(TypedDict):

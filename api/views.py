@@ -368,7 +368,8 @@ async def model_detail(request: HttpRequest, model: str) -> HttpResponse:
 
 
 def _model(name: str) -> Model:
-    return model_object(name, get_engine().created, OWNED_BY)
+    engine = get_engine()
+    return model_object(name, engine.created, OWNED_BY, getattr(engine.runner, "serving", None))
 
 
 @csrf_exempt

@@ -51,6 +51,7 @@ from .families.llama import (
     LinearFactory,
     LlamaLayer,
     LlamaWeights,
+    served_context,
     transformers_weights,
     unsupported_reason,
 )
@@ -209,7 +210,7 @@ class LlamaModelRunner:
         self.intermediate_size = config.intermediate_size
         self.eps = float(config.rms_norm_eps)
         self.num_layers = config.num_hidden_layers
-        self.max_context = int(config.max_position_embeddings)
+        self.max_context = served_context(config)  # longrope: the context its short factors serve
         self.vocab_size = weights.vocab_size
         self.device = weights.final_norm.device
         self._embedding = weights.embedding
@@ -354,6 +355,11 @@ class LlamaModelRunner:
     @property
     def _sin(self) -> torch.Tensor:
         return self._sin_tables[0]
+
+    @property
+    def _rope_scaling(self) -> float:
+        """The model's cos/sin scale (longrope's attention factor; 1 for most ropes)."""
+        return self._ropes[0][1]
 
     def _rope_table(self, positions: int) -> None:
         """Make the cos/sin tables (one per rope of :attr:`_ropes`) cover ``positions`` positions (in

@@ -130,6 +130,7 @@ def build_runner(
         kv_dtype = None
     if isinstance(model, GGUFCheckpoint):
         from . import cpu_kernels
+        from .families.family import for_architecture
         from .families.llama import gguf_weights
         from .llama import LlamaModelRunner
 
@@ -142,24 +143,35 @@ def build_runner(
             time.perf_counter() - started,
             checkpoint.description,
         )
-        return LlamaModelRunner(
-            checkpoint,
-            dtype=torch.float32,
-            max_batch_size=max_batch_size,
-            kv_cache_dtype=kv_dtype,
-            prefix_cache_bytes=prefix_cache_bytes,
+        architecture = model.file.get("general.architecture")
+        family = for_architecture(architecture)
+        return _serving(
+            LlamaModelRunner(
+                checkpoint,
+                dtype=torch.float32,
+                max_batch_size=max_batch_size,
+                kv_cache_dtype=kv_dtype,
+                prefix_cache_bytes=prefix_cache_bytes,
+            ),
+            "llama",
+            f"GGUF architecture {architecture}: the {family.name if family else architecture} family, read as stored",
         )
+    reason = "ENGINE_RUNNER=transformers"
     if kind != "transformers":
         try:
             # Imported here: the module is optional, and importing it is the test of its presence.
-            from .llama import LlamaModelRunner, supports
+            from .llama import LlamaModelRunner, unsupported_reason
         except ImportError as error:
             if kind == "llama":
                 raise ValueError(f"ENGINE_RUNNER=llama, but the Llama runner cannot be imported: {error}") from error
             if getattr(error, "name", None) != f"{__package__}.llama":
                 logger.warning("The Llama runner failed to import (%s); using transformers' modeling", error)
+            reason = f"our runner cannot be imported: {error}"
         else:
-            if supports(model):
+            from .families.family import for_model_type
+
+            unsupported = unsupported_reason(model)
+            if unsupported is None:
                 dtype = next(model.parameters()).dtype
                 factory = _weight_factory(model, dtype, weights, cache_dir, gguf)
                 runner = LlamaModelRunner(
@@ -175,13 +187,25 @@ def build_runner(
                     if runner.embedding_is_own:  # tied: the output layer's parameter goes too
                         model.get_input_embeddings().weight.data = torch.empty(0, dtype=dtype)
                     memory.trim()
-                return runner
+                model_type = getattr(model.config, "model_type", None)
+                family = for_model_type(model_type)
+                name = family.name if family else model_type
+                return _serving(runner, "llama", f"model_type {model_type}: the {name} family")
+            reason = f"our runner does not run it: {unsupported}"
             if kind == "llama":
                 raise ValueError(f"ENGINE_RUNNER=llama, but the Llama runner does not support {type(model).__name__}")
     device = next(model.parameters()).device
     if device.type == "cpu" and next(model.parameters()).dtype == torch.bfloat16 and onednn_linear_available():
         prepack_linear_layers(model)
-    return HFModelRunner(model)
+    return _serving(HFModelRunner(model), "transformers", reason)
+
+
+def _serving(runner, name: str, reason: str):
+    """``runner`` with ``serving`` set: which runner it is (``llama``: ours, ``transformers``: their
+    modeling) and why, for the start-up log and ``GET /v1/models``; returns it."""
+    runner.serving = {"name": name, "reason": reason}
+    logger.info("Runner: %s (%s)", name, reason)
+    return runner
 
 
 def _weight_factory(model, dtype: torch.dtype, weights: str, cache_dir: Path | None, gguf: Path | None):

@@ -10,6 +10,7 @@ transformers model on those (dequantized) weights, the reference of a block form
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +24,8 @@ from transformers import (
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
     Qwen3Config,
@@ -33,6 +36,7 @@ from inference.families import llama as family
 from inference.formats import ggml
 
 VOCAB = 96
+PHI3_TOKENS = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2}  # Phi3Config's defaults lie past VOCAB
 # name -> (model class, config class, config, GGUF architecture)
 FAMILIES = {
     # SmolLM2 / Llama 3.2-1B: 2 query heads per KV head (here 4 / 2), head size 16, untied.
@@ -56,8 +60,24 @@ FAMILIES = {
     # of 4096 of 32768 positions (here 8 of 256, so that tests pass it).
     "mistral": (MistralForCausalLM, MistralConfig, {
         "hidden_size": 256, "intermediate_size": 896, "num_attention_heads": 4, "num_key_value_heads": 1,
-        "head_dim": 64, "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "sliding_window": 8,
+        "head_dim": 64, "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "sliding_window": 8, **PHI3_TOKENS,
     }, "llama"),
+    # Phi-3-mini-4k: 32 / 32 heads of 96 (here 2 / 2), MLP 2.7 times, untied, fused qkv and gate/up,
+    # a sliding window of 2047 of 4096 positions (here 8 of 256).
+    "phi3": (Phi3ForCausalLM, Phi3Config, {
+        "hidden_size": 192, "intermediate_size": 512, "num_attention_heads": 2, "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "sliding_window": 8, **PHI3_TOKENS,
+    }, "phi3"),
+    # Phi-3.5-mini (Phi-3-mini-128k): the same shape with longrope, short and long factors per
+    # frequency, 4096 of 131072 positions pretrained (here 64 of 256).
+    "phi3-longrope": (Phi3ForCausalLM, Phi3Config, {
+        "hidden_size": 192, "intermediate_size": 512, "num_attention_heads": 2, "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "original_max_position_embeddings": 64, **PHI3_TOKENS,
+        "rope_parameters": {
+            "rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 64,
+            "short_factor": [1.0 + 0.05 * i for i in range(48)], "long_factor": [1.0 + 0.5 * i for i in range(48)],
+        },
+    }, "phi3"),
     # Gemma-2-2B: 8 / 4 heads of 256, heads * head_dim 0.89 of the hidden size (here 4 / 2 of 64 over
     # 288), MLP 4 times, attention scale head_dim ** -0.5, soft-caps 50 and 30, local layers (window
     # 4096 of 8192, here 6 of 256) alternating with global ones from the first, tied.
@@ -92,6 +112,11 @@ NORM_OFFSETS = {"gemma2": 1.0, "gemma3": 1.0}
 LAYERS = 2
 
 
+def architecture(name: str) -> str:
+    """The GGUF architecture llama.cpp's converter writes family ``name`` as."""
+    return FAMILIES[name][3]
+
+
 def tiny_family_model(name: str, seed: int = 0, **overrides):
     """The tiny random float32 model of family ``name`` (:data:`FAMILIES`), eval mode; weights normal
     of std 0.2 (norm scales too, so that they matter), seeded."""
@@ -112,7 +137,13 @@ def gguf_names(model) -> dict[str, str]:
     names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
     if not model.config.tie_word_embeddings:
         names["lm_head.weight"] = "output.weight"
-    parts = {**family.LAYER_TENSORS, "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
+    parts = {
+        **family.LAYER_TENSORS,
+        "self_attn.q_norm": "attn_q_norm",
+        "self_attn.k_norm": "attn_k_norm",
+        "self_attn.qkv_proj": "attn_qkv",  # Phi-3's fused q/k/v
+        "mlp.gate_up_proj": "ffn_up",  # Phi-3's gate and up rows, as llama.cpp stores them
+    }
     if model.config.model_type in ("gemma2", "gemma3_text"):
         parts.update(GEMMA_NORMS)
     state = model.state_dict()
@@ -222,6 +253,16 @@ def write_gguf(
         writer.add_value_length(dim)
     if getattr(config, "sliding_window", None):
         writer.add_sliding_window(config.sliding_window)
+    rope = config.rope_parameters or {}
+    if rope.get("rope_type") == "longrope":  # llama.cpp's Phi-3 converter: two factor tensors, two keys
+        writer.add_rope_dimension_count(dim)
+        writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+        factor = config.max_position_embeddings / rope["original_max_position_embeddings"]
+        writer.add_rope_scaling_attn_factors(
+            math.sqrt(1 + math.log(factor) / math.log(rope["original_max_position_embeddings"]))
+        )
+        writer.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))
+        writer.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32))
     _write_gemma_metadata(writer, config, architecture)
     offset = NORM_OFFSETS.get(architecture, 0.0)
     state = {name: tensor.detach().float().numpy() for name, tensor in model.state_dict().items()}

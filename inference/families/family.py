@@ -22,7 +22,10 @@ class Family:
     ``config_class``: the transformers config a GGUF file's metadata becomes.  ``permuted_qk``:
     llama.cpp's converter interleaved each head's rotary halves in the GGUF's q/k rows (its
     ``LlamaModel.permute``, architecture ``llama`` only).  ``qk_norm``: an RMSNorm of each query
-    and key head (``[head_dim]`` scales) before the rotary embeddings (Qwen3, Gemma 3).
+    and key head (``[head_dim]`` scales) before the rotary embeddings (Qwen3, Gemma 3).  ``fused_qkv``,
+    ``fused_gate_up``: the checkpoint stores q/k/v as one matrix (transformers ``qkv_proj``, GGUF
+    ``attn_qkv``) and gate/up as one (``gate_up_proj``, GGUF ``ffn_up`` holding gate then up rows),
+    as Phi-3 does.
 
     Gemma's differences: ``norm_offset``, what transformers' RMSNorms add to their stored scales
     (``x * (1 + w)``; the loader adds it, so the runner multiplies by the scale as it is; a GGUF
@@ -38,9 +41,11 @@ class Family:
     name: str
     architectures: tuple[str, ...]
     model_types: tuple[str, ...]
-    config_class: Callable[..., PretrainedConfig]  # a transformers config class
+    config_class: Callable[..., PretrainedConfig]  # a transformers config class, called with its fields
     permuted_qk: bool = False
     qk_norm: bool = False
+    fused_qkv: bool = False
+    fused_gate_up: bool = False
     norm_offset: float = 0.0
     activation: str = "silu"
     embedding_scale: bool = False

@@ -37,8 +37,9 @@ logger = logging.getLogger(__name__)
 Linear = Callable[[torch.Tensor], torch.Tensor]
 LLAMA = register(Family("llama", ("llama",), ("llama", "mistral"), LlamaConfig, permuted_qk=True))
 # Rope variants whose frequencies do not depend on the sequence length within max_position_embeddings
-# ("dynamic" NTK scaling only changes them beyond it, where the runner never goes).
-STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "dynamic")
+# ("dynamic" NTK scaling only changes them beyond it, where the runner never goes; "longrope" within
+# original_max_position_embeddings, the context the runner then serves: see served_context).
+STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "dynamic", "longrope")
 OUTPUT_NAME = "lm_head.weight"  # the name a linear factory is given for the output layer (tied or not)
 
 # A decoder layer's tensors: transformers' name -> ggml's.
@@ -103,6 +104,20 @@ class LlamaWeights:
 
 def head_dim(config) -> int:
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def served_context(config) -> int:
+    """The positions the runner serves of a model: ``max_position_embeddings``, or for longrope
+    ``original_max_position_embeddings``, the length up to which its frequencies (the short
+    factors) do not change with the sequence's length (:mod:`inference.families.phi3`)."""
+    rope = getattr(config, "rope_parameters", None) or {}
+    context = int(config.max_position_embeddings)
+    if rope.get("rope_type") == "longrope":
+        original = rope.get("original_max_position_embeddings") or getattr(
+            config, "original_max_position_embeddings", None
+        )
+        context = min(context, int(original or context))
+    return context
 
 
 def _rope_parameters_per_layer_type(config) -> bool:
@@ -203,6 +218,26 @@ def config_from_gguf(file: GGUFFile):
         rope = {**rope, "rope_type": "linear", "factor": float(key("rope.scaling.factor"))}
     elif scaling not in (None, "none"):
         raise ModelFileError(f"{file.path}: rope scaling {scaling!r} is not supported (none, linear, or rope_freqs)")
+    extra: dict = {}
+    if "rope_factors_short.weight" in file.tensors or "rope_factors_long.weight" in file.tensors:
+        # Longrope (Phi-3's): the divisors of each inverse frequency for short and long sequences.
+        short = file.floats(
+            "rope_factors_short.weight" if "rope_factors_short.weight" in file.tensors else "rope_factors_long.weight"
+        )
+        long = file.floats(
+            "rope_factors_long.weight" if "rope_factors_long.weight" in file.tensors else "rope_factors_short.weight"
+        )
+        original = int(key("rope.scaling.original_context_length"))
+        rope = {
+            **rope,
+            "rope_type": "longrope",
+            "short_factor": short.reshape(-1).tolist(),
+            "long_factor": long.reshape(-1).tolist(),
+            "original_max_position_embeddings": original,
+        }
+        if file.get(f"{arch}.rope.scaling.attn_factor") is not None:
+            rope["attention_factor"] = float(key("rope.scaling.attn_factor"))
+        extra["original_max_position_embeddings"] = original
     window = int(file.get(f"{arch}.attention.sliding_window", 0) or 0)
     # Every layer's (max_window_layers 0 for Qwen's configs, which read use_sliding_window).
     windowed = {"sliding_window": window, "use_sliding_window": True, "max_window_layers": 0} if window else {}
@@ -221,7 +256,7 @@ def config_from_gguf(file: GGUFFile):
         tie_word_embeddings="output.weight" not in file.tensors,
         bos_token_id=file.get("tokenizer.ggml.bos_token_id"),
         eos_token_id=file.get("tokenizer.ggml.eos_token_id"),
-        **{**windowed, **own},
+        **{**windowed, **extra, **own},
     )
     if hidden != config.hidden_size:
         raise ModelFileError(
@@ -249,14 +284,25 @@ def _check_shapes(file: GGUFFile, config, family: Family) -> None:
         expected.update({"attn_q_norm": (dim,), "attn_k_norm": (dim,)})
     if family.sandwich_norms:
         expected.update({"post_attention_norm": (hidden,), "post_ffw_norm": (hidden,)})
+    biases = {part: expected[part][:1] for part in ("attn_q", "attn_k", "attn_v")}
+    if family.fused_qkv:  # q, k and v's rows in one tensor
+        for part in ("attn_q", "attn_k", "attn_v"):
+            del expected[part]
+        expected["attn_qkv"] = ((heads + 2 * kv_heads) * dim, hidden)
+    if family.fused_gate_up:  # ffn_up holds the gate's rows, then the up projection's
+        del expected["ffn_gate"]
+        expected["ffn_up"] = (2 * inter, hidden)
     names = {
         f"blk.{i}.{part}.weight": shape for i in range(config.num_hidden_layers) for part, shape in expected.items()
     }
     for i in range(config.num_hidden_layers):  # biases are optional: checked where the file has them
         for part in ("attn_q", "attn_k", "attn_v"):
             if f"blk.{i}.{part}.bias" in file.tensors:
-                names[f"blk.{i}.{part}.bias"] = expected[part][:1]
+                names[f"blk.{i}.{part}.bias"] = biases[part]
     names["output_norm.weight"] = (hidden,)
+    for name in ("rope_factors_short.weight", "rope_factors_long.weight"):
+        if name in file.tensors:
+            names[name] = (dim // 2,)
     if "output.weight" in file.tensors:
         names["output.weight"] = (config.vocab_size, hidden)
     for name, shape in names.items():
@@ -339,13 +385,21 @@ def gguf_weights(file: GGUFFile, config, dtype: torch.dtype, weights: str = "aut
                 time.perf_counter() - started,
             )
         prefix = f"blk.{index}."
+        qkv_names = [prefix + part + ".weight" for part in ("attn_q", "attn_k", "attn_v")]
+        if family.fused_qkv:
+            qkv_names = [prefix + "attn_qkv.weight"]
+        gate_up_names = (
+            [prefix + "ffn_up.weight"]
+            if family.fused_gate_up
+            else [prefix + "ffn_gate.weight", prefix + "ffn_up.weight"]
+        )
         layers.append(
             LlamaLayer(
                 input_norm=vector(prefix + "attn_norm.weight"),
-                qkv=build(prefix + "attn_q.weight", prefix + "attn_k.weight", prefix + "attn_v.weight"),
+                qkv=build(*qkv_names),
                 o=build(prefix + "attn_output.weight"),
                 post_norm=vector(prefix + "ffn_norm.weight"),
-                gate_up=build(prefix + "ffn_gate.weight", prefix + "ffn_up.weight"),
+                gate_up=build(*gate_up_names),
                 down=build(prefix + "ffn_down.weight"),
                 qkv_bias=qkv_bias(prefix),
                 q_norm=vector(prefix + "attn_q_norm.weight") if family.qk_norm else None,
@@ -425,19 +479,14 @@ def unsupported_reason(model) -> str | None:
         return "partial rotary embeddings"
     for layer in model.model.layers:
         attention, mlp = layer.self_attn, layer.mlp
-        modules = (
-            attention.q_proj,
-            attention.k_proj,
-            attention.v_proj,
-            attention.o_proj,
-            mlp.gate_proj,
-            mlp.up_proj,
-            mlp.down_proj,
-        )
+        projections = _projections(attention, mlp)
+        modules = (*projections[0], attention.o_proj, *projections[1], mlp.down_proj)
         if any(type(module) is not torch.nn.Linear for module in modules):
             return "linear layers are not plain nn.Linear (prepacked or quantized)"
-        if any(module.bias is not None for module in modules[3:]):
+        if any(module.bias is not None for module in modules[len(projections[0]) :]):
             return "the attention's output or the MLP layers have a bias"
+        if family.fused_qkv and projections[0][0].bias is not None:
+            return "the fused q/k/v projection has a bias"
         if family.qk_norm and not (hasattr(attention, "q_norm") and hasattr(attention, "k_norm")):
             return f"the {family.name} family's attention lacks its q/k norms"
         if family.sandwich_norms and not (
@@ -494,12 +543,24 @@ def transformers_weights(model, dtype: torch.dtype, linear_factory: LinearFactor
     )
 
 
+def _projections(attention, mlp) -> tuple[tuple, tuple]:
+    """A transformers layer's q/k/v projections and its gate/up ones: three and two modules, or one
+    each where the family fuses them (Phi-3's ``qkv_proj``, ``gate_up_proj``: gate rows first)."""
+    qkv = (
+        (attention.qkv_proj,)
+        if hasattr(attention, "qkv_proj")
+        else (attention.q_proj, attention.k_proj, attention.v_proj)
+    )
+    gate_up = (mlp.gate_up_proj,) if hasattr(mlp, "gate_up_proj") else (mlp.gate_proj, mlp.up_proj)
+    return qkv, gate_up
+
+
 def _transformers_layer(
     index: int, layer, dtype: torch.dtype, linear_factory: LinearFactory, family: Family, window: int | None
 ) -> LlamaLayer:
     attention, mlp = layer.self_attn, layer.mlp
     prefix = f"model.layers.{index}"
-    projections = (attention.q_proj, attention.k_proj, attention.v_proj)
+    projections, gate_up_projections = _projections(attention, mlp)
     bias = None
     if any(module.bias is not None for module in projections):
         bias = torch.cat(
@@ -522,14 +583,20 @@ def _transformers_layer(
 
     sandwich = family.sandwich_norms
 
-    qkv = torch.cat([attention.q_proj.weight, attention.k_proj.weight, attention.v_proj.weight])
-    gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
+    qkv = torch.cat([module.weight for module in projections])
+    gate_up = torch.cat([module.weight for module in gate_up_projections])
+    qkv_names = (
+        ("self_attn.qkv_proj",)
+        if len(projections) == 1
+        else ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
+    )
+    gate_up_names = ("mlp.gate_up_proj",) if len(gate_up_projections) == 1 else ("mlp.gate_proj", "mlp.up_proj")
     return LlamaLayer(
         input_norm=norm(layer.input_layernorm),
-        qkv=linear_factory(qkv.detach(), dtype, names("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
+        qkv=linear_factory(qkv.detach(), dtype, names(*qkv_names)),
         o=linear_factory(attention.o_proj.weight.detach(), dtype, names("self_attn.o_proj")),
         post_norm=norm(layer.pre_feedforward_layernorm if sandwich else layer.post_attention_layernorm),
-        gate_up=linear_factory(gate_up.detach(), dtype, names("mlp.gate_proj", "mlp.up_proj")),
+        gate_up=linear_factory(gate_up.detach(), dtype, names(*gate_up_names)),
         down=linear_factory(mlp.down_proj.weight.detach(), dtype, names("mlp.down_proj")),
         qkv_bias=None if bias is None else bias.detach().to(dtype),
         q_norm=None if q_norm is None else norm(q_norm),

@@ -193,3 +193,11 @@ def test_vendored_schema_is_what_the_tool_makes_from_the_spec(tmp_path: Path) ->
     tool = Path(__file__).resolve().parents[2] / "tools" / "vendor_openai_schema.py"
     subprocess.run([sys.executable, str(tool), str(SPEC), "--output", str(output)], check=True, capture_output=True)
     assert output.read_text(encoding="utf-8") == SCHEMA_PATH.read_text(encoding="utf-8")
+
+
+def test_a_model_object_carries_its_runner_as_our_extension() -> None:
+    runner = {"name": "transformers", "reason": "our runner does not run it: partial rotary embeddings"}
+    model = model_object(MODEL, CREATED, "completions-site", runner)
+    validate("Model", model)
+    assert model["runner"] == runner
+    assert "runner" not in model_object(MODEL, CREATED, "completions-site")

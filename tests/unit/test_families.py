@@ -1,0 +1,165 @@
+"""Each model family on the shared runner gives transformers' logits and greedy text: a tiny random
+model of the family's real config shape (:mod:`testing.tiny_families`), run from the transformers
+model itself and from a GGUF file of it in each file format, against transformers' modeling on the
+same (dequantized) weights.
+
+Bounds: float formats (the transformers model, F32 and F16 files, whose float16 values are exact in
+float32) within 1e-4 of the largest logit, float32's own noise; block formats within 2e-3, our block
+products computing in other orders and rounding as the file's own blocks do (the existing Llama
+bound of tests/unit/test_gguf_loading.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+gguf = pytest.importorskip("gguf")
+
+from inference import cpu_kernels  # noqa: E402
+from inference.families import llama as family  # noqa: E402
+from inference.formats import ggml  # noqa: E402
+from inference.formats.gguf import GGUFFile  # noqa: E402
+from inference.llama import LlamaModelRunner  # noqa: E402
+from inference.model_runner import PrefillChunk  # noqa: E402
+from testing import tiny_families  # noqa: E402
+
+FAMILIES = [name for name in tiny_families.FAMILIES if name != "llama"]
+# A checkpoint: "transformers" (the loaded model; with our kernels, or torch's operations only) or a
+# GGUF file of that ggml type.
+SOURCES = ["transformers", "transformers-torch", "F32", "F16", "Q8_0", "Q4_0"]
+FLOAT_SOURCES = ("transformers", "transformers-torch", "F32", "F16")
+PROMPTS = ([5, 17, 33, 2, 90], [3, 9, 27, 81, 44, 12, 60, 7, 71, 30, 19, 4])  # the longer passes Mistral's window
+
+
+@pytest.fixture(autouse=True)
+def float32_activations():
+    """Our block products with float32 activations (an engine started earlier may have set 16 bits)."""
+    kernels = cpu_kernels.load(None)
+    if kernels is None:
+        yield
+        return
+    bits = kernels.activation_bits
+    kernels.set_activation_bits(32)
+    yield
+    kernels.set_activation_bits(bits)
+
+
+def runner_and_reference(name: str, source: str, tmp_path, seed: int = 0):
+    """Our runner of family ``name`` from ``source`` and transformers' model on the same weights."""
+    model = tiny_families.tiny_family_model(name, seed)
+    if source.startswith("transformers"):
+        kernels = None if source == "transformers-torch" else "auto"
+        return LlamaModelRunner(model, max_batch_size=2, kernels=kernels), model
+    kind = getattr(ggml, source)
+    if kind != ggml.F32 and cpu_kernels.load(None) is None:
+        pytest.skip("our CPU kernels cannot run here")
+    architecture = tiny_families.architecture(name)
+    path = tmp_path / f"{name}.gguf"
+    stored = tiny_families.write_gguf(model, path, kind, architecture=architecture)
+    reference = tiny_families.stored_reference(model, stored, architecture=architecture)
+    file = GGUFFile(path)
+    weights = family.gguf_weights(file, family.config_from_gguf(file), torch.float32)
+    return LlamaModelRunner(weights, max_batch_size=2), reference
+
+
+def greedy_batch(runner, prompts, steps: int) -> tuple[list[list[int]], list[dict[int, torch.Tensor]]]:
+    """Prefill ``prompts`` in one pass, then ``steps`` greedy decode steps of both rows; returns each
+    sequence's tokens and our logits by position (the prediction of the position after it)."""
+    chunks = [PrefillChunk(key, ids, 0, True) for key, ids in enumerate(prompts)]
+    sequences = [list(ids) for ids in prompts]
+    logits = [dict(enumerate(rows)) for rows in runner.prefill(chunks)]
+    for key in range(len(prompts)):
+        runner.join(key, 1)
+    for _ in range(steps):
+        tokens = [int(seq_logits[len(seq) - 1].argmax()) for seq, seq_logits in zip(sequences, logits)]
+        rows = runner.decode(tokens)
+        for seq, seq_logits, token, row in zip(sequences, logits, tokens, rows):
+            seq.append(token)
+            seq_logits[len(seq) - 1] = row
+    return sequences, logits
+
+
+def reference_greedy(model, prompt: list[int], tokens: int) -> list[int]:
+    """transformers' greedy continuation of ``prompt`` by ``tokens`` tokens (a whole pass each step)."""
+    ids = list(prompt)
+    for _ in range(tokens):
+        ids.append(int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids
+
+
+@pytest.mark.parametrize("source", SOURCES)
+@pytest.mark.parametrize("name", FAMILIES)
+def test_prefill_and_decode_logits_equal_transformers(name, source, tmp_path):
+    runner, reference = runner_and_reference(name, source, tmp_path)
+    tolerance = 1e-4 if source in FLOAT_SOURCES else 2e-3
+    with torch.inference_mode():
+        sequences, logits = greedy_batch(runner, PROMPTS, steps=4)
+        for seq, seq_logits in zip(sequences, logits):
+            expected = reference(input_ids=torch.tensor([seq])).logits[0]
+            got = torch.stack([seq_logits[position] for position in range(len(seq))])
+            assert (got - expected).abs().max() <= tolerance * expected.abs().max()
+
+
+@pytest.mark.parametrize("source", SOURCES)
+@pytest.mark.parametrize("name", FAMILIES)
+def test_greedy_text_equals_transformers_over_32_tokens(name, source, tmp_path):
+    runner, reference = runner_and_reference(name, source, tmp_path, seed=1)
+    with torch.inference_mode():
+        sequences, logits = greedy_batch(runner, PROMPTS, steps=31)  # the 32nd token from the last logits
+        got = [seq + [int(seq_logits[len(seq) - 1].argmax())] for seq, seq_logits in zip(sequences, logits)]
+        expected = [reference_greedy(reference, prompt, 32) for prompt in PROMPTS]
+    assert got == expected
+
+
+@pytest.mark.parametrize("source", ["transformers", "F32"])
+def test_longrope_serves_the_context_of_its_short_factors_and_refuses_past_it(source, tmp_path):
+    # Longrope's frequencies change past original_max_position_embeddings for the whole sequence
+    # (transformers' rule), which a cache of rotated keys cannot follow: the runner serves up to it.
+    runner, _ = runner_and_reference("phi3-longrope", source, tmp_path)
+    assert runner.max_context == 64 and runner._rope_scaling > 1.0  # sqrt(1 + ln 4 / ln 64)
+    with torch.inference_mode():
+        runner.prefill([PrefillChunk(0, list(range(64)), 0, False)])
+        with pytest.raises(ValueError, match="past the model's context of 64"):
+            runner.prefill([PrefillChunk(1, list(range(65)), 0, False)])
+
+
+# --- which runner serves a model ---------------------------------------------------------------------
+
+
+def test_a_family_we_run_is_served_by_our_runner_and_says_so(caplog):
+    from inference.model_runner import build_runner
+
+    model = tiny_families.tiny_family_model("qwen3")
+    with caplog.at_level("INFO", logger="inference.model_runner"):
+        runner = build_runner(model, prefix_caching="off")
+    assert isinstance(runner, LlamaModelRunner)
+    assert runner.serving == {"name": "llama", "reason": "model_type qwen3: the qwen3 family"}
+    assert "Runner: llama (model_type qwen3: the qwen3 family)" in caplog.text
+
+
+def test_a_shape_we_do_not_run_stays_on_transformers_modeling_with_the_reason(caplog):
+    from inference.model_runner import HFModelRunner, build_runner
+
+    # Phi-4-mini's shape: Phi-3's layers with rotary embeddings on 3/4 of each head only.
+    model = tiny_families.tiny_family_model(
+        "phi3",
+        sliding_window=None,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.75},
+    )
+    with caplog.at_level("INFO", logger="inference.model_runner"):
+        runner = build_runner(model)
+    assert isinstance(runner, HFModelRunner)
+    assert runner.serving == {"name": "transformers", "reason": "our runner does not run it: partial rotary embeddings"}
+    assert "Runner: transformers (our runner does not run it: partial rotary embeddings)" in caplog.text
+    with torch.inference_mode():
+        (got,) = runner.prefill([PrefillChunk(0, PROMPTS[1], 0, True)])
+        expected = model(input_ids=torch.tensor([PROMPTS[1]])).logits[0]
+    assert (got - expected).abs().max() <= 1e-4 * expected.abs().max()
+
+
+def test_engine_runner_transformers_is_the_reason_given_when_asked_for():
+    from inference.model_runner import build_runner
+
+    runner = build_runner(tiny_families.tiny_family_model("qwen2"), "transformers")
+    assert runner.serving == {"name": "transformers", "reason": "ENGINE_RUNNER=transformers"}
