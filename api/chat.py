@@ -404,7 +404,7 @@ class ChatRun(CompletionRun):
         try:
             ids = await asyncio.to_thread(engine.chat_prompt_ids, request.messages)
         except ChatTemplateError as error:
-            raise APIError(f"The model's chat template refused these messages: {error}", param="messages") from error
+            raise APIError(f"The model's chat template refused the messages: {error}", param="messages") from error
         remainder = engine.max_context - len(ids)
         limit = request.max_completion_tokens
         if remainder < 1 or (limit is not None and limit > remainder):

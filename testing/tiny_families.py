@@ -11,6 +11,7 @@ transformers model on those (dequantized) weights, the reference of a block form
 from __future__ import annotations
 
 import math
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -165,6 +166,86 @@ def _heads(config, name: str) -> int:
     return int(config.num_attention_heads if ".attn_q." in name else config.num_key_value_heads)
 
 
+# --- A tokenizer and chat format per family ---------------------------------------------------------
+
+# Each family's chat template, as its instruct model's file carries it (reduced to the roles' rules).
+CHATML = (  # Qwen2.5 / Qwen3: ChatML, a default system message when the conversation has none
+    "{%- if messages[0]['role'] != 'system' %}"
+    "{{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{%- endif %}"
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+PHI3_CHAT = (  # Phi-3 / 3.5-mini-instruct
+    "{% for message in messages %}"
+    "{{ '<|' + message['role'] + '|>\\n' + message['content'] + '<|end|>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% else %}{{ eos_token }}{% endif %}"
+)
+MISTRAL_CHAT = (  # Mistral-7B-Instruct-v0.1: no system role, user and assistant alternate
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}"
+    "{% else %}{{ message['content'] + eos_token }}{% endif %}{% endfor %}"
+)
+# name -> (special tokens after the 256 byte tokens, eos token, chat template)
+CHAT_FORMATS = {
+    "llama": (["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"], "<|end_of_text|>", None),
+    "qwen2": (["<|endoftext|>", "<|im_start|>", "<|im_end|>"], "<|im_end|>", CHATML),
+    "qwen3": (["<|endoftext|>", "<|im_start|>", "<|im_end|>"], "<|im_end|>", CHATML),
+    "mistral": (["<s>", "</s>", "[INST]", "[/INST]"], "</s>", MISTRAL_CHAT),
+    "phi3": (["<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"], "<|endoftext|>", PHI3_CHAT),
+}
+CHAT_FORMATS["phi3-longrope"] = CHAT_FORMATS["phi3"]
+# The tokens that end a stream in each family's chat format (its eos and end-of-turn tokens).
+STOP_TOKENS = {
+    "qwen2": ("<|im_end|>", "<|endoftext|>"),
+    "qwen3": ("<|im_end|>", "<|endoftext|>"),
+    "mistral": ("</s>",),
+    "phi3": ("<|end|>", "<|endoftext|>"),
+}
+
+
+def vocabulary(name: str) -> list[str]:
+    """Family ``name``'s tiny vocabulary: GPT-2's byte alphabet (any text tokenizes, a byte a token:
+    no merges; the real families' own vocabularies are byte-level BPE too, but for Mistral's and Phi-3's
+    SentencePiece) and the family's special tokens after it.  A model to write with it has
+    ``vocab_size=len(vocabulary(name))``."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    spelling = bytes_to_unicode()
+    return [spelling[byte] for byte in range(256)] + CHAT_FORMATS[name][0]
+
+
+def random_q4_k(name: str, shape: tuple[int, ...]) -> np.ndarray:
+    """Random Q4_K blocks ``[rows, width / 256 * 144]`` (uint8) of a matrix of ``shape``, seeded by its
+    name: gguf-py cannot quantize to Q4_K, so a Q4_K file holds these instead of the model's weights
+    (its :func:`stored_reference` then runs on them).  Scales ``d``/``dmin`` in 1e-4..1e-3, so that
+    weights stay below 1 in size."""
+    rows, width = shape
+    if width % 256:
+        raise ValueError(f"{name}: a Q4_K row is whole blocks of 256, not {width}")
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    blocks = rng.integers(0, 256, size=(rows, width // 256, 144), dtype=np.uint8)
+    blocks[..., 0:4] = rng.uniform(1e-4, 1e-3, size=(rows, width // 256, 2)).astype(np.float16).view(np.uint8)
+    return blocks.reshape(rows, -1)
+
+
+def _add_tokenizer(writer, name: str) -> None:
+    specials, eos, template = CHAT_FORMATS[name]
+    tokens = vocabulary(name)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([1] * 256 + [3] * len(specials))  # normal, then control
+    writer.add_token_scores([0.0] * len(tokens))  # no merges: transformers derives none from these
+    writer.add_eos_token_id(tokens.index(eos))
+    writer.add_bos_token_id(256)
+    writer.add_add_bos_token(False)
+    if template is not None:
+        writer.add_chat_template(template)
+
+
 # Google's chat templates (tokenizer_config.json): Gemma 2's refuses a system role; Gemma 3's puts
 # the system message at the head of the first user turn.  Both call the assistant "model".
 GEMMA2_CHAT_TEMPLATE = (
@@ -226,18 +307,23 @@ def write_gguf(
     *,
     architecture: str = "llama",
     corrupt: str = "",
+    tokenizer: str = "",
     chat_template: str | None = None,
 ) -> dict[str, np.ndarray]:
     """Write ``model`` as a GGUF file of ``architecture`` with its matrices in ggml type ``kind``
     (vectors in F32, as llama.cpp keeps them); returns the values each tensor holds as stored
-    (dequantized), under GGUF names.  ``corrupt="kv_heads"`` writes a wrong KV head count.
-    ``chat_template``: with Gemma's tokenizer (:data:`GEMMA_TOKENS`) and this template."""
+    (dequantized), under GGUF names.  ``corrupt="kv_heads"`` writes a wrong KV head count,
+    ``"partial_rope"`` a rotary width of 3/4 of the head;
+    ``tokenizer``: a family name whose :func:`vocabulary` and chat template the file carries;
+    ``chat_template``: Gemma's tokenizer (:data:`GEMMA_TOKENS`) with this template instead."""
     import gguf
 
     config = model.config
     writer = gguf.GGUFWriter(str(path), architecture)
     if chat_template is not None:
         _write_gemma_tokenizer(writer, chat_template)
+    elif tokenizer:
+        _add_tokenizer(writer, tokenizer)
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
     writer.add_block_count(config.num_hidden_layers)
@@ -253,6 +339,8 @@ def write_gguf(
         writer.add_value_length(dim)
     if getattr(config, "sliding_window", None):
         writer.add_sliding_window(config.sliding_window)
+    if corrupt == "partial_rope":  # Phi-4-mini's file: rotary embeddings on 3/4 of each head
+        writer.add_rope_dimension_count(dim * 3 // 4)
     rope = config.rope_parameters or {}
     if rope.get("rope_type") == "longrope":  # llama.cpp's Phi-3 converter: two factor tensors, two keys
         writer.add_rope_dimension_count(dim)
@@ -282,6 +370,8 @@ def write_gguf(
             data = values.astype(np.float32)
         elif kind == ggml.F16:
             data = values.astype(np.float16)
+        elif kind == ggml.Q4_K:
+            data = random_q4_k(name, values.shape)
         else:
             data = gguf.quants.quantize(values, qtype)
         writer.add_tensor(name, data, raw_dtype=qtype if kind not in (ggml.F32, ggml.F16) else None)

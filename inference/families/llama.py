@@ -212,6 +212,15 @@ def config_from_gguf(file: GGUFFile):
     heads = int(key("attention.head_count"))
     kv_heads = int(key("attention.head_count_kv", heads))
     dim = int(key("attention.key_length", 0) or key("rope.dimension_count", 0) or int(key("embedding_length")) // heads)
+    rotated = int(key("rope.dimension_count", 0) or 0)
+    stored = file.tensors.get("blk.0.attn_q.weight") or file.tensors.get("blk.0.attn_qkv.weight")
+    if rotated and stored is not None:
+        rows = int(stored.shape[0]) // (heads if stored.name.endswith("attn_q.weight") else heads + 2 * kv_heads)
+        if rotated < rows:  # Phi-4-mini's: rotary embeddings on part of each head only
+            raise ModelFileError(
+                f"{file.path}: rotary embeddings on {rotated} of each head's {rows} dimensions (partial rotary, "
+                "as Phi-4-mini's) are not supported from a GGUF file; serve the model's transformers folder"
+            )
     rope: dict = {"rope_type": "default", "rope_theta": float(key("rope.freq_base", 10000.0))}
     scaling = file.get(f"{arch}.rope.scaling.type")
     if scaling == "linear":

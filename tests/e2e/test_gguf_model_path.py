@@ -80,3 +80,51 @@ def test_a_model_file_that_cannot_load_ends_the_server_with_its_reason(tmp_path,
     )  # fmt: skip
     assert process.returncode != 0
     assert message in process.stdout + process.stderr
+
+
+# --- another family's file: a tiny Qwen3 GGUF with its ChatML template ------------------------------
+
+
+@pytest.fixture(scope="module")
+def qwen3_server(tmp_path_factory):
+    from inference.formats import ggml
+    from testing import tiny_families
+
+    model = tiny_families.tiny_family_model("qwen3", vocab_size=len(tiny_families.vocabulary("qwen3")))
+    path = tmp_path_factory.mktemp("qwen3-model") / "tiny-qwen3.gguf"
+    tiny_families.write_gguf(model, path, ggml.Q8_0, architecture="qwen3", tokenizer="qwen3")
+    live = start_server(
+        tmp_path_factory.mktemp("qwen3"), MODEL_PATH=str(path), MODEL_ID="tiny-qwen3", MODEL_WEIGHTS="auto"
+    )
+    yield live
+    stop_server(live)
+
+
+def test_a_qwen3_gguf_is_served_on_our_runner_through_both_endpoints(qwen3_server):
+    models = httpx.get(qwen3_server.api_url + "/models", headers=qwen3_server.headers(), timeout=10).json()
+    assert models["data"][0]["runner"] == {
+        "name": "llama",
+        "reason": "GGUF architecture qwen3: the qwen3 family, read as stored",
+    }
+    assert "Runner: llama (GGUF architecture qwen3" in qwen3_server.log.read_text()
+    # <|im_end|> (id 258) and <|endoftext|> (256) kept from being sampled: exactly max_tokens tokens.
+    no_stop = {"256": -100, "258": -100}
+    completion = qwen3_server.post(
+        {"model": "tiny-qwen3", "prompt": "Hello", "max_tokens": 4, "temperature": 0, "logit_bias": no_stop}
+    )
+    assert completion.status_code == 200, completion.text
+    assert completion.json()["usage"] == {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9}
+    chat = httpx.post(
+        qwen3_server.api_url + "/chat/completions",
+        headers=qwen3_server.headers(),
+        json={"model": "tiny-qwen3", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8,
+              "logit_bias": {"258": 100}},
+        timeout=120,
+    )  # fmt: skip
+    assert chat.status_code == 200, chat.text
+    choice = chat.json()["choices"][0]
+    assert choice["finish_reason"] == "stop" and choice["message"]["content"] == ""  # <|im_end|> ended it
+    # ChatML with the default system message: each special token one token, every other byte one.
+    prompt = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    expected = len(prompt.replace("<|im_start|>", "S").replace("<|im_end|>", "E"))
+    assert chat.json()["usage"]["prompt_tokens"] == expected

@@ -163,3 +163,38 @@ def test_engine_runner_transformers_is_the_reason_given_when_asked_for():
 
     runner = build_runner(tiny_families.tiny_family_model("qwen2"), "transformers")
     assert runner.serving == {"name": "transformers", "reason": "ENGINE_RUNNER=transformers"}
+
+
+def test_a_gguf_with_partial_rotary_embeddings_is_refused_naming_them(tmp_path):
+    from inference.formats.gguf import ModelFileError
+
+    path = tmp_path / "phi4-mini.gguf"
+    tiny_families.write_gguf(
+        tiny_families.tiny_family_model("phi3"), path, ggml.F32, architecture="phi3", corrupt="partial_rope"
+    )
+    with pytest.raises(ModelFileError, match="rotary embeddings on 72 of each head's 96 dimensions"):
+        family.config_from_gguf(GGUFFile(path))
+
+
+# Q4_K rows are whole blocks of 256: each family's layers at a hidden size of 256 and an MLP of 512.
+Q4_K_SHAPE = {"hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2}
+
+
+@pytest.mark.parametrize("name", [name for name in FAMILIES if name != "phi3-longrope"])  # its factors fit 96
+def test_a_q4_k_file_gives_transformers_logits_on_its_blocks(name, tmp_path):
+    # Q4_K_M files hold Q4_K (and Q6_K) blocks; gguf-py cannot quantize to Q4_K, so random blocks.
+    if cpu_kernels.load(None) is None:
+        pytest.skip("our CPU kernels cannot run here")
+    model = tiny_families.tiny_family_model(name, **Q4_K_SHAPE, head_dim=64)
+    architecture = tiny_families.architecture(name)
+    stored = tiny_families.write_gguf(model, tmp_path / "q4_k.gguf", ggml.Q4_K, architecture=architecture)
+    reference = tiny_families.stored_reference(model, stored, architecture=architecture)
+    file = GGUFFile(tmp_path / "q4_k.gguf")
+    runner = LlamaModelRunner(family.gguf_weights(file, family.config_from_gguf(file), torch.float32), max_batch_size=2)
+    assert "Q4_K x" in runner.description
+    with torch.inference_mode():
+        sequences, logits = greedy_batch(runner, PROMPTS, steps=4)
+        for seq, seq_logits in zip(sequences, logits):
+            expected = reference(input_ids=torch.tensor([seq])).logits[0]
+            got = torch.stack([seq_logits[position] for position in range(len(seq))])
+            assert (got - expected).abs().max() <= 2e-3 * expected.abs().max()
