@@ -280,6 +280,14 @@ GEMMA_SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_o
 _PIECES = ["\u2581", *"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,!?'\n"]
 _PIECES += ["\u2581" + word for word in ("Hi", "Be", "brief", "hello", "there", "How", "are", "you")]
 GEMMA_TOKENS = GEMMA_SPECIALS + _PIECES + [f"<unused{i}>" for i in range(VOCAB - len(GEMMA_SPECIALS) - len(_PIECES))]
+# Gemma in the families' byte-level form (:func:`vocabulary`; Gemma's own is SentencePiece, as
+# GEMMA_TOKENS): its turn tokens and templates, <end_of_turn> and <eos> ending a stream.
+_GEMMA_CHAT_TOKENS = ["<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>"]
+CHAT_FORMATS["gemma2"] = (_GEMMA_CHAT_TOKENS, "<eos>", GEMMA2_CHAT_TEMPLATE)
+CHAT_FORMATS["gemma3"] = (_GEMMA_CHAT_TOKENS, "<eos>", GEMMA3_CHAT_TEMPLATE)
+STOP_TOKENS["gemma2"] = STOP_TOKENS["gemma3"] = ("<end_of_turn>", "<eos>")
+# The families whose template has no system role (it refuses a conversation with one).
+NO_SYSTEM_ROLE = {"mistral": "roles must alternate", "gemma2": "System role not supported"}
 
 
 def _write_gemma_tokenizer(writer, chat_template: str) -> None:
