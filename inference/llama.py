@@ -234,7 +234,7 @@ class LlamaModelRunner:
         # model's scale (Gemma's query_pre_attn_scalar ** -0.5); rope is linear, so before or after it.
         scale = weights.attention_scale
         self._query_scale = None if scale is None or scale == self.head_dim**-0.5 else scale * self.head_dim**0.5
-        # Our attention kernels neither soft-cap scores nor take a layer's own rope in the whole step.
+        # Our attention kernels cannot soft-cap scores (Gemma 2's): such layers attend in torch's operations.
         self._kernel_attention = all(layer.attention_softcap is None for layer in self._layers)
         # The whole decode step in one kernel call runs Llama's layer only (no bias, no q/k norm, ...).
         self._llama_layers = (
