@@ -43,6 +43,7 @@ from .model_loader import ModelConfig, embedded_gguf_path, load_model, model_fin
 from .model_runner import ModelRunner, PrefillChunk, build_runner
 from .output_processor import OutputProcessor
 from .outputs import (  # noqa: F401  (re-exported: the engine's API)
+    ChatTemplateError,
     CompletionOutput,
     EngineError,
     EngineNotReady,
@@ -253,10 +254,16 @@ class Engine:
     def chat_prompt_ids(self, messages: list[dict[str, str]]) -> list[int]:
         """The prompt of a chat: ``messages`` (``{"role", "content"}`` with roles system, user,
         assistant) through the tokenizer's chat template, with the assistant's generation prompt
-        added.  Raises ``ValueError`` when the tokenizer has no template."""
+        added.  Raises ``ValueError`` when the tokenizer has no template, :class:`ChatTemplateError`
+        when the template refuses the messages."""
+        from jinja2 import TemplateError
+
         if not self.has_chat_template:
             raise ValueError(f"{self.model_id} has no chat template")
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        try:
+            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        except TemplateError as error:
+            raise ChatTemplateError(str(error)) from error
         # The template writes its special tokens itself; adding the tokenizer's would double a BOS.
         return self.tokenizer.encode(text, add_special_tokens=False)
 

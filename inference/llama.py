@@ -23,7 +23,13 @@ pre-RMSNorm, rotary position embeddings, SwiGLU MLP, grouped-query attention fro
   the rotary embeddings (Qwen3), a sliding window (Mistral).  Our kernels take the first two as
   they are (both are done before a kernel reads q/k/v); a window they cannot apply, so a step where
   some query sees past its window runs attention in torch's operations.  The cache keeps every
-  position either way (no ring buffer: memory as for full attention).
+  position either way (no ring buffer: memory as for full attention).  Gemma's differences are
+  data too: an embedding scale, norms on the attention's and MLP's outputs, GeGLU, a query scale
+  (folded into the queries, so every attention path keeps ``head_dim ** -0.5``), a rotary table
+  per layer (Gemma 3's local layers' base; our kernels take the layer's table), soft-capped
+  final logits.  Soft-capped attention scores (Gemma 2) our kernels cannot compute: those
+  layers' attention, and so Gemma 2's whole decode step, run in torch's operations
+  (:func:`soft_capped_attention`); GeGLU's activation and the output norms are torch's too.
 
 Rows of the running batch are contiguous: ``keep`` moves only the rows whose place changes, so an
 engine that fills a leaving row's place with the last row moves one row, and decode never gathers.
@@ -109,6 +115,7 @@ class _Layer(LlamaLayer):
     o_add: Callable[[torch.Tensor, torch.Tensor], None]
     down_add: Callable[[torch.Tensor, torch.Tensor], None]
     products: tuple[Linear, Linear, Linear, Linear]  # qkv, o, gate_up, down as the factory built them
+    rope_index: int = 0  # which of the runner's rotary tables the layer reads
 
 
 @dataclass
@@ -143,6 +150,22 @@ def _one_thread() -> Iterator[None]:
 
 def _round_up(value: int, chunk: int) -> int:
     return -(-value // chunk) * chunk
+
+
+def soft_capped_attention(
+    queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None, softcap: float
+) -> torch.Tensor:
+    """Attention with scores soft-capped before the softmax (Gemma 2: ``tanh(s / cap) * cap``),
+    in torch's operations (SDPA and our kernels cannot cap): ``queries`` ``[..., q, dim]``,
+    ``keys``/``values`` ``[..., k, dim]`` broadcast against them, ``mask`` boolean broadcast to
+    ``[..., q, k]`` (True: attend) or None; scores scaled by ``dim ** -0.5`` (queries carry any
+    other scale), softmax in float32 as transformers' eager attention; returns ``[..., q, dim]``."""
+    scores = torch.matmul(queries, keys.transpose(-1, -2)) * queries.shape[-1] ** -0.5
+    scores = torch.tanh(scores / softcap) * softcap
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(queries.dtype)
+    return torch.matmul(weights, values)
 
 
 class LlamaModelRunner:
@@ -193,14 +216,41 @@ class LlamaModelRunner:
         self._embedding = weights.embedding
         if weights.embedding_rows is not None:
             self._embedding_rows = weights.embedding_rows
-        self._layers = [self._load_layer(layer) for layer in weights.layers]
+        # Rotary tables: the model's first, then each other rope a layer has (Gemma 3's local layers').
+        self._ropes = [(weights.inv_freq.to(self.device), weights.rope_scaling)]
+        rope_of: dict[int, int] = {}
+        for layer in weights.layers:
+            if layer.rope is not None and id(layer.rope) not in rope_of:
+                rope_of[id(layer.rope)] = len(self._ropes)
+                self._ropes.append((layer.rope[0].to(self.device), layer.rope[1]))
+        self._layers = [
+            self._load_layer(layer, 0 if layer.rope is None else rope_of[id(layer.rope)]) for layer in weights.layers
+        ]
         self._smallest_window = min((layer.window for layer in self._layers if layer.window), default=None)
-        # The whole decode step in one kernel call runs Llama's layer only (no bias, no q/k norm).
-        self._llama_layers = all(layer.qkv_bias is None and layer.q_norm is None for layer in self._layers)
+        self._hidden_act = weights.hidden_act
+        self._embedding_scale = weights.embedding_scale
+        self._final_softcap = weights.final_logit_softcapping
+        # Queries are multiplied by this so that every attention path's head_dim ** -0.5 gives the
+        # model's scale (Gemma's query_pre_attn_scalar ** -0.5); rope is linear, so before or after it.
+        scale = weights.attention_scale
+        self._query_scale = None if scale is None or scale == self.head_dim**-0.5 else scale * self.head_dim**0.5
+        # Our attention kernels cannot soft-cap scores (Gemma 2's): such layers attend in torch's operations.
+        self._kernel_attention = all(layer.attention_softcap is None for layer in self._layers)
+        # The whole decode step in one kernel call runs Llama's layer only (no bias, no q/k norm, ...).
+        self._llama_layers = (
+            len(self._ropes) == 1
+            and self._hidden_act == "silu"
+            and self._embedding_scale is None
+            and self._query_scale is None
+            and all(
+                layer.qkv_bias is None and layer.q_norm is None and layer.attention_output_norm is None
+                for layer in self._layers
+            )
+        )
         self._final_norm = weights.final_norm
         self._lm_head = weights.lm_head
-        self._inv_freq, self._rope_scaling = weights.inv_freq.to(self.device), weights.rope_scaling
-        self._cos = self._sin = torch.empty(0, self.head_dim, dtype=dtype, device=self.device)
+        empty = torch.empty(0, self.head_dim, dtype=dtype, device=self.device)
+        self._cos_tables, self._sin_tables = [empty] * len(self._ropes), [empty] * len(self._ropes)
         linear_kind = (
             "oneDNN-packed bfloat16"
             if dtype == torch.bfloat16 and onednn_linear_available()
@@ -250,7 +300,7 @@ class LlamaModelRunner:
 
     # --- weights ---------------------------------------------------------------------------------
 
-    def _load_layer(self, layer: LlamaLayer) -> _Layer:
+    def _load_layer(self, layer: LlamaLayer, rope_index: int) -> _Layer:
         return _Layer(
             input_norm=layer.input_norm,
             qkv=layer.qkv,
@@ -265,6 +315,10 @@ class LlamaModelRunner:
             q_norm=layer.q_norm,
             k_norm=layer.k_norm,
             window=layer.window,
+            attention_output_norm=layer.attention_output_norm,
+            mlp_output_norm=layer.mlp_output_norm,
+            attention_softcap=layer.attention_softcap,
+            rope_index=rope_index,
         )
 
     def _residual_linear(self, linear: Linear) -> Linear:
@@ -293,8 +347,23 @@ class LlamaModelRunner:
 
         return add
 
+    @property
+    def _cos(self) -> torch.Tensor:
+        """The model's cos table ``[positions, head_dim]`` (see :meth:`_rope_table`)."""
+        return self._cos_tables[0]
+
+    @property
+    def _sin(self) -> torch.Tensor:
+        return self._sin_tables[0]
+
+    @property
+    def _rope_scaling(self) -> float:
+        """The model's cos/sin scale (longrope's attention factor; 1 for most ropes)."""
+        return self._ropes[0][1]
+
     def _rope_table(self, positions: int) -> None:
-        """Make the cos/sin table cover ``positions`` positions (in chunks, up to ``max_context``).
+        """Make the cos/sin tables (one per rope of :attr:`_ropes`) cover ``positions`` positions (in
+        chunks, up to ``max_context``).
 
         Rows are ``[head_dim]``: cos is transformers' ``cat(freqs, freqs).cos()``; sin has its first
         half negated, so that ``x * cos + swap_halves(x) * sin`` is ``x * cos + rotate_half(x) * sin``.
@@ -304,13 +373,19 @@ class LlamaModelRunner:
         if positions > self.max_context:
             raise ValueError(f"position {positions - 1} is past the model's context of {self.max_context}")
         size = min(self.max_context, _round_up(positions, ROPE_TABLE_CHUNK))
-        freqs = torch.arange(size, device=self.device).float()[:, None] * self._inv_freq  # as transformers: in float32
-        angles = torch.cat((freqs, freqs), dim=-1)
-        cos = angles.cos() * self._rope_scaling
-        sin = angles.sin() * self._rope_scaling
-        half = self.head_dim // 2
-        sin[:, :half].neg_()
-        self._cos, self._sin = cos.to(self.dtype), sin.to(self.dtype)
+        for index, (inv_freq, scaling) in enumerate(self._ropes):
+            freqs = torch.arange(size, device=self.device).float()[:, None] * inv_freq  # as transformers: in float32
+            angles = torch.cat((freqs, freqs), dim=-1)
+            cos = angles.cos() * scaling
+            sin = angles.sin() * scaling
+            sin[:, : self.head_dim // 2].neg_()
+            self._cos_tables[index], self._sin_tables[index] = cos.to(self.dtype), sin.to(self.dtype)
+
+    def _rope_rows(self, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per rotary table, the rows ``(cos, sin)`` ``[tokens, 1, head_dim]`` of ``positions`` ``[tokens]``."""
+        return [
+            (cos[positions][:, None], sin[positions][:, None]) for cos, sin in zip(self._cos_tables, self._sin_tables)
+        ]
 
     # --- the forward pass ------------------------------------------------------------------------
 
@@ -333,6 +408,8 @@ class LlamaModelRunner:
             qk = qkv[:, : (heads + kv_heads) * dim].unflatten(-1, (heads + kv_heads, dim))
             qk[:, :heads] = F.rms_norm(qk[:, :heads], (dim,), layer.q_norm, self.eps)
             qk[:, heads:] = F.rms_norm(qk[:, heads:], (dim,), layer.k_norm, self.eps)
+        if self._query_scale is not None:
+            qkv[:, : self.num_heads * self.head_dim] *= self._query_scale
         return qkv
 
     def _past_window(self, positions: int) -> bool:
@@ -342,9 +419,10 @@ class LlamaModelRunner:
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         """The embeddings ``[tokens, hidden]`` of ``ids`` ``[tokens]``: a new tensor (a residual stream)."""
-        if self._embedding is None:
-            return self._embedding_rows(ids)
-        return F.embedding(ids, self._embedding)
+        x = self._embedding_rows(ids) if self._embedding is None else F.embedding(ids, self._embedding)
+        if self._embedding_scale is not None:  # in the activations' dtype, as transformers' Gemma
+            x *= torch.tensor(self._embedding_scale, dtype=x.dtype)
+        return x
 
     @property
     def embedding_is_own(self) -> bool:
@@ -353,10 +431,33 @@ class LlamaModelRunner:
         return self._embedding is None
 
     def _mlp(self, layer: _Layer, x: torch.Tensor) -> torch.Tensor:
-        """SwiGLU (Shazeer 2020): ``down(silu(gate(x)) * up(x))``, ``x`` ``[tokens, hidden]``."""
+        """SwiGLU (Shazeer 2020) ``down(silu(gate(x)) * up(x))`` or GeGLU (Gemma's, gelu's tanh
+        form) of normed ``x`` ``[tokens, hidden]``, its output norm applied where the layer has one."""
         gate_up = layer.gate_up(F.rms_norm(x, (self.hidden_size,), layer.post_norm, self.eps))
+        return self._output_norm(layer.down(self._gated(gate_up)), layer.mlp_output_norm)
+
+    def _gated(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """``act(gate) * up`` of ``gate_up`` ``[tokens, 2 * intermediate]``: our SiLU kernel where the
+        fused decode ops run, else torch's SiLU or tanh-approximated GELU."""
+        if self._hidden_act == "silu" and self._kernels is not None:
+            return self._kernels.silu_mul(gate_up)
         gate, up = gate_up.split(self.intermediate_size, dim=-1)
-        return layer.down(F.silu(gate) * up)
+        if self._hidden_act == "silu":
+            return F.silu(gate) * up
+        return F.gelu(gate, approximate="tanh") * up
+
+    def _output_norm(self, y: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+        """``y`` ``[tokens, hidden]`` (an attention's or MLP's output) through its RMSNorm, if any."""
+        if weight is None:
+            return y
+        return F.rms_norm(y.to(weight.dtype), (self.hidden_size,), weight, self.eps)
+
+    def _attention_add(self, layer: _Layer, attended: torch.Tensor, x: torch.Tensor) -> None:
+        """``x += o(attended)`` in place, through the layer's attention output norm where it has one."""
+        if layer.attention_output_norm is None:
+            layer.o_add(attended, x)
+        else:
+            x += self._output_norm(layer.products[1](attended), layer.attention_output_norm)
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """RMSNorm of ``x`` ``[tokens, hidden]`` with scales ``weight``: our kernel's one call where
@@ -370,11 +471,19 @@ class LlamaModelRunner:
         if self._kernels is None:
             x += self._mlp(layer, x)
             return
-        layer.down_add(self._kernels.silu_mul(layer.gate_up(self._norm(x, layer.post_norm))), x)
+        gated = self._gated(layer.gate_up(self._norm(x, layer.post_norm)))
+        if layer.mlp_output_norm is None:
+            layer.down_add(gated, x)
+        else:
+            x += self._output_norm(layer.products[3](gated), layer.mlp_output_norm)
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Float32 logits ``[tokens, vocab]`` of final hidden states ``[tokens, hidden]``."""
-        return self._lm_head(F.rms_norm(hidden, (self.hidden_size,), self._final_norm, self.eps)).float()
+        """Float32 logits ``[tokens, vocab]`` of final hidden states ``[tokens, hidden]``, soft-capped
+        where the model says so (Gemma's ``final_logit_softcapping``)."""
+        logits = self._lm_head(F.rms_norm(hidden, (self.hidden_size,), self._final_norm, self.eps)).float()
+        if self._final_softcap is not None:
+            logits = torch.tanh(logits / self._final_softcap) * self._final_softcap
+        return logits
 
     def prefill(self, chunks: Sequence[PrefillChunk]) -> list[torch.Tensor]:
         """One forward pass over ``chunks`` (see the seam); returns float32 logits per chunk,
@@ -412,7 +521,7 @@ class LlamaModelRunner:
         qk_width = (heads + kv_heads) * dim
         x = self._embed(ids)  # [tokens, hidden]
         tokens = x.shape[0]
-        fits = self._prefill_attention_fits() and not self._past_window(end)
+        fits = self._prefill_attention_fits() and self._kernel_attention and not self._past_window(end)
         tables = self._prefill_tables(chunks, partials) if fits else None
         if tables is None:
             # Each chunk's attention in blocks of ATTENTION_QUERIES queries: (first, end, mask) per
@@ -424,19 +533,21 @@ class LlamaModelRunner:
             positions = torch.cat(
                 [torch.arange(chunk.start, chunk.start + len(chunk.token_ids), device=self.device) for chunk in chunks]
             )
-            cos, sin = self._cos[positions][:, None], self._sin[positions][:, None]
+            rope_rows = self._rope_rows(positions)
         for index, layer in enumerate(self._layers):
             qkv = self._qkv(layer, self._norm(x, layer.input_norm))
             if tables is not None:  # one call: rotary embeddings, cache writes, attention
                 attended = torch.empty(tokens, heads * dim, dtype=x.dtype, device=self.device)
+                cos_table, sin_table = self._cos_tables[layer.rope_index], self._sin_tables[layer.rope_index]
                 if not self._kernels.prefill_attention(
-                    qkv.contiguous(), tables[index], heads, kv_heads, self._cos, self._sin, self.kv_dtype, attended
+                    qkv.contiguous(), tables[index], heads, kv_heads, cos_table, sin_table, self.kv_dtype, attended
                 ):
                     raise RuntimeError("the prefill attention kernel declined a layer _prefill_attention_fits admitted")
-                layer.o_add(attended, x)
+                self._attention_add(layer, attended, x)
                 self._mlp_add(layer, x)
                 continue
             blocks = blocks_of[layer.window]
+            cos, sin = rope_rows[layer.rope_index]
             with _one_thread():  # rotary embeddings, cache writes, attention's float32 keys and values
                 qk = self._rotate(qkv[:, :qk_width].view(tokens, heads + kv_heads, dim), cos, sin)
                 values = qkv[:, qk_width:].view(tokens, kv_heads, dim)
@@ -465,10 +576,10 @@ class LlamaModelRunner:
                     cached_values = cache_values[None, :, : start + size].to(x.dtype)
                     calls.append((qk[rows, :heads].transpose(0, 1)[None], keys, cached_values, start, chunk_blocks))
                     offset += size
-            outputs = [self._attend(*call) for call in calls]  # [n, heads, size, dim] each
+            outputs = [self._attend(*call, layer.attention_softcap) for call in calls]  # [n, heads, size, dim] each
             with _one_thread():  # each call's rows in order
                 attended = torch.cat([output.transpose(1, 2).reshape(-1, heads * dim) for output in outputs])
-            layer.o_add(attended, x)
+            self._attention_add(layer, attended, x)
             self._mlp_add(layer, x)
         wanted, offset = [], 0
         for chunk in chunks:
@@ -545,21 +656,40 @@ class LlamaModelRunner:
         values: torch.Tensor,
         start: int,
         blocks: list[tuple[int, int, torch.Tensor | None]],
+        softcap: float | None = None,
     ) -> torch.Tensor:
         """Attention of ``queries`` ``[n, heads, size, dim]`` over ``keys``/``values`` ``[n, kv_heads,
         start + size, dim]`` (``start`` positions cached before the queries), in the
-        :meth:`_attention_blocks` ``blocks`` of the queries, each on every thread; ``[n, heads, size, dim]``."""
-        outputs = [
-            F.scaled_dot_product_attention(
-                queries[:, :, first:end],
-                keys[:, :, : start + end],
-                values[:, :, : start + end],
-                attn_mask=mask,
-                is_causal=mask is None,
-                enable_gqa=True,
-            )
-            for first, end, mask in blocks
-        ]
+        :meth:`_attention_blocks` ``blocks`` of the queries, each on every thread, scores
+        soft-capped at ``softcap`` if given; ``[n, heads, size, dim]``."""
+        if softcap is not None:
+            n, heads, size, dim = queries.shape
+            kv_heads = keys.shape[1]
+            grouped = queries.view(n, kv_heads, heads // kv_heads, size, dim)  # a KV head's query heads
+            outputs = []
+            for first, end, mask in blocks:
+                if mask is None:  # a block at position 0: plain causal
+                    mask = torch.ones(end, end, dtype=torch.bool, device=queries.device).tril()
+                out = soft_capped_attention(
+                    grouped[:, :, :, first:end],
+                    keys[:, :, None, : start + end],
+                    values[:, :, None, : start + end],
+                    mask,
+                    softcap,
+                )
+                outputs.append(out.reshape(n, heads, end - first, dim))
+        else:
+            outputs = [
+                F.scaled_dot_product_attention(
+                    queries[:, :, first:end],
+                    keys[:, :, : start + end],
+                    values[:, :, : start + end],
+                    attn_mask=mask,
+                    is_causal=mask is None,
+                    enable_gqa=True,
+                )
+                for first, end, mask in blocks
+            ]
         if len(outputs) == 1:
             return outputs[0]
         with _one_thread():
@@ -678,7 +808,7 @@ class LlamaModelRunner:
         self._rope_table(longest)
         self._reserve(rows, longest)
         positions = torch.tensor(self._lengths, device=self.device)
-        if self._kernels is not None and not self._past_window(longest):
+        if self._kernels is not None and self._kernel_attention and not self._past_window(longest):
             table = self._whole_step_table(rows) if self._llama_layers else None
             if table is not None:
                 hidden = self._embed(torch.tensor(input_ids))
@@ -704,22 +834,20 @@ class LlamaModelRunner:
             if window is not None and longest > window:
                 mask = (columns <= positions[:, None]) & (columns > positions[:, None] - window)
             masks[window] = None if mask is None else mask.view(rows, 1, 1, longest)
-        cos, sin = self._cos[positions][:, None], self._sin[positions][:, None]
         ids = torch.tensor(input_ids, device=self.device)
-        logits = self._logits(self._decode_layers(ids, cos, sin, slots, masks, longest))
+        logits = self._logits(self._decode_layers(ids, self._rope_rows(positions), slots, masks, longest))
         self._lengths = [length + 1 for length in self._lengths]
         return logits
 
     def _decode_layers(
         self,
         ids: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        rope_rows: list[tuple[torch.Tensor, torch.Tensor]],
         slots: torch.Tensor,
         masks: dict[int | None, torch.Tensor | None],
         longest: int,
     ) -> torch.Tensor:
-        """The decode step's tensor work: ``ids`` ``[rows]``, ``cos``/``sin`` ``[rows, 1, head_dim]``,
+        """The decode step's tensor work: ``ids`` ``[rows]``, per rotary table ``(cos, sin)`` ``[rows, 1, head_dim]``,
         ``slots`` ``[rows * kv_heads]`` (where each new key goes, see :meth:`decode`), ``masks``
         per layer window ``[rows, 1, 1, longest]`` or None; writes the caches, returns the last layer's hidden states ``[rows, hidden]``."""
         rows = ids.shape[0]
@@ -729,7 +857,7 @@ class LlamaModelRunner:
         x = self._embed(ids)  # [rows, hidden]
         for index, layer in enumerate(self._layers):
             qkv = self._qkv(layer, self._norm(x, layer.input_norm))
-            qk = self._rotate(qkv[:, :qk_width].view(rows, heads + kv_heads, dim), cos, sin)
+            qk = self._rotate(qkv[:, :qk_width].view(rows, heads + kv_heads, dim), *rope_rows[layer.rope_index])
             cache_keys, cache_values = (
                 self._layer_keys[index],
                 self._layer_values[index],
@@ -741,13 +869,14 @@ class LlamaModelRunner:
                 0, slots, qkv[:, qk_width:].reshape(rows * kv_heads, dim).to(self.kv_dtype)
             )
             # Grouped-query attention: the `group` query heads of one KV head are its `group` queries.
-            attended = F.scaled_dot_product_attention(
-                qk[:, :heads].view(rows, kv_heads, group, dim),
-                cache_keys[:rows, :, :longest].to(x.dtype),
-                cache_values[:rows, :, :longest].to(x.dtype),
-                attn_mask=masks[layer.window],
-            )  # [rows, kv_heads, group, dim]
-            x += layer.o(attended.reshape(rows, heads * dim))
+            queries = qk[:, :heads].view(rows, kv_heads, group, dim)
+            keys, values = cache_keys[:rows, :, :longest].to(x.dtype), cache_values[:rows, :, :longest].to(x.dtype)
+            if layer.attention_softcap is None:
+                attended = F.scaled_dot_product_attention(queries, keys, values, attn_mask=masks[layer.window])
+            else:
+                attended = soft_capped_attention(queries, keys, values, masks[layer.window], layer.attention_softcap)
+            # attended: [rows, kv_heads, group, dim]
+            self._attention_add(layer, attended.reshape(rows, heads * dim), x)
             x += self._mlp(layer, x)
         return x
 
@@ -765,14 +894,14 @@ class LlamaModelRunner:
                 qkv,
                 self.num_heads,
                 self.num_kv_heads,
-                self._cos,
-                self._sin,
+                self._cos_tables[layer.rope_index],
+                self._sin_tables[layer.rope_index],
                 positions,
                 self._layer_keys[index],
                 self._layer_values[index],
             )
-            layer.o_add(attended, x)
-            layer.down_add(kernels.silu_mul(layer.gate_up(kernels.rms_norm(x, layer.post_norm, eps))), x)
+            self._attention_add(layer, attended, x)
+            self._mlp_add(layer, x)
         return x
 
     def _whole_step_table(self, rows: int) -> torch.Tensor | None:

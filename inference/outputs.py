@@ -14,6 +14,11 @@ class EngineError(Exception):
     status = 500
 
 
+class ChatTemplateError(ValueError):
+    """The model's chat template refused the messages (its ``raise_exception``: e.g. Gemma's
+    templates for a system role, or roles that do not alternate); the message is the template's."""
+
+
 class EngineNotReady(EngineError):
     """The model is still loading (or failed to load)."""
 

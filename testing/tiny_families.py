@@ -17,6 +17,10 @@ from pathlib import Path
 import numpy as np
 import torch
 from transformers import (
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
@@ -75,7 +79,37 @@ FAMILIES = {
             "short_factor": [1.0 + 0.05 * i for i in range(48)], "long_factor": [1.0 + 0.5 * i for i in range(48)],
         },
     }, "phi3"),
+    # Gemma-2-2B: 8 / 4 heads of 256, heads * head_dim 0.89 of the hidden size (here 4 / 2 of 64 over
+    # 288), MLP 4 times, attention scale head_dim ** -0.5, soft-caps 50 and 30, local layers (window
+    # 4096 of 8192, here 6 of 256) alternating with global ones from the first, tied.
+    "gemma2": (Gemma2ForCausalLM, Gemma2Config, {
+        "hidden_size": 288, "intermediate_size": 1152, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 64, "query_pre_attn_scalar": 64, "rms_norm_eps": 1e-6, "sliding_window": 6,
+        "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0, "tie_word_embeddings": True,
+    }, "gemma2"),
+    # Gemma-3-1B: 4 / 1 heads of 256 (here of 64 over 288), MLP 6 times, q/k norms, five local layers
+    # (window 512, here 6) to one global (so 6 layers here), rope bases 1e4 local and 1e6 global with
+    # Gemma-3-4B's linear scaling (factor 8) on the global layers, tied.
+    "gemma3": (Gemma3ForCausalLM, Gemma3TextConfig, {
+        "hidden_size": 288, "intermediate_size": 1728, "num_attention_heads": 4, "num_key_value_heads": 1,
+        "head_dim": 64, "query_pre_attn_scalar": 64, "rms_norm_eps": 1e-6, "sliding_window": 6,
+        "num_hidden_layers": 6, "tie_word_embeddings": True,
+        "rope_parameters": {
+            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+        },
+    }, "gemma3"),
 }  # fmt: skip
+# Gemma's layer norms under GGUF names (transformers' post_attention_layernorm is the attention's
+# output norm there, not the MLP's input norm as in Llama).
+GEMMA_NORMS = {
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "post_attention_norm",
+    "pre_feedforward_layernorm": "ffn_norm",
+    "post_feedforward_layernorm": "post_ffw_norm",
+}
+# What each architecture's converter adds to a norm's scales (Gemma's x * (1 + w) stored as w + 1).
+NORM_OFFSETS = {"gemma2": 1.0, "gemma3": 1.0}
 LAYERS = 2
 
 
@@ -111,6 +145,8 @@ def gguf_names(model) -> dict[str, str]:
         "self_attn.qkv_proj": "attn_qkv",  # Phi-3's fused q/k/v
         "mlp.gate_up_proj": "ffn_up",  # Phi-3's gate and up rows, as llama.cpp stores them
     }
+    if model.config.model_type in ("gemma2", "gemma3_text"):
+        parts.update(GEMMA_NORMS)
     state = model.state_dict()
     for index in range(model.config.num_hidden_layers):
         for hf, ours in parts.items():
@@ -210,19 +246,91 @@ def _add_tokenizer(writer, name: str) -> None:
         writer.add_chat_template(template)
 
 
+# Google's chat templates (tokenizer_config.json): Gemma 2's refuses a system role; Gemma 3's puts
+# the system message at the head of the first user turn.  Both call the assistant "model".
+GEMMA2_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+    "{% endif %}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% if (message['role'] == 'assistant') %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}"
+    "{% endif %}{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}"
+)
+GEMMA3_CHAT_TEMPLATE = (
+    "{{ bos_token }}{%- if messages[0]['role'] == 'system' -%}{%- if messages[0]['content'] is string -%}"
+    "{%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}{%- else -%}"
+    "{%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}{%- endif -%}"
+    '{%- set loop_messages = messages[1:] -%}{%- else -%}{%- set first_user_prefix = "" -%}'
+    "{%- set loop_messages = messages -%}{%- endif -%}{%- for message in loop_messages -%}"
+    "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}"
+    '{{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}{%- endif -%}'
+    "{%- if (message['role'] == 'assistant') -%}{%- set role = \"model\" -%}{%- else -%}"
+    "{%- set role = message['role'] -%}{%- endif -%}"
+    "{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else \"\") }}"
+    "{%- if message['content'] is string -%}{{ message['content'] | trim }}"
+    "{%- elif message['content'] is iterable -%}{%- for item in message['content'] -%}"
+    "{%- if item['type'] == 'text' -%}{{ item['text'] | trim }}{%- endif -%}{%- endfor -%}"
+    "{%- else -%}{{ raise_exception(\"Invalid content type\") }}{%- endif -%}{{ '<end_of_turn>\n' }}"
+    "{%- endfor -%}{%- if add_generation_prompt -%}{{'<start_of_turn>model\n'}}{%- endif -%}"
+)
+# A Gemma-like SentencePiece vocabulary of VOCAB tokens: Gemma's special tokens at Gemma's ids
+# (pad 0, eos 1, bos 2, unk 3; <start_of_turn>/<end_of_turn> are 106/107 in Gemma's own), then
+# one token per character of plain English text and a few words.
+GEMMA_SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
+_PIECES = ["\u2581", *"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,!?'\n"]
+_PIECES += ["\u2581" + word for word in ("Hi", "Be", "brief", "hello", "there", "How", "are", "you")]
+GEMMA_TOKENS = GEMMA_SPECIALS + _PIECES + [f"<unused{i}>" for i in range(VOCAB - len(GEMMA_SPECIALS) - len(_PIECES))]
+# Gemma in the families' byte-level form (:func:`vocabulary`; Gemma's own is SentencePiece, as
+# GEMMA_TOKENS): its turn tokens and templates, <end_of_turn> and <eos> ending a stream.
+_GEMMA_CHAT_TOKENS = ["<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>"]
+CHAT_FORMATS["gemma2"] = (_GEMMA_CHAT_TOKENS, "<eos>", GEMMA2_CHAT_TEMPLATE)
+CHAT_FORMATS["gemma3"] = (_GEMMA_CHAT_TOKENS, "<eos>", GEMMA3_CHAT_TEMPLATE)
+STOP_TOKENS["gemma2"] = STOP_TOKENS["gemma3"] = ("<end_of_turn>", "<eos>")
+# The families whose template has no system role (it refuses a conversation with one).
+NO_SYSTEM_ROLE = {"mistral": "roles must alternate", "gemma2": "System role not supported"}
+
+
+def _write_gemma_tokenizer(writer, chat_template: str) -> None:
+    """A SentencePiece (``llama``) tokenizer of :data:`GEMMA_TOKENS`, as ``convert_hf_to_gguf``
+    writes Gemma's, with ``chat_template``."""
+    specials = len(GEMMA_SPECIALS)
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(GEMMA_TOKENS)
+    writer.add_token_scores([0.0] * specials + [-float(i) for i in range(len(GEMMA_TOKENS) - specials)])
+    writer.add_token_types([3, 3, 3, 2, 3, 3] + [1] * (len(GEMMA_TOKENS) - specials))  # control, unknown, normal
+    writer.add_pad_token_id(0)
+    writer.add_eos_token_id(1)
+    writer.add_bos_token_id(2)
+    writer.add_unk_token_id(3)
+    writer.add_add_bos_token(True)
+    writer.add_add_eos_token(False)
+    writer.add_add_space_prefix(False)
+    writer.add_chat_template(chat_template)
+
+
 def write_gguf(
-    model, path: Path, kind: int, *, architecture: str = "llama", corrupt: str = "", tokenizer: str = ""
+    model,
+    path: Path,
+    kind: int,
+    *,
+    architecture: str = "llama",
+    corrupt: str = "",
+    tokenizer: str = "",
+    chat_template: str | None = None,
 ) -> dict[str, np.ndarray]:
     """Write ``model`` as a GGUF file of ``architecture`` with its matrices in ggml type ``kind``
     (vectors in F32, as llama.cpp keeps them); returns the values each tensor holds as stored
     (dequantized), under GGUF names.  ``corrupt="kv_heads"`` writes a wrong KV head count,
     ``"partial_rope"`` a rotary width of 3/4 of the head;
-    ``tokenizer``: a family name whose :func:`vocabulary` and chat template the file carries."""
+    ``tokenizer``: a family name whose :func:`vocabulary` and chat template the file carries;
+    ``chat_template``: Gemma's tokenizer (:data:`GEMMA_TOKENS`) with this template instead."""
     import gguf
 
     config = model.config
     writer = gguf.GGUFWriter(str(path), architecture)
-    if tokenizer:
+    if chat_template is not None:
+        _write_gemma_tokenizer(writer, chat_template)
+    elif tokenizer:
         _add_tokenizer(writer, tokenizer)
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
@@ -231,7 +339,8 @@ def write_gguf(
     writer.add_head_count(config.num_attention_heads)
     writer.add_head_count_kv(config.num_key_value_heads if corrupt != "kv_heads" else 3)
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_rope_freq_base(float((config.rope_parameters or {}).get("rope_theta", 10000.0)))
+    if architecture != "gemma3":  # Gemma 3's rope_parameters are per layer type (see _write_gemma_metadata)
+        writer.add_rope_freq_base(float((config.rope_parameters or {}).get("rope_theta", 10000.0)))
     dim = family.head_dim(config)
     if dim != config.hidden_size // config.num_attention_heads:
         writer.add_key_length(dim)
@@ -250,6 +359,8 @@ def write_gguf(
         )
         writer.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))
         writer.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32))
+    _write_gemma_metadata(writer, config, architecture)
+    offset = NORM_OFFSETS.get(architecture, 0.0)
     state = {name: tensor.detach().float().numpy() for name, tensor in model.state_dict().items()}
     stored = {}
     qtype = gguf.GGMLQuantizationType(kind)
@@ -257,6 +368,8 @@ def write_gguf(
         values = state[hf]
         if architecture == "llama" and (".attn_q." in name or ".attn_k." in name):
             values = permute(values, _heads(config, name))
+        if name.endswith("norm.weight"):
+            values = values + offset
         if values.ndim == 1:
             writer.add_tensor(name, values.astype(np.float32))
             stored[name] = values
@@ -279,14 +392,35 @@ def write_gguf(
     return stored
 
 
+def _write_gemma_metadata(writer, config, architecture: str) -> None:
+    """What ``convert_hf_to_gguf``'s ``Gemma2Model``/``Gemma3Model`` write beyond the shared keys."""
+    if architecture == "gemma2":
+        writer.add_attn_logit_softcapping(config.attn_logit_softcapping)
+        writer.add_final_logit_softcapping(config.final_logit_softcapping)
+    elif architecture == "gemma3":
+        full = config.rope_parameters["full_attention"]
+        writer.add_rope_freq_base(float(full["rope_theta"]))
+        if full.get("rope_type") == "linear":
+            import gguf
+
+            writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            writer.add_rope_scaling_factor(float(full["factor"]))
+        if config.final_logit_softcapping:
+            writer.add_final_logit_softcapping(config.final_logit_softcapping)
+
+
 def stored_reference(model, stored: dict[str, np.ndarray], *, architecture: str = "llama"):
     """``model`` with every weight replaced by what the file stores, q/k rows back in transformers'
-    order where the architecture permuted them; returns ``model``."""
+    order where the architecture permuted them, norm offsets taken off where the converter added
+    them; returns ``model``."""
     names = gguf_names(model)
+    offset = NORM_OFFSETS.get(architecture, 0.0)
     state = {}
     for name, tensor in model.state_dict().items():
         ours = names.get(name, "token_embd.weight")  # a tied lm_head.weight is the embedding's
         values = torch.from_numpy(stored[ours].copy()).reshape(tensor.shape)
+        if ours.endswith("norm.weight"):
+            values = values - offset
         if architecture == "llama" and (".attn_q." in ours or ".attn_k." in ours):
             values = values[family.unpermute_rows(values.shape[0], _heads(model.config, ours))]
         state[name] = values

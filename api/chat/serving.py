@@ -14,6 +14,8 @@ import dataclasses
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
+from inference.outputs import ChatTemplateError
+
 from ..errors import APIError
 from ..generation import Candidate, Generation, Prompt
 from ..protocol import usage_dict
@@ -52,11 +54,9 @@ class ChatRun(Generation):
         if not engine.has_chat_template:
             raise APIError(NOT_A_CHAT_MODEL, status=404, param="model", code="model_not_found")
         request.check_token_ids(engine.vocab_size)
-        from jinja2 import TemplateError
-
         try:
             ids = await asyncio.to_thread(engine.chat_prompt_ids, request.messages)
-        except TemplateError as error:  # the model's template refuses the conversation (a role it lacks)
+        except ChatTemplateError as error:  # the model's template refuses the conversation (a role it lacks)
             raise APIError(f"The model's chat template refused the messages: {error}", param="messages") from error
         remainder = engine.max_context - len(ids)
         limit = request.max_completion_tokens

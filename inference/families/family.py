@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from transformers import PretrainedConfig
 
@@ -21,10 +22,21 @@ class Family:
     ``config_class``: the transformers config a GGUF file's metadata becomes.  ``permuted_qk``:
     llama.cpp's converter interleaved each head's rotary halves in the GGUF's q/k rows (its
     ``LlamaModel.permute``, architecture ``llama`` only).  ``qk_norm``: an RMSNorm of each query
-    and key head (``[head_dim]`` scales) before the rotary embeddings (Qwen3).  ``fused_qkv``,
+    and key head (``[head_dim]`` scales) before the rotary embeddings (Qwen3, Gemma 3).  ``fused_qkv``,
     ``fused_gate_up``: the checkpoint stores q/k/v as one matrix (transformers ``qkv_proj``, GGUF
     ``attn_qkv``) and gate/up as one (``gate_up_proj``, GGUF ``ffn_up`` holding gate then up rows),
-    as Phi-3 does."""
+    as Phi-3 does.
+
+    Gemma's differences: ``norm_offset``, what transformers' RMSNorms add to their stored scales
+    (``x * (1 + w)``; the loader adds it, so the runner multiplies by the scale as it is; a GGUF
+    file stores ``w + 1`` already, as llama.cpp's converter writes it).  ``activation``: the MLP's
+    gate activation, transformers' ``hidden_act``/``hidden_activation`` name (``silu``: SwiGLU;
+    ``gelu_pytorch_tanh``: GeGLU).  ``embedding_scale``: the embeddings are multiplied by
+    ``sqrt(hidden_size)``.  ``sandwich_norms``: an RMSNorm of the attention's and of the MLP's
+    output before each is added to the residual stream (GGUF ``post_attention_norm``,
+    ``post_ffw_norm``; the MLP's input norm is then transformers' ``pre_feedforward_layernorm``).
+    ``gguf_config``: the family's own transformers config arguments from a GGUF file's metadata
+    (``(file, architecture) -> dict``), over the ones every family shares."""
 
     name: str
     architectures: tuple[str, ...]
@@ -34,6 +46,11 @@ class Family:
     qk_norm: bool = False
     fused_qkv: bool = False
     fused_gate_up: bool = False
+    norm_offset: float = 0.0
+    activation: str = "silu"
+    embedding_scale: bool = False
+    sandwich_norms: bool = False
+    gguf_config: Callable[[Any, str], dict[str, Any]] | None = None
 
 
 _FAMILIES: list[Family] = []

@@ -3,8 +3,10 @@
 Both give a :class:`LlamaWeights`: the model's dimensions, rotary frequencies, norm scales and linear
 layers, with q/k/v and gate/up stacked along their output rows (one product each).  The runner
 (:class:`inference.llama.LlamaModelRunner`) reads nothing else.  The other families the runner
-takes (:mod:`inference.families.qwen`) are read by the same code, as their :class:`~.family.Family`
-says: q/k/v biases and sliding windows where the checkpoint has them, per-head q/k norms.  Mistral
+takes (:mod:`inference.families.qwen`, :mod:`inference.families.gemma`) are read by the same code,
+as their :class:`~.family.Family` says: q/k/v biases and sliding windows where the checkpoint has
+them, per-head q/k norms, Gemma's norm offsets, output norms, activation, scales, soft-caps and
+per-layer-type rotary bases.  Mistral
 is Llama with a sliding window (``model_type`` ``mistral``; its GGUF files are ``llama`` ones).
 
 A GGUF file of architecture ``llama`` (llama.cpp's converter writes SmolLM2, Llama 2/3.x, TinyLlama
@@ -69,6 +71,11 @@ class LlamaLayer:
     q_norm: torch.Tensor | None = None  # [head_dim]: RMSNorm scales of each query head, before rope (Qwen3)
     k_norm: torch.Tensor | None = None  # [head_dim]: ... of each key head
     window: int | None = None  # a query attends to this many positions, itself included (sliding window)
+    # Gemma's: RMSNorm scales [hidden] of the attention's and the MLP's outputs, before the residual add
+    attention_output_norm: torch.Tensor | None = None
+    mlp_output_norm: torch.Tensor | None = None
+    attention_softcap: float | None = None  # attention scores become tanh(s / cap) * cap (Gemma 2)
+    rope: tuple[torch.Tensor, float] | None = None  # this layer's (inv_freq, scale), None: the model's
 
 
 @dataclass
@@ -89,6 +96,10 @@ class LlamaWeights:
     vocab_size: int
     description: str
     formats: dict[str, int] = field(default_factory=dict)  # GGUF: tensors per ggml type
+    hidden_act: str = "silu"  # the MLP's gate activation (transformers' name): silu or gelu_pytorch_tanh
+    embedding_scale: float | None = None  # the embeddings are multiplied by it (Gemma: sqrt(hidden))
+    attention_scale: float | None = None  # attention scores' scale, None: head_dim ** -0.5
+    final_logit_softcapping: float | None = None  # logits become tanh(l / cap) * cap
 
 
 def head_dim(config) -> int:
@@ -109,16 +120,56 @@ def served_context(config) -> int:
     return context
 
 
-def rope_frequencies(config) -> tuple[torch.Tensor, float]:
-    """Inverse frequencies ``[head_dim / 2]`` (float32) and the cos/sin scale, as transformers computes them."""
-    rope_type = (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default")
-    if rope_type == "default":
-        from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+def _rope_parameters_per_layer_type(config) -> bool:
+    """Whether ``config.rope_parameters`` holds one rope per layer type (transformers' Gemma 3 form)."""
+    parameters = getattr(config, "rope_parameters", None) or {}
+    return bool(parameters) and set(parameters) <= {"full_attention", "sliding_attention"}
 
-        inv_freq, scaling = LlamaRotaryEmbedding.compute_default_rope_parameters(config)
-    else:
-        inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config)
+
+def rope_frequencies(config, layer_type: str | None = None) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies ``[head_dim / 2]`` (float32) and the cos/sin scale, as transformers
+    computes them; ``layer_type``: which of a per-layer-type ``rope_parameters`` (Gemma 3's)."""
+    parameters = getattr(config, "rope_parameters", None) or {}
+    if layer_type is not None:
+        parameters = parameters[layer_type]
+    rope_type = parameters.get("rope_type", "default")
+    if rope_type == "default":
+        # transformers' default: base ** (2i / dim), in float32 from int64 exponents
+        dim = head_dim(config)
+        exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
+        return 1.0 / (float(parameters["rope_theta"]) ** exponents), 1.0
+    extra = {} if layer_type is None else {"layer_type": layer_type}
+    inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, **extra)
     return inv_freq.float(), float(scaling)
+
+
+def model_rope(config) -> tuple[torch.Tensor, float]:
+    """The model's rope (its global layers' where each layer type has its own)."""
+    return rope_frequencies(config, "full_attention" if _rope_parameters_per_layer_type(config) else None)
+
+
+def layer_ropes(config) -> list[tuple[torch.Tensor, float] | None]:
+    """Per layer, its own rope where it differs from :func:`model_rope` (Gemma 3's local layers), else None."""
+    if not _rope_parameters_per_layer_type(config):
+        return [None] * int(config.num_hidden_layers)
+    kinds = {kind: rope_frequencies(config, kind) for kind in set(config.layer_types) - {"full_attention"}}
+    return [kinds.get(kind) for kind in config.layer_types]
+
+
+def attention_softcap(config) -> float | None:
+    """The attention scores' soft-cap of every layer (Gemma 2's ``attn_logit_softcapping``), or None."""
+    return getattr(config, "attn_logit_softcapping", None) or None
+
+
+def model_extras(config, family: Family) -> dict:
+    """The :class:`LlamaWeights` fields a family's config sets beyond Llama's (Gemma's)."""
+    scalar = getattr(config, "query_pre_attn_scalar", None)
+    return {
+        "hidden_act": family.activation,
+        "embedding_scale": float(config.hidden_size) ** 0.5 if family.embedding_scale else None,
+        "attention_scale": None if scalar is None else float(scalar) ** -0.5,
+        "final_logit_softcapping": getattr(config, "final_logit_softcapping", None) or None,
+    }
 
 
 def exact_rows(linear) -> Callable[[torch.Tensor], torch.Tensor] | None:
@@ -199,6 +250,7 @@ def config_from_gguf(file: GGUFFile):
     window = int(file.get(f"{arch}.attention.sliding_window", 0) or 0)
     # Every layer's (max_window_layers 0 for Qwen's configs, which read use_sliding_window).
     windowed = {"sliding_window": window, "use_sliding_window": True, "max_window_layers": 0} if window else {}
+    own = family.gguf_config(file, arch) if family.gguf_config is not None else {}
     config = family.config_class(
         vocab_size=int(vocab),
         hidden_size=int(key("embedding_length")),
@@ -209,12 +261,11 @@ def config_from_gguf(file: GGUFFile):
         head_dim=dim,
         max_position_embeddings=int(key("context_length", 4096)),
         rms_norm_eps=float(key("attention.layer_norm_rms_epsilon", 1e-5)),
-        rope_parameters=rope,
+        rope_parameters=own.pop("rope_parameters", rope),
         tie_word_embeddings="output.weight" not in file.tensors,
         bos_token_id=file.get("tokenizer.ggml.bos_token_id"),
         eos_token_id=file.get("tokenizer.ggml.eos_token_id"),
-        **windowed,
-        **extra,
+        **{**windowed, **extra, **own},
     )
     if hidden != config.hidden_size:
         raise ModelFileError(
@@ -240,6 +291,8 @@ def _check_shapes(file: GGUFFile, config, family: Family) -> None:
     }
     if family.qk_norm:
         expected.update({"attn_q_norm": (dim,), "attn_k_norm": (dim,)})
+    if family.sandwich_norms:
+        expected.update({"post_attention_norm": (hidden,), "post_ffw_norm": (hidden,)})
     biases = {part: expected[part][:1] for part in ("attn_q", "attn_k", "attn_v")}
     if family.fused_qkv:  # q, k and v's rows in one tensor
         for part in ("attn_q", "attn_k", "attn_v"):
@@ -326,7 +379,7 @@ def gguf_weights(file: GGUFFile, config, dtype: torch.dtype, weights: str = "aut
             ]
         )
 
-    windows = layer_windows(config)
+    windows, ropes, softcap = layer_windows(config), layer_ropes(config), attention_softcap(config)
     layers = []
     started, reported = time.perf_counter(), 0
     for index in range(config.num_hidden_layers):
@@ -361,6 +414,10 @@ def gguf_weights(file: GGUFFile, config, dtype: torch.dtype, weights: str = "aut
                 q_norm=vector(prefix + "attn_q_norm.weight") if family.qk_norm else None,
                 k_norm=vector(prefix + "attn_k_norm.weight") if family.qk_norm else None,
                 window=windows[index],
+                attention_output_norm=vector(prefix + "post_attention_norm.weight") if family.sandwich_norms else None,
+                mlp_output_norm=vector(prefix + "post_ffw_norm.weight") if family.sandwich_norms else None,
+                attention_softcap=softcap,
+                rope=ropes[index],
             )
         )
     tied = "output.weight" not in file.tensors
@@ -375,7 +432,7 @@ def gguf_weights(file: GGUFFile, config, dtype: torch.dtype, weights: str = "aut
         embedding_rows = ggml.rows_reader(file.raw("token_embd.weight"), info.ggml_type, info.shape[-1])
     if embedding is None and embedding_rows is None:
         embedding = file.floats("token_embd.weight").to(dtype)
-    inv_freq, rope_scaling = rope_frequencies(config)
+    inv_freq, rope_scaling = model_rope(config)
     if "rope_freqs.weight" in file.tensors:  # Llama 3.1's scaling: a divisor per frequency
         inv_freq = inv_freq / file.floats("rope_freqs.weight").reshape(-1)
     described = ", ".join(f"{name} x {count}" for name, count in sorted(counts.items(), key=lambda c: -c[1]))
@@ -392,6 +449,7 @@ def gguf_weights(file: GGUFFile, config, dtype: torch.dtype, weights: str = "aut
         vocab_size=config.vocab_size,
         description=f"{kind} ({described})",
         formats=counts,
+        **model_extras(config, family),
     )
 
 
@@ -405,7 +463,7 @@ def unsupported_reason(model) -> str | None:
     """Why the runner cannot run ``model`` (a transformers causal LM), or None if it can.
 
     Supported: a registered family's ``model_type`` (:func:`~.family.model_types`), biases on q/k/v
-    only, SiLU MLP, full rotary embeddings of a static variant (:data:`STATIC_ROPE_TYPES`), full or
+    only, the family's MLP activation, full rotary embeddings of a static variant (:data:`STATIC_ROPE_TYPES`), full or
     sliding-window attention layers, plain ``nn.Linear`` layers (not prepacked or quantized).
     """
     config = model.config
@@ -417,12 +475,16 @@ def unsupported_reason(model) -> str | None:
     kinds = set(getattr(config, "layer_types", None) or ()) - {"full_attention", "sliding_attention"}
     if kinds:
         return f"layer_types {sorted(kinds)} are not full or sliding-window attention"
-    if getattr(config, "hidden_act", "silu") != "silu":
-        return f"hidden_act {config.hidden_act!r} is not silu"
-    rope = getattr(config, "rope_parameters", None) or {}
-    if rope.get("rope_type", "default") not in STATIC_ROPE_TYPES:
-        return f"rope_type {rope.get('rope_type')!r} is not one of {STATIC_ROPE_TYPES}"
-    if rope.get("partial_rotary_factor", 1.0) != 1.0 or getattr(config, "partial_rotary_factor", 1.0) != 1.0:
+    activation = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", "silu")
+    if activation != family.activation:
+        return f"the MLP's activation {activation!r} is not the {family.name} family's {family.activation!r}"
+    ropes = getattr(config, "rope_parameters", None) or {}
+    for rope in ropes.values() if _rope_parameters_per_layer_type(config) else [ropes]:
+        if rope.get("rope_type", "default") not in STATIC_ROPE_TYPES:
+            return f"rope_type {rope.get('rope_type')!r} is not one of {STATIC_ROPE_TYPES}"
+        if rope.get("partial_rotary_factor", 1.0) != 1.0:
+            return "partial rotary embeddings"
+    if getattr(config, "partial_rotary_factor", 1.0) != 1.0:
         return "partial rotary embeddings"
     for layer in model.model.layers:
         attention, mlp = layer.self_attn, layer.mlp
@@ -436,6 +498,10 @@ def unsupported_reason(model) -> str | None:
             return "the fused q/k/v projection has a bias"
         if family.qk_norm and not (hasattr(attention, "q_norm") and hasattr(attention, "k_norm")):
             return f"the {family.name} family's attention lacks its q/k norms"
+        if family.sandwich_norms and not (
+            hasattr(layer, "pre_feedforward_layernorm") and hasattr(layer, "post_feedforward_layernorm")
+        ):
+            return f"the {family.name} family's layer lacks its feed-forward norms"
     if type(model.get_output_embeddings()) is not torch.nn.Linear:
         return "the output layer is not a plain nn.Linear"
     return None
@@ -449,12 +515,16 @@ def transformers_weights(model, dtype: torch.dtype, linear_factory: LinearFactor
     if reason is not None:
         raise ValueError(f"LlamaModelRunner cannot run this model: {reason}")
     config = model.config
-    windows = layer_windows(config)
+    family = for_model_type(config.model_type)
+    assert family is not None  # unsupported_reason says so otherwise
+    windows, ropes, softcap = layer_windows(config), layer_ropes(config), attention_softcap(config)
     with torch.no_grad():
         layers = [
-            _transformers_layer(index, layer, dtype, linear_factory, windows[index])
+            _transformers_layer(index, layer, dtype, linear_factory, family, windows[index])
             for index, layer in enumerate(model.model.layers)
         ]
+        for layer, rope in zip(layers, ropes):
+            layer.rope, layer.attention_softcap = rope, softcap
         output = model.get_output_embeddings()
         lm_head = linear_factory(output.weight, dtype, (OUTPUT_NAME,))
         embedding: torch.Tensor | None = model.get_input_embeddings().weight.detach().to(dtype)
@@ -464,8 +534,8 @@ def transformers_weights(model, dtype: torch.dtype, linear_factory: LinearFactor
         tied = model.get_input_embeddings().weight.data_ptr() == output.weight.data_ptr()
         if tied and dtype == torch.float32 and (rows := exact_rows(lm_head)) is not None:
             embedding, embedding_rows = None, rows
-        final_norm = model.model.norm.weight.detach().to(dtype)
-    inv_freq, rope_scaling = rope_frequencies(config)
+        final_norm = (model.model.norm.weight.detach() + family.norm_offset).to(dtype)
+    inv_freq, rope_scaling = model_rope(config)
     description = getattr(linear_factory, "description", getattr(linear_factory, "__name__", "linear"))
     return LlamaWeights(
         config=config,
@@ -478,6 +548,7 @@ def transformers_weights(model, dtype: torch.dtype, linear_factory: LinearFactor
         lm_head=lm_head,
         vocab_size=int(output.out_features),
         description=description,
+        **model_extras(config, family),
     )
 
 
@@ -494,7 +565,7 @@ def _projections(attention, mlp) -> tuple[tuple, tuple]:
 
 
 def _transformers_layer(
-    index: int, layer, dtype: torch.dtype, linear_factory: LinearFactory, window: int | None
+    index: int, layer, dtype: torch.dtype, linear_factory: LinearFactory, family: Family, window: int | None
 ) -> LlamaLayer:
     attention, mlp = layer.self_attn, layer.mlp
     prefix = f"model.layers.{index}"
@@ -514,6 +585,13 @@ def _transformers_layer(
     def names(*parts: str) -> tuple[str, ...]:
         return tuple(f"{prefix}.{part}.weight" for part in parts)
 
+    def norm(module) -> torch.Tensor:
+        """A norm's scales as the runner multiplies by them (Gemma's stored ``w`` of ``x * (1 + w)``
+        plus the 1), in ``dtype``."""
+        return (module.weight.detach() + family.norm_offset).to(dtype)
+
+    sandwich = family.sandwich_norms
+
     qkv = torch.cat([module.weight for module in projections])
     gate_up = torch.cat([module.weight for module in gate_up_projections])
     qkv_names = (
@@ -523,14 +601,16 @@ def _transformers_layer(
     )
     gate_up_names = ("mlp.gate_up_proj",) if len(gate_up_projections) == 1 else ("mlp.gate_proj", "mlp.up_proj")
     return LlamaLayer(
-        input_norm=layer.input_layernorm.weight.detach().to(dtype),
+        input_norm=norm(layer.input_layernorm),
         qkv=linear_factory(qkv.detach(), dtype, names(*qkv_names)),
         o=linear_factory(attention.o_proj.weight.detach(), dtype, names("self_attn.o_proj")),
-        post_norm=layer.post_attention_layernorm.weight.detach().to(dtype),
+        post_norm=norm(layer.pre_feedforward_layernorm if sandwich else layer.post_attention_layernorm),
         gate_up=linear_factory(gate_up.detach(), dtype, names(*gate_up_names)),
         down=linear_factory(mlp.down_proj.weight.detach(), dtype, names("mlp.down_proj")),
         qkv_bias=None if bias is None else bias.detach().to(dtype),
-        q_norm=None if q_norm is None else q_norm.weight.detach().to(dtype),
-        k_norm=None if k_norm is None else k_norm.weight.detach().to(dtype),
+        q_norm=None if q_norm is None else norm(q_norm),
+        k_norm=None if k_norm is None else norm(k_norm),
         window=window,
+        attention_output_norm=norm(layer.post_attention_layernorm) if sandwich else None,
+        mlp_output_norm=norm(layer.post_feedforward_layernorm) if sandwich else None,
     )

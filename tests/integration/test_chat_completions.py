@@ -315,6 +315,20 @@ def test_a_model_without_a_chat_template_is_refused_here_only(tiny_api, valid_ke
     assert post(valid_key.plaintext, {"model": MODEL, "prompt": "Hello", "max_tokens": 2}).status == 200
 
 
+def test_a_system_message_that_the_models_template_refuses_is_a_400_naming_messages(tiny_api, valid_key, monkeypatch):
+    # Gemma 2's template has no system role: transformers' apply_chat_template raises its words.
+    from testing.tiny_families import GEMMA2_CHAT_TEMPLATE
+
+    monkeypatch.setattr(tiny_api.tokenizer, "chat_template", GEMMA2_CHAT_TEMPLATE, raising=False)
+
+    reply = post(valid_key.plaintext, chat(), CHAT)
+
+    assert reply.status == 400 and reply.error["param"] == "messages"
+    assert reply.error["type"] == "invalid_request_error"
+    assert "System role not supported" in reply.error["message"]
+    assert post(valid_key.plaintext, chat(messages=MESSAGES[1:]), CHAT).status == 200
+
+
 def test_each_chat_request_leaves_one_record_naming_the_endpoint(chat_api, valid_key):
     from keys.models import UsageRecord
 
