@@ -833,8 +833,8 @@ namespace kernels {
 
 // For ggml_blocks.cpp's integer products: x rounded to 16 bits per group of 32 exactly as the Q4_1
 // and Q8_0 products round it (quantize_row), and the process-wide activation_bits.
-bool round_row_16(const float* x, int64_t K, int16_t* xq, float* dx, float* sx) { return quantize_row(x, K, xq, dx, sx); }
-bool round_row_8(const float* x, int64_t K, int8_t* xq, float* dx, float* sx) { return quantize_row(x, K, xq, dx, sx); }
+bool round_row(const float* x, int64_t K, int16_t* xq, float* dx, float* sx) { return quantize_row(x, K, xq, dx, sx); }
+bool round_row(const float* x, int64_t K, int8_t* xq, float* dx, float* sx) { return quantize_row(x, K, xq, dx, sx); }
 int activation_bits_setting() { return activation_bits; }
 
 }  // namespace kernels

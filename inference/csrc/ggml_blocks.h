@@ -383,7 +383,7 @@ void rows(const uint8_t* w, int64_t row_bytes, const float* x, int64_t M, int64_
 
 // --- Few rows of x rounded to 16 bits: integer products ------------------------------------------------
 // Up to INTEGER_ROWS rows, where decoding the weights (read once, straight from memory) bounds a
-// product, the block types multiply x rounded to 16 bits per group of 32 (kernels::round_row_16, the
+// product, the block types multiply x rounded to 16 bits per group of 32 (kernels::round_row, the
 // rounding of the Q4_1 and Q8_0 products) by their integers in 16-bit lanes: per group one madd per
 // vector of 16-bit lanes, exact in integers, then one float multiply-add by iscale * dx, plus the
 // offset times the group's float sum of x (Q4_1, Q5_1, Q4_K, Q5_K).  Decoding to 16-bit lanes takes
@@ -393,16 +393,18 @@ void rows(const uint8_t* w, int64_t row_bytes, const float* x, int64_t M, int64_
 // the float loop.
 constexpr int INTEGER_ROWS = 4;
 
-// x [M, K] rounded: values xq [M, K], per group scales dx and float sums sx [M, K / 32].
+// x [M, K] rounded to T (int16_t or int8_t): values xq [M, K], per group scales dx and float sums
+// sx [M, K / 32] (kernels::round_row).
+template <typename T>
 struct RoundedX {
-  std::vector<int16_t> q;
+  std::vector<T> q;
   std::vector<float> dx, sx;
   bool round(const float* x, int64_t M, int64_t K) {
     q.resize(static_cast<size_t>(M * K));
     dx.resize(static_cast<size_t>(M * K / GROUP));
     sx.resize(static_cast<size_t>(M * K / GROUP));
     for (int64_t r = 0; r < M; ++r)
-      if (!kernels::round_row_16(x + r * K, K, q.data() + r * K, dx.data() + r * K / GROUP, sx.data() + r * K / GROUP))
+      if (!kernels::round_row(x + r * K, K, q.data() + r * K, dx.data() + r * K / GROUP, sx.data() + r * K / GROUP))
         return false;
     return true;
   }
@@ -410,7 +412,7 @@ struct RoundedX {
 
 // Output row n against the ROWS rounded rows of x (see above), 256 weights a step as dot_rows.
 template <typename L, int ROWS>
-inline void int_dot_rows(const uint8_t* row, const RoundedX& x, int64_t K, int64_t N, int64_t n, float* y, bool add) {
+inline void int_dot_rows(const uint8_t* row, const RoundedX<int16_t>& x, int64_t K, int64_t N, int64_t n, float* y, bool add) {
   constexpr int GROUPS = L::BLOCK / GROUP, STEP = L::BLOCK >= 256 ? 1 : 256 / L::BLOCK;
   const int64_t groups = K / GROUP, blocks = K / L::BLOCK;
   F acc[ROWS][2];
@@ -486,8 +488,8 @@ inline void int_dot_rows(const uint8_t* row, const RoundedX& x, int64_t K, int64
 // cannot be rounded (float32 then).
 template <typename L>
 bool int_gemm(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, float* y, bool add, int threads) {
-  thread_local RoundedX callers;  // the caller's, reused; the workers take it by reference
-  RoundedX& rounded = callers;
+  thread_local RoundedX<int16_t> callers;  // the caller's, reused; the workers take it by reference
+  RoundedX<int16_t>& rounded = callers;
   if (!rounded.round(x, M, K)) return false;
   const int64_t row_bytes = K / L::BLOCK * L::BYTES;
   kernels::parallel_for(N, threads, [&](int64_t first, int64_t last) {

@@ -7,7 +7,7 @@
 // VNNI we know, 512-bit integer operations run as two 256-bit halves, so wider vectors gain nothing).
 // No include guard, on purpose.
 //
-// x is rounded per group of 32 (scale dx = max |x| / 127; kernels::round_row_8), finer than llama.cpp's
+// x is rounded per group of 32 (scale dx = max |x| / 127; kernels::round_row), finer than llama.cpp's
 // one scale per 256.  A group's sum over its integers times d * sc * dx is exact up to float32 rounding;
 // the K-quants' minimums multiply x's exact float sums, Q6_K's offset of 32 the rounded values' sums
 // (so that the centred weight, not its offset form, meets x's rounding).  The likelihood cost is
@@ -17,27 +17,30 @@
 // in float32, as do the scores of a prompt's tokens.
 constexpr int INT8_ROWS = 16;
 
-// x [M, K] rounded: q int8 [M, K], per group of 32 the scales dx and float sums sx [M, K / 32], and per
-// 16 values the sums of q, as floats [M, K / 16] (Q6_K's offset).
-struct RoundedX8 {
-  std::vector<int8_t> q;
-  std::vector<float> dx, sx, q16;
-  bool round(const float* x, int64_t M, int64_t K) {
-    q.resize(static_cast<size_t>(M * K));
-    dx.resize(static_cast<size_t>(M * K / GROUP));
-    sx.resize(static_cast<size_t>(M * K / GROUP));
+// x [M, K] rounded to 8 bits (RoundedX), and for Q6_K's offset the sums of q per 16 values, as
+// floats [M, K / 16].
+struct RoundedX8 : RoundedX<int8_t> {
+  std::vector<float> q16;
+  void sum_sixteens(int64_t M, int64_t K) {
     q16.resize(static_cast<size_t>(M * K / 16));
-    for (int64_t r = 0; r < M; ++r)
-      if (!kernels::round_row_8(x + r * K, K, q.data() + r * K, dx.data() + r * K / GROUP, sx.data() + r * K / GROUP))
-        return false;
     for (int64_t i = 0; i < M * K / 16; ++i) {
       int sum = 0;
       for (int k = 0; k < 16; ++k) sum += q[static_cast<size_t>(16 * i + k)];
       q16[static_cast<size_t>(i)] = static_cast<float>(sum);
     }
-    return true;
   }
 };
+
+// A weight row's bytes a super-block of 256 weights.
+constexpr int64_t int8_block_bytes(int type) { return type == TYPE_Q4_K ? 144 : type == TYPE_Q5_K ? 176 : 210; }
+
+template <int ROWS, int CHAINS>
+inline void zero_rows(__m256 (&acc)[ROWS][CHAINS], __m256 (&offsets)[ROWS]) {
+  for (int r = 0; r < ROWS; ++r) {
+    offsets[r] = _mm256_setzero_ps();
+    for (int c = 0; c < CHAINS; ++c) acc[r][c] = _mm256_setzero_ps();
+  }
+}
 
 inline __m256i load32(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 inline __m256 int_sums(__m256i w, const int8_t* x) { return _mm256_cvtepi32_ps(Dot8::dot(w, load32(x))); }
@@ -60,8 +63,8 @@ inline void finish_rows(__m256 (&acc)[ROWS][CHAINS], const __m256 (&offsets)[ROW
   }
 }
 
-inline void prefetch_block(const uint8_t* b, int bytes) {
-  for (int line = 0; line < bytes; line += 64)
+inline void prefetch_block(const uint8_t* b, int64_t bytes) {
+  for (int64_t line = 0; line < bytes; line += 64)
     _mm_prefetch(reinterpret_cast<const char*>(b + PREFETCH_BYTES + line), _MM_HINT_T0);
 }
 
@@ -70,14 +73,12 @@ inline void prefetch_block(const uint8_t* b, int bytes) {
 template <bool FIFTH, int ROWS>
 inline void k_quant_int8_row(const uint8_t* row, const RoundedX8& x, int64_t r0, int64_t K, int64_t N, int64_t n, float* y,
                              bool add) {
-  constexpr int BYTES = FIFTH ? 176 : 144, QS = FIFTH ? 48 : 16, CHAINS = int8_chains<ROWS>();
+  constexpr int64_t BYTES = int8_block_bytes(FIFTH ? TYPE_Q5_K : TYPE_Q4_K);
+  constexpr int QS = FIFTH ? 48 : 16, CHAINS = int8_chains<ROWS>();
   const int64_t groups = K / GROUP, blocks = K / 256;
   const __m256i nibble = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
   __m256 acc[ROWS][CHAINS], offsets[ROWS];
-  for (int r = 0; r < ROWS; ++r) {
-    offsets[r] = _mm256_setzero_ps();
-    for (int c = 0; c < CHAINS; ++c) acc[r][c] = _mm256_setzero_ps();
-  }
+  zero_rows(acc, offsets);
   for (int64_t blk = 0; blk < blocks; ++blk) {
     const uint8_t* b = row + blk * BYTES;
     prefetch_block(b, BYTES);
@@ -120,18 +121,15 @@ inline void q6_k_int8_row(const uint8_t* row, const RoundedX8& x, int64_t r0, in
   const int64_t groups = K / GROUP, blocks = K / 256;
   const __m256i nibble = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30);
   __m256 acc[ROWS][CHAINS], offsets[ROWS];
-  for (int r = 0; r < ROWS; ++r) {
-    offsets[r] = _mm256_setzero_ps();
-    for (int c = 0; c < CHAINS; ++c) acc[r][c] = _mm256_setzero_ps();
-  }
+  zero_rows(acc, offsets);
   // Lanes 0-3 take scale 2 g, lanes 4-7 scale 2 g + 1, of the 8 scales of groups g .. g + 3.
   const __m256i spread[4] = {
       _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3),
       _mm256_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5), _mm256_setr_epi32(6, 6, 6, 6, 7, 7, 7, 7)};
   const __m256i pairs_low = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3), pairs_high = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
   for (int64_t blk = 0; blk < blocks; ++blk) {
-    const uint8_t* b = row + blk * 210;
-    prefetch_block(b, 210);
+    const uint8_t* b = row + blk * int8_block_bytes(TYPE_Q6_K);
+    prefetch_block(b, int8_block_bytes(TYPE_Q6_K));
     const __m256 d = _mm256_set1_ps(half_to_float(b + 208));
     const __m256 sc_low = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 192)))));
     const __m256 sc_high = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 200)))));
@@ -187,7 +185,8 @@ inline bool int8_gemm(int type, const float* x, int64_t M, int64_t K, const uint
   thread_local RoundedX8 callers;  // the caller's, reused; the workers take it by reference
   RoundedX8& rounded = callers;
   if (!rounded.round(x, M, K)) return false;
-  const int64_t row_bytes = K / 256 * (type == TYPE_Q4_K ? 144 : type == TYPE_Q5_K ? 176 : 210);
+  if (type == TYPE_Q6_K) rounded.sum_sixteens(M, K);
+  const int64_t row_bytes = K / 256 * int8_block_bytes(type);
   kernels::parallel_for(N, threads, [&](int64_t first, int64_t last) {
     for (int64_t n = first; n < last; ++n) {
       const uint8_t* row = w + n * row_bytes;

@@ -19,9 +19,9 @@ inline float horizontal_sum(__m256 v) {
 // Defined in block_gemm.cpp: x [K] (K a multiple of 32) rounded to 16 bits per group of 32 (scale
 // dx = max |x| / 32767, round to nearest even; sx the groups' float sums); false where a group cannot
 // be rounded (a subnormal scale, an infinity or a NaN).  And what set_activation_bits last set.
-bool round_row_16(const float* x, int64_t K, int16_t* xq, float* dx, float* sx);
+bool round_row(const float* x, int64_t K, int16_t* xq, float* dx, float* sx);
 // The same to 8 bits (dx = max |x| / 127).
-bool round_row_8(const float* x, int64_t K, int8_t* xq, float* dx, float* sx);
+bool round_row(const float* x, int64_t K, int8_t* xq, float* dx, float* sx);
 int activation_bits_setting();
 
 }  // namespace kernels
