@@ -114,13 +114,18 @@ def test_a_weight_that_does_not_fit_is_refused():
         KERNELS.ggml_dequantize_rows(data, int(T.Q4_K), 512, torch.tensor([4]))
 
 
-def rounded_to_16_bits(x: torch.Tensor) -> torch.Tensor:
-    """``x`` as the integer products round it: per group of 32, scale ``max |x| / 32767`` and
-    ``round(x * (1 / scale))`` to nearest even, in float32 (``csrc/block_gemm.cpp``'s quantize_row)."""
+def rounded(x: torch.Tensor, largest: float) -> torch.Tensor:
+    """``x`` as the integer products round it: per group of 32, scale ``max |x| / largest`` (32767
+    for 16 bits, 127 for 8) and ``round(x * (1 / scale))`` to nearest even, in float32
+    (``csrc/block_gemm.cpp``'s quantize_row)."""
     groups = x.reshape(x.shape[0], -1, 32)
-    scale = groups.abs().amax(-1, keepdim=True) / 32767.0
+    scale = groups.abs().amax(-1, keepdim=True) / largest
     inverse = torch.where(scale > 0, 1.0 / scale, torch.zeros_like(scale))
     return (torch.round(groups * inverse) * scale).reshape(x.shape)
+
+
+def rounded_to_16_bits(x: torch.Tensor) -> torch.Tensor:
+    return rounded(x, 32767.0)
 
 
 BLOCK_TYPES = [qtype for qtype in TYPES if qtype not in (T.F32, T.F16, T.BF16)]
@@ -155,12 +160,7 @@ def test_a_row_that_cannot_be_rounded_takes_the_float_loop(isa):
 
 
 def rounded_to_8_bits(x: torch.Tensor) -> torch.Tensor:
-    """``x`` as the 8-bit products round it: per group of 32, scale ``max |x| / 127``, then
-    ``round(x * (1 / scale))`` to nearest even, in float32 (``csrc/block_gemm.cpp``'s quantize_row)."""
-    groups = x.reshape(x.shape[0], -1, 32)
-    scale = groups.abs().amax(-1, keepdim=True) / 127.0
-    inverse = torch.where(scale > 0, 1.0 / scale, torch.zeros_like(scale))
-    return (torch.round(groups * inverse) * scale).reshape(x.shape)
+    return rounded(x, 127.0)
 
 
 def minimums(data: np.ndarray, qtype: T, width: int) -> np.ndarray:
