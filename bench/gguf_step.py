@@ -63,7 +63,6 @@ def main() -> None:
                     for _ in range(STEPS):
                         runner.decode([5] * rows)
                     times[int8].append((time.perf_counter() - started) / STEPS)
-                runner.keep(list(range(rows)))
             eight, sixteen = statistics.median(times[True]), statistics.median(times[False])
             print(
                 f"{rows} rows: 8-bit {eight * 1e3:.1f} ms ({weight_bytes / eight / 1e9:.1f} GB/s), "
