@@ -120,8 +120,8 @@ class CPUKernels:
         }
         attention_types = (pointer, size, size, size, size, pointer, pointer, pointer, pointer, pointer, size, size)
         self._attention = {
-            torch.float32: function("decode_attention", *attention_types, real, pointer, integer),
-            torch.float16: function("decode_attention_f16", *attention_types, real, pointer, integer),
+            torch.float32: function("decode_attention", *attention_types, real, pointer, integer, size),
+            torch.float16: function("decode_attention_f16", *attention_types, real, pointer, integer, size),
         }
         prefill_types = (pointer, size, pointer, size, size, size, pointer, pointer, real, pointer, integer)
         self._prefill_attention = {
@@ -327,6 +327,7 @@ class CPUKernels:
         positions: torch.Tensor,
         keys: torch.Tensor,
         values: torch.Tensor,
+        window: int | None = None,
     ) -> torch.Tensor:
         """A decode step's attention for ``qkv [rows, (heads + 2 kv_heads) * dim]`` (queries, keys, values).
 
@@ -335,7 +336,8 @@ class CPUKernels:
         new token's position per row.  ``keys``/``values``: the layer's caches
         ``[row capacity, kv_heads, capacity, dim]``, float32 or float16 (rounded to nearest even, as
         torch casts); each row's new key (rotated) and value are written at its position, then its
-        queries (rotated) attend over positions ``0..position``, in float32.
+        queries (rotated) attend over positions ``0..position``, in float32, or over its last
+        ``window`` positions (a sliding window, the query's own included) where ``window`` is given.
         Returns ``[rows, heads * dim]``.  ``dim`` must be even and at most 256.
         """
         rows, dim = qkv.shape[0], keys.shape[-1]
@@ -343,7 +345,7 @@ class CPUKernels:
         self._attention[keys.dtype](
             qkv.data_ptr(), rows, heads, kv_heads, dim, cos.data_ptr(), sin.data_ptr(), positions.data_ptr(),
             keys.data_ptr(), values.data_ptr(), keys.stride(0), keys.stride(1), dim**-0.5, out.data_ptr(),
-            torch.get_num_threads(),
+            torch.get_num_threads(), window or 0,
         )  # fmt: skip
         return out
 

@@ -21,8 +21,9 @@ pre-RMSNorm, rotary position embeddings, SwiGLU MLP, grouped-query attention fro
 - The other families (:mod:`inference.families`) are data on each layer, not code paths: a q/k/v
   bias added to the stacked product's output (Qwen2), an RMSNorm of each query and key head before
   the rotary embeddings (Qwen3), a sliding window (Mistral).  Our kernels take the first two as
-  they are (both are done before a kernel reads q/k/v); a window they cannot apply, so a step where
-  some query sees past its window runs attention in torch's operations.  The cache keeps every
+  they are (both are done before a kernel reads q/k/v); a decode step's attention kernel takes each
+  layer's window, while a prefill pass where some query sees past its window attends in torch's
+  operations (as does the one-call whole step, which has no window).  The cache keeps every
   position either way (no ring buffer: memory as for full attention).  Gemma's differences are
   data too: an embedding scale, norms on the attention's and MLP's outputs, GeGLU, a query scale
   (folded into the queries, so every attention path keeps ``head_dim ** -0.5``), a rotary table
@@ -414,7 +415,7 @@ class LlamaModelRunner:
 
     def _past_window(self, positions: int) -> bool:
         """Whether a query among the first ``positions`` positions sees past a layer's window (so
-        our kernels, which attend to every earlier position, cannot run that step's attention)."""
+        the prefill and whole-step kernels, which attend to every earlier position, cannot run it)."""
         return self._smallest_window is not None and positions > self._smallest_window
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
@@ -808,8 +809,10 @@ class LlamaModelRunner:
         self._rope_table(longest)
         self._reserve(rows, longest)
         positions = torch.tensor(self._lengths, device=self.device)
-        if self._kernels is not None and self._kernel_attention and not self._past_window(longest):
-            table = self._whole_step_table(rows) if self._llama_layers else None
+        if self._kernels is not None and self._kernel_attention:
+            # The whole-step kernel attends to every earlier position: not past a window.
+            whole_step = self._llama_layers and not self._past_window(longest)
+            table = self._whole_step_table(rows) if whole_step else None
             if table is not None:
                 hidden = self._embed(torch.tensor(input_ids))
                 self._kernels.decode_layers_q4_1(
@@ -899,6 +902,7 @@ class LlamaModelRunner:
                 positions,
                 self._layer_keys[index],
                 self._layer_values[index],
+                layer.window,
             )
             self._attention_add(layer, attended, x)
             self._mlp_add(layer, x)

@@ -125,7 +125,7 @@ inline void weighted_sum_any(const float* weights, float norm, const T* values, 
 template <typename T>
 void attend(const float* qkv, int64_t rows, int64_t heads, int64_t kv_heads, int64_t dim, const float* cos,
             const float* sin, const int64_t* positions, T* keys, T* values, int64_t row_stride, int64_t head_stride,
-            float scale, float* out, int threads) {
+            float scale, float* out, int threads, int64_t window = 0) {
   const int64_t group = heads / kv_heads;
   const int64_t width = (heads + 2 * kv_heads) * dim;
   // Small steps on the calling thread alone (see block_gemm.cpp's SMALL_WORK): multiply-adds of the
@@ -147,14 +147,18 @@ void attend(const float* qkv, int64_t rows, int64_t heads, int64_t kv_heads, int
       rotate(row + (heads + h) * dim, c, s, dim, key);
       store_row(key, dim, key_cache + position * dim);
       store_row(row + (heads + kv_heads + h) * dim, dim, value_cache + position * dim);
-      const int64_t length = position + 1;
+      // A sliding window (window > 0): the query attends to its last `window` positions, itself included.
+      const int64_t first_key = window > 0 && position + 1 > window ? position + 1 - window : 0;
+      const int64_t length = position + 1 - first_key;
+      const T* window_keys = key_cache + first_key * dim;
+      const T* window_values = value_cache + first_key * dim;
       scores.resize(static_cast<size_t>(length));
       for (int64_t g = 0; g < group; ++g) {
         const int64_t head = h * group + g;
         rotate(row + head * dim, c, s, dim, query);
         float largest = -INFINITY;
         for (int64_t t = 0; t < length; ++t) {
-          scores[t] = dot(query, key_cache + t * dim, dim) * scale;
+          scores[t] = dot(query, window_keys + t * dim, dim) * scale;
           largest = scores[t] > largest ? scores[t] : largest;
         }
         const __m256 top = _mm256_set1_ps(largest);
@@ -172,11 +176,11 @@ void attend(const float* qkv, int64_t rows, int64_t heads, int64_t kv_heads, int
         }
         float* o = out + r * heads * dim + head * dim;
         if (dim == 64)
-          weighted_sum<64>(scores.data(), 1.0f / total, value_cache, length, o);
+          weighted_sum<64>(scores.data(), 1.0f / total, window_values, length, o);
         else if (dim == 128)
-          weighted_sum<128>(scores.data(), 1.0f / total, value_cache, length, o);
+          weighted_sum<128>(scores.data(), 1.0f / total, window_values, length, o);
         else
-          weighted_sum_any(scores.data(), 1.0f / total, value_cache, length, dim, o);
+          weighted_sum_any(scores.data(), 1.0f / total, window_values, length, dim, o);
       }
     }
   });
@@ -518,22 +522,23 @@ KERNEL_EXPORT void silu_mul(const float* gate_up, int64_t rows, int64_t width, f
 // qkv: [rows, (heads + 2 kv_heads) * dim], queries then keys then values.
 // cos, sin: [positions, dim] tables; positions: [rows], the position of each row's new token.
 // keys, values: caches, row r's kv head h at keys + r * row_stride + h * head_stride, [capacity, dim].
-// out: [rows, heads * dim].  dim even and at most 256.
+// out: [rows, heads * dim].  dim even and at most 256.  window: a query attends to its last `window`
+// positions (a sliding window), or 0 to all.
 KERNEL_EXPORT void decode_attention(const float* qkv, int64_t rows, int64_t heads, int64_t kv_heads, int64_t dim,
                                    const float* cos, const float* sin, const int64_t* positions, float* keys,
                                    float* values, int64_t row_stride, int64_t head_stride, float scale, float* out,
-                                   int threads) {
+                                   int threads, int64_t window) {
   attend(qkv, rows, heads, kv_heads, dim, cos, sin, positions, keys, values, row_stride, head_stride, scale, out,
-         threads);
+         threads, window);
 }
 
 // decode_attention with float16 caches (IEEE half bits).
 KERNEL_EXPORT void decode_attention_f16(const float* qkv, int64_t rows, int64_t heads, int64_t kv_heads, int64_t dim,
                                        const float* cos, const float* sin, const int64_t* positions, uint16_t* keys,
                                        uint16_t* values, int64_t row_stride, int64_t head_stride, float scale,
-                                       float* out, int threads) {
+                                       float* out, int threads, int64_t window) {
   attend(qkv, rows, heads, kv_heads, dim, cos, sin, positions, keys, values, row_stride, head_stride, scale, out,
-         threads);
+         threads, window);
 }
 
 // A prefill pass's attention (prefill_attend above).  qkv: [tokens, (heads + 2 kv_heads) * dim], the
