@@ -23,15 +23,18 @@ ISAS = [
 @pytest.fixture(params=ISAS)
 def isa(request):
     """Runs a test with the block products' AVX2 version, then with their AVX-512 one, with float32
-    activations (an engine started earlier in the process sets 16 bits); restores both choices."""
+    activations and the K-quants' 8-bit switch off (an engine started earlier in the process sets 16
+    bits and turns the switch on); restores every choice."""
     from inference import cpu_kernels
 
     kernels = cpu_kernels.load(None)
     if kernels is None:
         pytest.skip(f"no CPU kernels here: {cpu_kernels.unavailable_reason()}")
-    chosen, bits = kernels.avx512, kernels.activation_bits
+    chosen, bits, int8 = kernels.avx512, kernels.activation_bits, kernels.k_quant_int8
     kernels.set_avx512(request.param == "avx512")
     kernels.set_activation_bits(32)
+    kernels.set_k_quant_int8(False)
     yield request.param
     kernels.set_avx512(chosen)
     kernels.set_activation_bits(bits)
+    kernels.set_k_quant_int8(int8)

@@ -151,7 +151,21 @@ def test_q4_k_blocks_become_q4_1_groups_of_the_same_values():
     assert torch.equal(ours, ggml.dequantize(raw, ggml.Q4_K, width))
 
 
-def test_a_q4_k_tensor_runs_as_stored_at_few_rows_and_on_its_q4_1_copy_beyond():
+@pytest.fixture
+def sixteen_bits():
+    """x rounded to 16 bits in the few-row products, K-quants too, whatever an engine of this process set."""
+    kernels = cpu_kernels.load(None)
+    if kernels is None:
+        pytest.skip("no CPU kernels here")
+    bits, int8 = kernels.activation_bits, kernels.k_quant_int8
+    kernels.set_activation_bits(16)
+    kernels.set_k_quant_int8(False)
+    yield
+    kernels.set_activation_bits(bits)
+    kernels.set_k_quant_int8(int8)
+
+
+def test_a_q4_k_tensor_runs_as_stored_at_few_rows_and_on_its_q4_1_copy_beyond(sixteen_bits):
     rng = np.random.default_rng(1)
     rows, width = 16, 512
     blocks = rng.integers(0, 256, size=(rows, width // 256, 144), dtype=np.uint8)
