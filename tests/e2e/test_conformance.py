@@ -12,7 +12,8 @@ Relaxed copies, for the places where OpenAI's real API departs from its own spec
 - ``finish_reason: null`` on a stream chunk that is not its choice's last (the spec's enum lacks null);
 - ``usage: null`` on every chunk but the last with ``stream_options.include_usage``;
 - a ``null`` first entry of ``token_logprobs`` and ``top_logprobs`` with ``echo`` (the first prompt
-  token has nothing before it).
+  token has nothing before it);
+- our extension ``runner`` on a ``Model`` (which runner serves it and why, docs/models.md), itself closed.
 
 Each relaxation is used only where it applies, and the tests pin down that the nulls appear exactly
 there and nowhere else.
@@ -79,11 +80,21 @@ def _relax_stream(document: dict[str, Any]) -> None:
     response["usage"] = _nullable(response["usage"])
 
 
+def _relax_runner(document: dict[str, Any]) -> None:
+    """A ``Model`` may carry our extension ``runner``: ``{"name": "llama" | "transformers", "reason"}``."""
+    document["$defs"]["Model"]["properties"]["runner"] = {
+        "type": "object",
+        "properties": {"name": {"enum": ["llama", "transformers"]}, "reason": {"type": "string"}},
+        "required": ["name", "reason"],
+        "additionalProperties": False,
+    }
+
+
 @cache
 def _validator(name: str, *relaxations: str) -> Draft202012Validator:
     document = copy.deepcopy(_document())
     for relaxation in relaxations:
-        {"echo": _relax_echo, "stream": _relax_stream}[relaxation](document)
+        {"echo": _relax_echo, "stream": _relax_stream, "runner": _relax_runner}[relaxation](document)
     return Draft202012Validator({**document, "$ref": f"#/$defs/{name}"})
 
 
@@ -118,6 +129,13 @@ def test_the_relaxations_are_narrow():
     validate("CreateCompletionResponse", response, "echo")
     with pytest.raises(AssertionError):
         validate("CreateCompletionResponse", response)
+    model = {"id": MODEL, "object": "model", "created": 1, "owned_by": "me",
+             "runner": {"name": "llama", "reason": "the llama family"}}
+    validate("Model", model, "runner")
+    with pytest.raises(AssertionError):
+        validate("Model", model)
+    with pytest.raises(AssertionError):
+        validate("Model", {**model, "runner": {"name": "llama", "reason": "", "surprise": 1}}, "runner")
 
 
 # --- The request matrix -------------------------------------------------------------------------
@@ -284,10 +302,10 @@ def test_openai_client_stream_chunks_conform_and_end_with_the_usage_chunk(openai
 
 def test_openai_client_lists_and_retrieves_the_model_in_openais_shape(openai_client):
     listed = openai_client.models.with_raw_response.list()
-    validate("ListModelsResponse", listed.http_response.json())
+    validate("ListModelsResponse", listed.http_response.json(), "runner")
     assert [model.id for model in listed.parse().data] == [MODEL]
     retrieved = openai_client.models.with_raw_response.retrieve(MODEL)
-    validate("Model", retrieved.http_response.json())
+    validate("Model", retrieved.http_response.json(), "runner")
     assert retrieved.parse().owned_by
 
 
@@ -313,9 +331,9 @@ def test_openai_client_raises_not_found_for_an_unknown_model(openai_client):
 
 def test_models_routes_answer_in_openais_shape(server):
     listed = httpx.get(server.api_url + "/models", headers=server.headers())
-    validate("ListModelsResponse", listed.json())
+    validate("ListModelsResponse", listed.json(), "runner")
     for model in listed.json()["data"]:
-        validate("Model", model)
+        validate("Model", model, "runner")
         assert httpx.get(f"{server.api_url}/models/{model['id']}", headers=server.headers()).json() == model
     missing = httpx.get(server.api_url + "/models/no-such-model", headers=server.headers())
     assert missing.status_code == 404
