@@ -174,7 +174,7 @@ class CPUKernels:
         self._set_activation_bits(bits)
 
     def set_k_quant_int8(self, on: bool) -> None:
-        """Whether the K-quant products (Q4_K, Q5_K, Q6_K as GGUF stores them) of up to 4 rows round x
+        """Whether the K-quant products (Q4_K, Q5_K, Q6_K as GGUF stores them) of any rows round x
         to 8 bits per group of 32 where the activation bits are 16 (``csrc/ggml_int8.h``: the form of
         llama.cpp's own K-quant dot products, which round x to 8 bits per 256), as they do where
         they are 8; 32 keeps them float32 either way.  About twice the speed of their 16-bit

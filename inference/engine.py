@@ -88,7 +88,7 @@ class EngineConfig:
     prefix_caching: str = "auto"  # auto | on | off (inference.prefix_cache; auto: off with MODEL_WEIGHTS=float32)
     prefix_cache_mb: int = 128  # the prefix cache's budget, shared with the running rows' positions
     activation_bits: int = 16  # what one-row Q4_1 products on the AVX2 code round x to: 32, 16 or 8 (cpu_kernels.set_activation_bits; the rest round to 16 under 8)
-    k_quant_int8: bool = True  # K-quant products of up to 4 rows round x to 8 bits (cpu_kernels.set_k_quant_int8)
+    k_quant_int8: bool = True  # K-quant products round x to 8 bits (cpu_kernels.set_k_quant_int8)
     freeze_gc: bool = False  # once loaded, gc.freeze() what is alive (a serving process's choice; see Engine._run)
     exit_on_load_failure: bool = False  # a model that cannot load ends the process with status 1 (a server's choice)
 

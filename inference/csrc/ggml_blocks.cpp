@@ -238,7 +238,7 @@ extern "C" {
 KERNEL_EXPORT void ggml_gemm(int type, const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, float* y, int add,
                              int threads) {
   const int bits = kernels::activation_bits_setting();
-  if (M <= avx2::INT8_ROWS && (bits == 8 || (bits == 16 && k_quant_int8)) && avx2::has_int8_form(type)) {
+  if ((bits == 8 || (bits == 16 && k_quant_int8)) && avx2::has_int8_form(type)) {
     if (use_avx512 && int8_vnni ? avx512::int8_gemm(type, x, M, K, w, N, y, add != 0, threads)
                                 : avx2::int8_gemm(type, x, M, K, w, N, y, add != 0, threads))
       return;
@@ -263,7 +263,7 @@ KERNEL_EXPORT void ggml_dequantize_rows(int type, const uint8_t* w, int64_t K, c
     avx2::dequantize_type(type, w, K, rows, n, out);
 }
 
-// Whether the K-quants' products of up to 4 rows round x to 8 bits (ggml_int8.h) where the activation
+// Whether the K-quants' products round x to 8 bits (ggml_int8.h) where the activation
 // bits are 16, as they do where they are 8; off at load.
 KERNEL_EXPORT void ggml_set_k_quant_int8(int on) { k_quant_int8 = on != 0; }
 

@@ -1,4 +1,4 @@
-// Products of few rows of x rounded to 8 bits with the K-quant blocks (Q4_K, Q5_K, Q6_K) as stored,
+// Products of x rounded to 8 bits with the K-quant blocks (Q4_K, Q5_K, Q6_K) as stored,
 // the form of llama.cpp's own vec_dot_q*_K_q8_K: the weights' small unsigned integers multiply x's
 // int8 values byte by byte, summed in 32-bit lanes, then one float multiply-add per group of 32.
 // Included by ggml_blocks.cpp inside a namespace that defines Dot8::dot(w, x) (8 int32 lanes, lane i
@@ -12,10 +12,6 @@
 // the K-quants' minimums multiply x's exact float sums, Q6_K's offset of 32 the rounded values' sums
 // (so that the centred weight, not its offset form, meets x's rounding).  The likelihood cost is
 // measured by bench/activation_bits_quality.py (docs/performance.md).
-
-// Rows of x these products take (a decode step of up to 16 streams); a prefill chunk's more rows stay
-// in float32, as do the scores of a prompt's tokens.
-constexpr int INT8_ROWS = 16;
 
 // x [M, K] rounded to 8 bits (RoundedX), and for Q6_K's offset the sums of q per 16 values, as
 // floats [M, K / 16].
@@ -177,9 +173,9 @@ inline void int8_row(int type, const uint8_t* row, const RoundedX8& x, int64_t r
 
 inline bool has_int8_form(int type) { return type == TYPE_Q4_K || type == TYPE_Q5_K || type == TYPE_Q6_K; }
 
-// y[M, N] (+)= x[M, K] @ W^T for M <= INT8_ROWS and a type of has_int8_form, each weight row against
-// x's rows 4 at a time (the row stays in L1 from one to the next); false, nothing computed, where x
-// cannot be rounded (an infinity, a NaN, a subnormal group scale: float32 then).
+// y[M, N] (+)= x[M, K] @ W^T for a type of has_int8_form and any M (a row is rounded alone: its result
+// does not depend on the batch), each weight row against x's rows 4 at a time (the row stays in L1
+// from one to the next); false, nothing computed, where x cannot be rounded (an infinity, a NaN, a subnormal group scale: float32 then).
 inline bool int8_gemm(int type, const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, float* y, bool add,
                       int threads) {
   thread_local RoundedX8 callers;  // the caller's, reused; the workers take it by reference

@@ -12,11 +12,12 @@ contain them: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K.
   Llama runner's whole-step decode call).
 - Q8_0 becomes :class:`inference.weights.Q8_0Linear` (int8 values, float32 scales): exact.
 - The other types run on :class:`GGMLLinear`, our kernels' products of the blocks as stored
-  (:meth:`inference.cpu_kernels.CPUKernels.ggml_gemm`): up to 4 rows (a decode step of few
-  streams, bound by reading the weights) x rounded to 16 bits and integer products, else float32.
-  Q4_K also keeps a Q4_1Linear copy (exact: its ``d * sc`` and ``dmin * m`` are float32 values)
-  for products of more rows, whose tiled 16-bit integer products are about twice as fast as the
-  float32 block loop there.
+  (:meth:`inference.cpu_kernels.CPUKernels.ggml_gemm`): the K-quants with x rounded to 8 bits
+  and integer products (``ENGINE_K_QUANT_Q8_ACTIVATIONS``, the default), the other types up to 4
+  rows (a decode step of few streams, bound by reading the weights) x rounded to 16 bits, else
+  float32.  Q4_K also keeps a Q4_1Linear copy (exact: its ``d * sc`` and ``dmin * m`` are float32
+  values) for products of more rows (a prefill chunk), where its tiled 16-bit integer products are
+  faster.
 
 No Django, no transformers here.
 """
@@ -198,12 +199,14 @@ def rows_reader(raw: torch.Tensor, kind: int, width: int) -> Callable[[torch.Ten
 class GGMLLinear(_BlockLinear):
     """A ggml tensor's blocks as stored (``raw`` ``uint8 [out, row_bytes]``, often a view of the
     memory-mapped file), multiplied by our kernels (:meth:`inference.cpu_kernels.CPUKernels.ggml_gemm`):
-    ``x`` times the dequantized weight, up to float32 summation order and, up to 4 rows, x's rounding
-    to 16 bits (``set_activation_bits``).  ``many``: the same weight in another of our formats, which
-    takes the products of more than :data:`FEW_ROWS` rows.  Raises ``NotImplementedError`` where the
-    kernels cannot run here."""
+    ``x`` times the dequantized weight, up to float32 summation order and x's rounding (to 16 bits up
+    to 4 rows, ``set_activation_bits``; the K-quants' to 8 bits at any rows, ``set_k_quant_int8``).
+    ``many``: the same weight in another of our formats, which takes the products of more rows than
+    :meth:`few_rows`.  Raises ``NotImplementedError`` where the kernels cannot run here."""
 
     FEW_ROWS = 4  # csrc/ggml_blocks.h's INTEGER_ROWS
+    # Rows up to which a Q4_K product rounding x to 8 bits beats its Q4_1 copy (docs/performance.md).
+    INT8_ROWS = 16
 
     def __init__(
         self,
@@ -222,13 +225,19 @@ class GGMLLinear(_BlockLinear):
         self.bias = None if bias is None else bias.detach().float()
 
     def _product(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        if self.many is not None and x.shape[0] > self.FEW_ROWS:
+        if self.many is not None and x.shape[0] > self.few_rows():
             return self.many._product(x, out=out)
         return self.kernels.ggml_gemm(x, self.raw, self.kind, out=out)
 
+    def few_rows(self) -> int:
+        """The most rows this layer multiplies as stored while it has ``many``, under the kernels'
+        current settings."""
+        bits, int8 = self.kernels.activation_bits, self.kernels.k_quant_int8
+        return self.INT8_ROWS if bits == 8 or (bits == 16 and int8) else self.FEW_ROWS
+
     def q4_1_for(self, rows: int) -> Q4_1Linear | None:
         """The Q4_1 copy where it takes products of ``rows`` rows (see Q4_1Linear.q4_1_for)."""
-        if isinstance(self.many, Q4_1Linear) and rows > self.FEW_ROWS and self.bias is None:
+        if isinstance(self.many, Q4_1Linear) and rows > self.few_rows() and self.bias is None:
             return self.many.q4_1_for(rows)
         return None
 
