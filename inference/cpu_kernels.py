@@ -594,10 +594,19 @@ def _works(kernels: CPUKernels) -> bool:
     return bool(close) and _ggml_works(kernels)
 
 
+def _rounded_per_256(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as the K-quants' 8-bit products round it (``csrc/ggml_int8.h``'s RoundedX8)."""
+    blocks = x.reshape(x.shape[0], -1, 256)
+    scale = blocks.abs().amax(-1, keepdim=True) / 127.0
+    inverse = torch.where(scale > 0, 1.0 / scale, torch.zeros_like(scale))
+    return (torch.round(blocks * inverse) * scale).reshape(x.shape)
+
+
 def _ggml_works(kernels: CPUKernels) -> bool:
     """The ggml block products, one small product per family (Q8_0, Q4_K, Q6_K) at 1, 3 and 9 rows on
     each ISA the CPU has, with float32 activations and with 16-bit ones (the integer products of up
-    to 4 rows), against torch's product of the kernels' own dequantized rows; Q8_0's
+    to 4 rows), against torch's product of the kernels' own dequantized rows, and the K-quants' 8-bit
+    products against x rounded as they round it; Q8_0's
     dequantized rows against torch's (its blocks built here).  The tests check every type against gguf-py."""
     generator = torch.Generator().manual_seed(1)
     x = torch.randn(9, 256, generator=generator)
@@ -629,10 +638,17 @@ def _ggml_works(kernels: CPUKernels) -> bool:
                 kernels._set_activation_bits(16)  # up to 4 rows: x rounded to 16 bits, within its rounding
                 error = (kernels.ggml_gemm(x[:rows], data, ggml_type) - expected).abs().max()
                 close &= bool(error <= 1e-3 * expected.abs().max())
-                kernels._set_activation_bits(8)  # the K-quants' 8-bit products: unavailable where they fail
-                error = (kernels.ggml_gemm(x[:rows], data, ggml_type) - expected).abs().max()
-                if ggml_type != 8 and not error <= 3e-2 * expected.abs().max():
-                    kernels.k_quant_int8_available = False
+                if ggml_type != 8:  # the K-quants' 8-bit products: unavailable where they fail
+                    kernels._set_activation_bits(8)
+                    expected = _rounded_per_256(x[:rows]) @ dequantized.T
+                    if ggml_type == 12:  # the minimums meet x's exact sums: Q4_K's blocks with every q 0
+                        minimums = kernels.ggml_dequantize_rows(
+                            torch.cat([data[:, :16], data[:, 16:] * 0], 1), 12, 256, every
+                        )
+                        expected += (x[:rows] - _rounded_per_256(x[:rows])) @ minimums.T
+                    error = (kernels.ggml_gemm(x[:rows], data, ggml_type) - expected).abs().max()
+                    if not error <= 1e-4 * expected.abs().max():
+                        kernels.k_quant_int8_available = False
     kernels._set_activation_bits(kernels.activation_bits)
     kernels.set_avx512(avx512)
     return bool(close)

@@ -17,6 +17,8 @@
 #include <stdint.h>
 
 #include <algorithm>
+#include <cfloat>
+#include <cmath>
 #include <cstring>
 #include <type_traits>
 #include <utility>
@@ -106,11 +108,11 @@ struct V {
 
 #include "ggml_blocks.h"
 
-// 8 int32 lanes, lane i the sum of bytes 4 i .. 4 i + 3 of w (unsigned, < 128) times x (signed): maddubs
-// sums pairs into 16 bits (no saturation: |w x| <= 63 * 127 for these types), madd the pairs' pairs.
-struct Dot8 {
-  static __m256i dot(__m256i w, __m256i x) { return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)); }
+// acc + the sums of a * b's pairs of 16-bit lanes, in 8 int32 lanes.
+struct Dot16 {
+  static __m256i add(__m256i acc, __m256i a, __m256i b) { return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b)); }
 };
+constexpr int INT8_COLS = 1;  // weight rows a tile: 16 registers hold 4 rows' accumulators for one
 
 #include "ggml_int8.h"
 
@@ -184,8 +186,8 @@ struct V {
 #pragma GCC pop_options
 #endif
 
-// The 8-bit products with AVX-512 VNNI's dpbusd (one instruction for AVX2's maddubs and madd), on
-// 256-bit vectors; only where the CPU has VNNI (int8_vnni).
+// The 8-bit products with AVX-512 VNNI's dpwssd (one instruction for AVX2's madd and add), on 256-bit
+// vectors and 32 registers; only where the CPU has VNNI (int8_vnni).
 #if defined(__clang__)
 #pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni"))), apply_to = function)
 #else
@@ -194,9 +196,10 @@ struct V {
 #endif
 namespace avx512 {
 
-struct Dot8 {
-  static __m256i dot(__m256i w, __m256i x) { return _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x); }
+struct Dot16 {
+  static __m256i add(__m256i acc, __m256i a, __m256i b) { return _mm256_dpwssd_epi32(acc, a, b); }
 };
+constexpr int INT8_COLS = 2;
 
 #include "ggml_int8.h"
 

@@ -1,198 +1,285 @@
-// Products of x rounded to 8 bits with the K-quant blocks (Q4_K, Q5_K, Q6_K) as stored,
-// the form of llama.cpp's own vec_dot_q*_K_q8_K: the weights' small unsigned integers multiply x's
-// int8 values byte by byte, summed in 32-bit lanes, then one float multiply-add per group of 32.
-// Included by ggml_blocks.cpp inside a namespace that defines Dot8::dot(w, x) (8 int32 lanes, lane i
-// the sum of bytes 4 i .. 4 i + 3's products, w unsigned and x signed: AVX2's maddubs and madd, or
-// AVX-512 VNNI's dpbusd) and under that namespace's target; 256-bit vectors in both (on the CPUs with
-// VNNI we know, 512-bit integer operations run as two 256-bit halves, so wider vectors gain nothing).
-// No include guard, on purpose.
+// Products of x rounded to 8 bits with the K-quant blocks (Q4_K, Q5_K, Q6_K) as stored, in the form
+// of llama.cpp's own vec_dot_q*_K_q8_K: x is rounded per super-block of 256 (one scale, as
+// block_q8_K), the weights' small unsigned integers multiply x's int8 values byte by byte (maddubs:
+// pairs summed into 16 bits), each pair sum is multiplied by its sub-block's integer scale and summed
+// into 32 bits (madd, or AVX-512 VNNI's dpwssd), so that a whole super-block is summed exactly in
+// integers; then one float multiply-add by d * dx per super-block.  Included by ggml_blocks.cpp inside
+// a namespace that defines Dot16::add(acc, a, b) (acc + the sums of a * b's pairs of 16-bit lanes)
+// under that namespace's target; 256-bit vectors in both (on the CPUs with VNNI we know, 512-bit
+// integer operations run as two 256-bit halves).  No include guard, on purpose.
 //
-// x is rounded per group of 32 (scale dx = max |x| / 127; kernels::round_row), finer than llama.cpp's
-// one scale per 256.  A group's sum over its integers times d * sc * dx is exact up to float32 rounding;
-// the K-quants' minimums multiply x's exact float sums, Q6_K's offset of 32 the rounded values' sums
-// (so that the centred weight, not its offset form, meets x's rounding).  The likelihood cost is
-// measured by bench/activation_bits_quality.py (docs/performance.md).
+// A tile of ROWS rows of x against COLS weight rows keeps ROWS * COLS integer and float accumulators
+// in registers: each weight group is decoded once for ROWS rows, each x group loaded once for COLS.
+// The K-quants' minimums multiply x's exact float sums per 32; Q6_K's offset of 32 multiplies the
+// rounded values' sums per 16 (so that the centred weight meets x's rounding), in integers.  The
+// likelihood cost is measured by bench/activation_bits_quality.py (docs/performance.md).
 
-// x [M, K] rounded to 8 bits (RoundedX), and for Q6_K's offset the sums of q per 16 values, as
-// floats [M, K / 16].
-struct RoundedX8 : RoundedX<int8_t> {
-  std::vector<float> q16;
-  void sum_sixteens(int64_t M, int64_t K) {
-    q16.resize(static_cast<size_t>(M * K / 16));
-    for (int64_t i = 0; i < M * K / 16; ++i) {
-      int sum = 0;
-      for (int k = 0; k < 16; ++k) sum += q[static_cast<size_t>(16 * i + k)];
-      q16[static_cast<size_t>(i)] = static_cast<float>(sum);
+constexpr int SUPER = 256;
+
+// x [M, K] rounded per 256: q int8 [M, K] (round(x / dx) to nearest even, |q| <= 127), dx [M, K / 256]
+// (max |x| / 127), sx [M, K / 32] (x's float sums), q16 [M, K / 16] (q's sums).  false where a scale
+// would be subnormal or x holds an infinity or a NaN (float32 products then, where they propagate).
+struct RoundedX8 {
+  std::vector<int8_t> q;
+  std::vector<float> dx, sx;
+  std::vector<int16_t> q16;
+
+  bool round(const float* x, int64_t M, int64_t K) {
+    const int64_t blocks = M * K / SUPER;
+    q.resize(static_cast<size_t>(M * K));
+    dx.resize(static_cast<size_t>(blocks));
+    sx.resize(static_cast<size_t>(blocks * 8));
+    q16.resize(static_cast<size_t>(blocks * 16));
+    bool representable = true;
+    for (int64_t i = 0; i < blocks; ++i)
+      representable &= round_block(x + i * SUPER, &q[i * SUPER], &dx[i], &sx[i * 8], &q16[i * 16]);
+    return representable;
+  }
+
+ private:
+  static int32_t sum_lanes(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+  }
+
+  static bool round_block(const float* x, int8_t* q, float* dx, float* sx, int16_t* q16) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 amax = _mm256_setzero_ps();
+    for (int i = 0; i < SUPER / 8; ++i) amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + 8 * i)));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float biggest = _mm_cvtss_f32(m4), d = biggest / 127.0f;
+    bool representable = d >= FLT_MIN || biggest == 0.0f;
+    const float inverse = d >= FLT_MIN ? 1.0f / d : 0.0f;
+    *dx = inverse > 0.0f ? d : 0.0f;
+    const __m256 id = _mm256_set1_ps(inverse);
+    for (int g = 0; g < SUPER / GROUP; ++g) {
+      __m256 sum = _mm256_setzero_ps();
+      __m256i v[4];
+      for (int i = 0; i < 4; ++i) {
+        const __m256 value = _mm256_loadu_ps(x + GROUP * g + 8 * i);
+        sum = _mm256_add_ps(sum, value);
+        v[i] = _mm256_cvtps_epi32(_mm256_mul_ps(value, id));  // to nearest even
+      }
+      sx[g] = kernels::horizontal_sum(sum);
+      representable &= std::isfinite(sx[g]);
+      q16[2 * g] = static_cast<int16_t>(sum_lanes(_mm256_add_epi32(v[0], v[1])));
+      q16[2 * g + 1] = static_cast<int16_t>(sum_lanes(_mm256_add_epi32(v[2], v[3])));
+      // int32 -> int16 -> int8 packs work within 128-bit lanes: put the bytes back in order after.
+      const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + GROUP * g),
+                          _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
     }
+    return representable;
   }
 };
 
 // A weight row's bytes a super-block of 256 weights.
 constexpr int64_t int8_block_bytes(int type) { return type == TYPE_Q4_K ? 144 : type == TYPE_Q5_K ? 176 : 210; }
 
-template <int ROWS, int CHAINS>
-inline void zero_rows(__m256 (&acc)[ROWS][CHAINS], __m256 (&offsets)[ROWS]) {
-  for (int r = 0; r < ROWS; ++r) {
-    offsets[r] = _mm256_setzero_ps();
-    for (int c = 0; c < CHAINS; ++c) acc[r][c] = _mm256_setzero_ps();
-  }
-}
-
 inline __m256i load32(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
-inline __m256 int_sums(__m256i w, const int8_t* x) { return _mm256_cvtepi32_ps(Dot8::dot(w, load32(x))); }
-
-// Independent float accumulators per row: one row's 8 multiply-adds a block would otherwise wait on
-// one another.
-template <int ROWS>
-constexpr int int8_chains() {
-  return ROWS == 1 ? 4 : 2;
-}
-
-template <int ROWS, int CHAINS>
-inline void finish_rows(__m256 (&acc)[ROWS][CHAINS], const __m256 (&offsets)[ROWS], int64_t N, int64_t n, float* y, bool add) {
-  for (int r = 0; r < ROWS; ++r) {
-    __m256 total = offsets[r];
-    for (int c = 0; c < CHAINS; ++c) total = _mm256_add_ps(total, acc[r][c]);
-    float& target = y[r * N + n];
-    const float sum = kernels::horizontal_sum(total);
-    target = add ? target + sum : sum;
-  }
-}
 
 inline void prefetch_block(const uint8_t* b, int64_t bytes) {
   for (int64_t line = 0; line < bytes; line += 64)
     _mm_prefetch(reinterpret_cast<const char*>(b + PREFETCH_BYTES + line), _MM_HINT_T0);
 }
 
-// Q4_K (FIFTH false) and Q5_K: 32 bytes of qs hold groups 2c (low nibbles) and 2c + 1 (high), Q5_K's
-// qh bit g of byte i bit 4 of group g's weight i; w = (d sc) q - dmin m.
-template <bool FIFTH, int ROWS>
-inline void k_quant_int8_row(const uint8_t* row, const RoundedX8& x, int64_t r0, int64_t K, int64_t N, int64_t n, float* y,
-                             bool add) {
-  constexpr int64_t BYTES = int8_block_bytes(FIFTH ? TYPE_Q5_K : TYPE_Q4_K);
-  constexpr int QS = FIFTH ? 48 : 16, CHAINS = int8_chains<ROWS>();
-  const int64_t groups = K / GROUP, blocks = K / 256;
-  const __m256i nibble = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
-  __m256 acc[ROWS][CHAINS], offsets[ROWS];
-  zero_rows(acc, offsets);
-  for (int64_t blk = 0; blk < blocks; ++blk) {
-    const uint8_t* b = row + blk * BYTES;
-    prefetch_block(b, BYTES);
-    const KScales s = k_scales(b);
-    alignas(32) float scales[ROWS][8];  // d sc dx per group
+// The tile's accumulators: per (row, column) 8 int32 lanes for the current super-block and 8 float
+// lanes for the row's sum so far.
+template <int ROWS, int COLS>
+struct Tile {
+  __m256i sums[ROWS][COLS];
+  __m256 acc[ROWS][COLS];
+  Tile() {
+    for (int r = 0; r < ROWS; ++r)
+      for (int c = 0; c < COLS; ++c) sums[r][c] = _mm256_setzero_si256(), acc[r][c] = _mm256_setzero_ps();
+  }
+  // The super-block's integer sums times dx, then d (never d * dx, which can underflow where each is
+  // normal), into the float sums.
+  void close_block(const RoundedX8& x, int64_t r0, int64_t block, const float (&d)[COLS], int64_t blocks) {
     for (int r = 0; r < ROWS; ++r) {
-      const int64_t first = (r0 + r) * groups + blk * 8;
-      _mm256_store_ps(scales[r], _mm256_mul_ps(_mm256_loadu_ps(s.d), _mm256_loadu_ps(&x.dx[first])));
-      offsets[r] = _mm256_fnmadd_ps(_mm256_loadu_ps(s.m), _mm256_loadu_ps(&x.sx[first]), offsets[r]);
-    }
-    const __m256i qh = FIFTH ? load32(b + 16) : _mm256_setzero_si256();
-    #pragma GCC unroll 4
-    for (int c = 0; c < 4; ++c) {
-      const __m256i bytes = load32(b + QS + 32 * c);
-      __m256i low = _mm256_and_si256(bytes, nibble), high = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nibble);
-      if constexpr (FIFTH) {
-        low = _mm256_or_si256(low, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), one), 4));
-        high = _mm256_or_si256(high, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), one), 4));
-      }
-      #pragma GCC unroll 4
-      for (int r = 0; r < ROWS; ++r) {
-        const int8_t* xg = x.q.data() + (r0 + r) * K + blk * 256 + 64 * c;
-        __m256& first = acc[r][(2 * c) % CHAINS];
-        __m256& second = acc[r][(2 * c + 1) % CHAINS];
-        first = _mm256_fmadd_ps(int_sums(low, xg), _mm256_set1_ps(scales[r][2 * c]), first);
-        second = _mm256_fmadd_ps(int_sums(high, xg + 32), _mm256_set1_ps(scales[r][2 * c + 1]), second);
+      const __m256 dx = _mm256_set1_ps(x.dx[(r0 + r) * blocks + block]);
+      for (int c = 0; c < COLS; ++c) {
+        acc[r][c] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(sums[r][c]), dx), _mm256_set1_ps(d[c]), acc[r][c]);
+        sums[r][c] = _mm256_setzero_si256();
       }
     }
   }
-  finish_rows<ROWS, CHAINS>(acc, offsets, N, n, y + r0 * N, add);
+  void store(float* y, int64_t N, int64_t r0, int64_t n0, bool add) {
+    for (int r = 0; r < ROWS; ++r)
+      for (int c = 0; c < COLS; ++c) {
+        float& target = y[(r0 + r) * N + n0 + c];
+        const float sum = kernels::horizontal_sum(acc[r][c]);
+        target = add ? target + sum : sum;
+      }
+  }
+};
+
+// Q4_K's and Q5_K's 6-bit scales and minimums of a super-block, as bytes (ggml's get_scale_min_k4).
+inline void k_scale_bytes(const uint8_t* b, uint8_t (&sc)[8], uint8_t (&m)[8]) {
+  uint32_t u[3];
+  std::memcpy(u, b + 4, 12);
+  constexpr uint32_t SIX = 0x3F3F3F3F, NIBBLE = 0x0F0F0F0F, TOP = 0x03030303;
+  const uint32_t words[4] = {u[0] & SIX, (u[2] & NIBBLE) | (((u[0] >> 6) & TOP) << 4), u[1] & SIX,
+                             ((u[2] >> 4) & NIBBLE) | (((u[1] >> 6) & TOP) << 4)};
+  std::memcpy(sc, words, 8);
+  std::memcpy(m, words + 2, 8);
+}
+
+// Q4_K (FIFTH false) and Q5_K: 32 bytes of qs hold groups 2j (low nibbles) and 2j + 1 (high), Q5_K's
+// qh bit g of byte i bit 4 of group g's weight i; w = (d sc) q - (dmin m).  Rows r0 .. r0 + ROWS of x
+// against weight rows n0 .. n0 + COLS, all of K.
+template <bool FIFTH, int ROWS, int COLS>
+inline void k_quant_tile(const uint8_t* w, int64_t row_bytes, const RoundedX8& x, int64_t r0, int64_t n0, int64_t K,
+                         int64_t N, float* y, bool add) {
+  constexpr int64_t BYTES = FIFTH ? 176 : 144;
+  constexpr int QS = FIFTH ? 48 : 16;
+  const int64_t blocks = K / SUPER;
+  const __m256i nibble = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+  Tile<ROWS, COLS> tile;
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const uint8_t* b[COLS];
+    float d[COLS];
+    uint8_t sc[COLS][8], m[COLS][8];
+    alignas(16) int16_t scales[COLS][8];
+    for (int c = 0; c < COLS; ++c) {
+      b[c] = w + (n0 + c) * row_bytes + blk * BYTES;
+      prefetch_block(b[c], BYTES);
+      d[c] = half_to_float(b[c]);
+      k_scale_bytes(b[c], sc[c], m[c]);
+      _mm_store_si128(reinterpret_cast<__m128i*>(scales[c]), _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc[c]))));
+      // The minimums: - dmin m_g times x's float sum of group g, a lane each.
+      const __m256 mins = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(m[c])))),
+                                        _mm256_set1_ps(half_to_float(b[c] + 2)));
+      for (int r = 0; r < ROWS; ++r)
+        tile.acc[r][c] = _mm256_fnmadd_ps(mins, _mm256_loadu_ps(&x.sx[((r0 + r) * blocks + blk) * 8]), tile.acc[r][c]);
+    }
+    #pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+      __m256i low[COLS], high[COLS], scale_low[COLS], scale_high[COLS];
+      for (int c = 0; c < COLS; ++c) {
+        const __m256i bytes = load32(b[c] + QS + 32 * j);
+        low[c] = _mm256_and_si256(bytes, nibble);
+        high[c] = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nibble);
+        if constexpr (FIFTH) {
+          const __m256i qh = load32(b[c] + 16);
+          low[c] = _mm256_or_si256(low[c], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j), one), 4));
+          high[c] = _mm256_or_si256(high[c], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j + 1), one), 4));
+        }
+        scale_low[c] = _mm256_set1_epi16(scales[c][2 * j]);
+        scale_high[c] = _mm256_set1_epi16(scales[c][2 * j + 1]);
+      }
+      for (int r = 0; r < ROWS; ++r) {
+        const int8_t* xg = x.q.data() + (r0 + r) * K + blk * SUPER + 64 * j;
+        const __m256i xl = load32(xg), xh = load32(xg + 32);
+        for (int c = 0; c < COLS; ++c) {
+          tile.sums[r][c] = Dot16::add(tile.sums[r][c], _mm256_maddubs_epi16(low[c], xl), scale_low[c]);
+          tile.sums[r][c] = Dot16::add(tile.sums[r][c], _mm256_maddubs_epi16(high[c], xh), scale_high[c]);
+        }
+      }
+    }
+    tile.close_block(x, r0, blk, d, blocks);
+  }
+  tile.store(y, N, r0, n0, add);
 }
 
 // Q6_K: ql (128 bytes), qh (64), 16 int8 scales, d.  Group g = 4 h + j: low 4 bits from
 // ql[64 h + 32 (j % 2) + i] (low nibble for j < 2, high for j >= 2), bits 4-5 from bits 2 j, 2 j + 1 of
-// qh[32 h + i]; w = (d sc) (q - 32), sc per 16 weights (lanes 0-3 of a group's sums, then 4-7).
-template <int ROWS>
-inline void q6_k_int8_row(const uint8_t* row, const RoundedX8& x, int64_t r0, int64_t K, int64_t N, int64_t n, float* y,
-                          bool add) {
-  constexpr int CHAINS = int8_chains<ROWS>();
-  const int64_t groups = K / GROUP, blocks = K / 256;
+// qh[32 h + i]; w = (d sc) (q - 32), sc per 16 weights (maddubs' lanes 0-7 of a group, then 8-15).
+template <int ROWS, int COLS>
+inline void q6_k_tile(const uint8_t* w, int64_t row_bytes, const RoundedX8& x, int64_t r0, int64_t n0, int64_t K, int64_t N,
+                      float* y, bool add) {
+  constexpr int64_t BYTES = 210;
+  const int64_t blocks = K / SUPER;
   const __m256i nibble = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30);
-  __m256 acc[ROWS][CHAINS], offsets[ROWS];
-  zero_rows(acc, offsets);
-  // Lanes 0-3 take scale 2 g, lanes 4-7 scale 2 g + 1, of the 8 scales of groups g .. g + 3.
-  const __m256i spread[4] = {
-      _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3),
-      _mm256_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5), _mm256_setr_epi32(6, 6, 6, 6, 7, 7, 7, 7)};
-  const __m256i pairs_low = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3), pairs_high = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
+  Tile<ROWS, COLS> tile;
   for (int64_t blk = 0; blk < blocks; ++blk) {
-    const uint8_t* b = row + blk * int8_block_bytes(TYPE_Q6_K);
-    prefetch_block(b, int8_block_bytes(TYPE_Q6_K));
-    const __m256 d = _mm256_set1_ps(half_to_float(b + 208));
-    const __m256 sc_low = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 192)))));
-    const __m256 sc_high = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 200)))));
-    __m256 scales[ROWS][2];  // d sc dx per 16 weights: sub-blocks 0-7, 8-15
-    for (int r = 0; r < ROWS; ++r) {
-      const __m256 dx = _mm256_loadu_ps(&x.dx[(r0 + r) * groups + blk * 8]);
-      scales[r][0] = _mm256_mul_ps(sc_low, _mm256_permutevar8x32_ps(dx, pairs_low));
-      scales[r][1] = _mm256_mul_ps(sc_high, _mm256_permutevar8x32_ps(dx, pairs_high));
-      const float* q16 = &x.q16[((r0 + r) * groups + blk * 8) * 2];
-      __m256 offset = _mm256_mul_ps(scales[r][0], _mm256_loadu_ps(q16));
-      offset = _mm256_fmadd_ps(scales[r][1], _mm256_loadu_ps(q16 + 8), offset);
-      offsets[r] = _mm256_fnmadd_ps(_mm256_set1_ps(32.0f), offset, offsets[r]);
+    const uint8_t* b[COLS];
+    float d[COLS];
+    alignas(32) int16_t scales[COLS][16];
+    for (int c = 0; c < COLS; ++c) {
+      b[c] = w + (n0 + c) * row_bytes + blk * BYTES;
+      prefetch_block(b[c], BYTES);
+      d[c] = half_to_float(b[c] + 208);
+      const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b[c] + 192)));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(scales[c]), sc);
+      // The offset: - 32 sc_s times the sum of x's rounded values s, in integers.
+      for (int r = 0; r < ROWS; ++r) {
+        const __m256i sums = _mm256_madd_epi16(sc, load32(&x.q16[((r0 + r) * blocks + blk) * 16]));
+        tile.sums[r][c] = _mm256_sub_epi32(tile.sums[r][c], _mm256_slli_epi32(sums, 5));
+      }
     }
     #pragma GCC unroll 2
     for (int h = 0; h < 2; ++h) {
-      const __m256i ql0 = load32(b + 64 * h), ql1 = load32(b + 64 * h + 32), qh = load32(b + 128 + 32 * h);
-      const __m256i q[4] = {
-          _mm256_or_si256(_mm256_and_si256(ql0, nibble), _mm256_and_si256(_mm256_slli_epi16(qh, 4), top)),
-          _mm256_or_si256(_mm256_and_si256(ql1, nibble), _mm256_and_si256(_mm256_slli_epi16(qh, 2), top)),
-          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), nibble), _mm256_and_si256(qh, top)),
-          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), nibble), _mm256_and_si256(_mm256_srli_epi16(qh, 2), top))};
       #pragma GCC unroll 4
       for (int j = 0; j < 4; ++j) {
-        #pragma GCC unroll 4
+        const int g = 4 * h + j;
+        __m256i q[COLS], scale[COLS];
+        for (int c = 0; c < COLS; ++c) {
+          const __m256i ql = load32(b[c] + 64 * h + 32 * (j % 2)), qh = load32(b[c] + 128 + 32 * h);
+          const __m256i bits = j < 2 ? _mm256_and_si256(ql, nibble) : _mm256_and_si256(_mm256_srli_epi16(ql, 4), nibble);
+          const __m256i upper = j == 0 ? _mm256_slli_epi16(qh, 4) : j == 1 ? _mm256_slli_epi16(qh, 2) : j == 2 ? qh : _mm256_srli_epi16(qh, 2);
+          q[c] = _mm256_or_si256(bits, _mm256_and_si256(upper, top));
+          scale[c] = _mm256_set_m128i(_mm_set1_epi16(scales[c][2 * g + 1]), _mm_set1_epi16(scales[c][2 * g]));
+        }
         for (int r = 0; r < ROWS; ++r) {
-          const int8_t* xg = x.q.data() + (r0 + r) * K + blk * 256 + 32 * (4 * h + j);
-          __m256& chain = acc[r][j % CHAINS];
-          chain = _mm256_fmadd_ps(int_sums(q[j], xg), _mm256_permutevar8x32_ps(scales[r][h], spread[j]), chain);
+          const __m256i xg = load32(x.q.data() + (r0 + r) * K + blk * SUPER + GROUP * g);
+          for (int c = 0; c < COLS; ++c) tile.sums[r][c] = Dot16::add(tile.sums[r][c], _mm256_maddubs_epi16(q[c], xg), scale[c]);
         }
       }
     }
+    tile.close_block(x, r0, blk, d, blocks);
   }
-  finish_rows<ROWS, CHAINS>(acc, offsets, N, n, y + r0 * N, add);
+  tile.store(y, N, r0, n0, add);
 }
 
-template <int ROWS>
-inline void int8_row(int type, const uint8_t* row, const RoundedX8& x, int64_t r0, int64_t K, int64_t N, int64_t n, float* y,
-                     bool add) {
+template <int ROWS, int COLS>
+inline void int8_tile(int type, const uint8_t* w, int64_t row_bytes, const RoundedX8& x, int64_t r0, int64_t n0, int64_t K,
+                      int64_t N, float* y, bool add) {
   switch (type) {
-    case TYPE_Q4_K: k_quant_int8_row<false, ROWS>(row, x, r0, K, N, n, y, add); return;
-    case TYPE_Q5_K: k_quant_int8_row<true, ROWS>(row, x, r0, K, N, n, y, add); return;
-    default: q6_k_int8_row<ROWS>(row, x, r0, K, N, n, y, add); return;
+    case TYPE_Q4_K: k_quant_tile<false, ROWS, COLS>(w, row_bytes, x, r0, n0, K, N, y, add); return;
+    case TYPE_Q5_K: k_quant_tile<true, ROWS, COLS>(w, row_bytes, x, r0, n0, K, N, y, add); return;
+    default: q6_k_tile<ROWS, COLS>(w, row_bytes, x, r0, n0, K, N, y, add); return;
+  }
+}
+
+// Rows r0 .. r0 + rows (< INT8_TILE_ROWS, or that) against weight rows n0 .. n0 + cols (<= INT8_COLS).
+template <int COLS>
+inline void int8_cols(int type, const uint8_t* w, int64_t row_bytes, const RoundedX8& x, int64_t r0, int64_t rows, int64_t n0,
+                      int64_t K, int64_t N, float* y, bool add) {
+  switch (rows) {
+    case 1: int8_tile<1, COLS>(type, w, row_bytes, x, r0, n0, K, N, y, add); return;
+    case 2: int8_tile<2, COLS>(type, w, row_bytes, x, r0, n0, K, N, y, add); return;
+    case 3: int8_tile<3, COLS>(type, w, row_bytes, x, r0, n0, K, N, y, add); return;
+    default: int8_tile<4, COLS>(type, w, row_bytes, x, r0, n0, K, N, y, add); return;
   }
 }
 
 inline bool has_int8_form(int type) { return type == TYPE_Q4_K || type == TYPE_Q5_K || type == TYPE_Q6_K; }
 
+// Weight rows a thread multiplies by every row of x before the next ones (they stay in L2).
+constexpr int64_t INT8_WEIGHT_ROWS = 32;
+
 // y[M, N] (+)= x[M, K] @ W^T for a type of has_int8_form and any M (a row is rounded alone: its result
-// does not depend on the batch), each weight row against x's rows 4 at a time (the row stays in L1
-// from one to the next); false, nothing computed, where x cannot be rounded (an infinity, a NaN, a subnormal group scale: float32 then).
+// does not depend on the batch), in tiles of 4 rows of x by INT8_COLS weight rows; false, nothing
+// computed, where x cannot be rounded (RoundedX8).
 inline bool int8_gemm(int type, const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, float* y, bool add,
                       int threads) {
   thread_local RoundedX8 callers;  // the caller's, reused; the workers take it by reference
   RoundedX8& rounded = callers;
   if (!rounded.round(x, M, K)) return false;
-  if (type == TYPE_Q6_K) rounded.sum_sixteens(M, K);
-  const int64_t row_bytes = K / 256 * int8_block_bytes(type);
+  const int64_t row_bytes = K / SUPER * int8_block_bytes(type);
   kernels::parallel_for(N, threads, [&](int64_t first, int64_t last) {
-    for (int64_t n = first; n < last; ++n) {
-      const uint8_t* row = w + n * row_bytes;
+    for (int64_t start = first; start < last; start += INT8_WEIGHT_ROWS) {
+      const int64_t end = std::min(last, start + INT8_WEIGHT_ROWS);
       for (int64_t r0 = 0; r0 < M; r0 += 4) {
-        switch (std::min<int64_t>(M - r0, 4)) {
-          case 1: int8_row<1>(type, row, rounded, r0, K, N, n, y, add); break;
-          case 2: int8_row<2>(type, row, rounded, r0, K, N, n, y, add); break;
-          case 3: int8_row<3>(type, row, rounded, r0, K, N, n, y, add); break;
-          default: int8_row<4>(type, row, rounded, r0, K, N, n, y, add); break;
-        }
+        const int64_t rows = std::min<int64_t>(M - r0, 4);
+        int64_t n = start;
+        for (; n + INT8_COLS <= end; n += INT8_COLS) int8_cols<INT8_COLS>(type, w, row_bytes, rounded, r0, rows, n, K, N, y, add);
+        for (; n < end; ++n) int8_cols<1>(type, w, row_bytes, rounded, r0, rows, n, K, N, y, add);
       }
     }
   });

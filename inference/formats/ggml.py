@@ -15,9 +15,10 @@ contain them: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K.
   (:meth:`inference.cpu_kernels.CPUKernels.ggml_gemm`): the K-quants with x rounded to 8 bits
   and integer products (``ENGINE_K_QUANT_Q8_ACTIVATIONS``, the default), the other types up to 4
   rows (a decode step of few streams, bound by reading the weights) x rounded to 16 bits, else
-  float32.  Q4_K also keeps a Q4_1Linear copy (exact: its ``d * sc`` and ``dmin * m`` are float32
-  values) for products of more rows (a prefill chunk), where its tiled 16-bit integer products are
-  faster.
+  float32.  Where the K-quants' x is not rounded to 8 bits (``ENGINE_K_QUANT_Q8_ACTIVATIONS=false``),
+  Q4_K builds a Q4_1Linear copy (exact: its ``d * sc`` and ``dmin * m`` are float32 values) at its
+  first product of more than 4 rows (a prefill chunk), whose tiled 16-bit integer products are about
+  twice as fast as the float32 block loop there; the 8-bit products are faster than both.
 
 No Django, no transformers here.
 """
@@ -166,14 +167,13 @@ def linear(raw: torch.Tensor, kind: int, width: int) -> WeightLinear:
     """The layer ``x [rows, width] -> [rows, out]`` of a tensor's bytes ``raw`` (``uint8 [out, row_bytes]``),
     in the form the module docstring gives for its type.  Float types are exact float32 products.
     Raises ``NotImplementedError`` where our kernels cannot run here (the block types need them)."""
-    if kind in (Q4_0, Q4_1, Q4_K):
-        many = Q4_1Linear.from_parts(*q4_1_parts(raw, kind))
-        if kind != Q4_K:  # Q4_1Linear holds these blocks' own bytes (6 bits a weight: Q4_K's are 4.5)
-            return many
+    if kind in (Q4_0, Q4_1):  # Q4_1Linear holds these blocks' own bytes
+        return Q4_1Linear.from_parts(*q4_1_parts(raw, kind))
+    if kind == Q4_K:
         try:
-            return GGMLLinear(raw, kind, width, many=many)
+            return GGMLLinear(raw, kind, width, many=lambda: Q4_1Linear.from_parts(*q4_1_parts(raw, kind)))
         except NotImplementedError:
-            return many
+            return Q4_1Linear.from_parts(*q4_1_parts(raw, kind))
     if kind == Q8_0:
         return Q8_0Linear.from_parts(*q8_0_parts(raw))
     if kind == F32:
@@ -201,12 +201,11 @@ class GGMLLinear(_BlockLinear):
     memory-mapped file), multiplied by our kernels (:meth:`inference.cpu_kernels.CPUKernels.ggml_gemm`):
     ``x`` times the dequantized weight, up to float32 summation order and x's rounding (to 16 bits up
     to 4 rows, ``set_activation_bits``; the K-quants' to 8 bits at any rows, ``set_k_quant_int8``).
-    ``many``: the same weight in another of our formats, which takes the products of more rows than
-    :meth:`few_rows`.  Raises ``NotImplementedError`` where the kernels cannot run here."""
+    ``many``: builds the same weight in another of our formats, which takes the products of more than
+    :data:`FEW_ROWS` rows where x is not rounded to 8 bits (built at the first such product).  Raises
+    ``NotImplementedError`` where the kernels cannot run here."""
 
     FEW_ROWS = 4  # csrc/ggml_blocks.h's INTEGER_ROWS
-    # Rows up to which a Q4_K product rounding x to 8 bits beats its Q4_1 copy (docs/performance.md).
-    INT8_ROWS = 16
 
     def __init__(
         self,
@@ -214,31 +213,38 @@ class GGMLLinear(_BlockLinear):
         kind: int,
         width: int,
         bias: torch.Tensor | None = None,
-        many: _BlockLinear | None = None,
+        many: Callable[[], _BlockLinear] | None = None,
     ) -> None:
         self.kernels = _cpu_kernels()
         if not hasattr(self.kernels, "ggml_gemm"):
             raise NotImplementedError("this build of our kernels has no ggml block products")
-        self.raw, self.kind, self.many = raw, kind, many
+        self.raw, self.kind = raw, kind
+        self._make_many, self._many = many, None
         self.format = type_name(kind).lower()
         self.out_features, self.in_features = raw.shape[0], width
         self.bias = None if bias is None else bias.detach().float()
 
-    def _product(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        if self.many is not None and x.shape[0] > self.few_rows():
-            return self.many._product(x, out=out)
-        return self.kernels.ggml_gemm(x, self.raw, self.kind, out=out)
+    @property
+    def many(self) -> _BlockLinear | None:
+        if self._many is None and self._make_many is not None:
+            self._many = self._make_many()
+        return self._many
 
-    def few_rows(self) -> int:
-        """The most rows this layer multiplies as stored while it has ``many``, under the kernels'
-        current settings."""
-        bits, int8 = self.kernels.activation_bits, self.kernels.k_quant_int8
-        return self.INT8_ROWS if bits == 8 or (bits == 16 and int8) else self.FEW_ROWS
+    def _uses_many(self, rows: int) -> bool:
+        if self._make_many is None or rows <= self.FEW_ROWS:
+            return False
+        bits = self.kernels.activation_bits
+        return not (bits == 8 or (bits == 16 and self.kernels.k_quant_int8))
+
+    def _product(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        if self._uses_many(x.shape[0]) and (many := self.many) is not None:
+            return many._product(x, out=out)
+        return self.kernels.ggml_gemm(x, self.raw, self.kind, out=out)
 
     def q4_1_for(self, rows: int) -> Q4_1Linear | None:
         """The Q4_1 copy where it takes products of ``rows`` rows (see Q4_1Linear.q4_1_for)."""
-        if isinstance(self.many, Q4_1Linear) and rows > self.few_rows() and self.bias is None:
-            return self.many.q4_1_for(rows)
+        if self._uses_many(rows) and self.bias is None and isinstance(many := self.many, Q4_1Linear):
+            return many.q4_1_for(rows)
         return None
 
     def dequantized(self) -> torch.Tensor:
@@ -246,7 +252,7 @@ class GGMLLinear(_BlockLinear):
         return dequantize(self.raw, self.kind, self.in_features)
 
     def _tensors(self):
-        return (self.raw, self.bias) + (() if self.many is None else tuple(self.many._tensors()))
+        return (self.raw, self.bias) + (() if self._many is None else tuple(self._many._tensors()))
 
 
 class StackedLinear(WeightLinear):

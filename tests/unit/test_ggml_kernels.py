@@ -114,11 +114,11 @@ def test_a_weight_that_does_not_fit_is_refused():
         KERNELS.ggml_dequantize_rows(data, int(T.Q4_K), 512, torch.tensor([4]))
 
 
-def rounded(x: torch.Tensor, largest: float) -> torch.Tensor:
-    """``x`` as the integer products round it: per group of 32, scale ``max |x| / largest`` (32767
+def rounded(x: torch.Tensor, largest: float, group: int = 32) -> torch.Tensor:
+    """``x`` as the integer products round it: per ``group``, scale ``max |x| / largest`` (32767
     for 16 bits, 127 for 8) and ``round(x * (1 / scale))`` to nearest even, in float32
-    (``csrc/block_gemm.cpp``'s quantize_row)."""
-    groups = x.reshape(x.shape[0], -1, 32)
+    (``csrc/block_gemm.cpp``'s quantize_row, ``csrc/ggml_int8.h``'s RoundedX8 per 256)."""
+    groups = x.reshape(x.shape[0], -1, group)
     scale = groups.abs().amax(-1, keepdim=True) / largest
     inverse = torch.where(scale > 0, 1.0 / scale, torch.zeros_like(scale))
     return (torch.round(groups * inverse) * scale).reshape(x.shape)
@@ -138,9 +138,9 @@ def test_few_rows_multiply_x_rounded_to_16_bits(isa, qtype, rows):
     # 32 times the dequantized weight, up to float32 sums; the float loop where bits are 32.
     KERNELS.set_activation_bits(16)
     width = width_for(qtype)
-    data = blocks(qtype, 40, width, seed=rows)
+    data = blocks(qtype, 41, width, seed=rows)  # an odd count: a tile of one weight row last
     x = torch.randn(rows, width, generator=torch.Generator().manual_seed(rows)) * 3
-    x[0, :32] = 0.0  # a group of zeros: scale 0
+    x[0, :256] = 0.0  # a super-block of zeros: scale 0
     got = KERNELS.ggml_gemm(x, torch.from_numpy(data), int(qtype))
     weight = reference(data, qtype, width)
     assert_product(got, rounded_to_16_bits(x), weight)
@@ -160,7 +160,7 @@ def test_a_row_that_cannot_be_rounded_takes_the_float_loop(isa):
 
 
 def rounded_to_8_bits(x: torch.Tensor) -> torch.Tensor:
-    return rounded(x, 127.0)
+    return rounded(x, 127.0, group=256)
 
 
 def minimums(data: np.ndarray, qtype: T, width: int) -> np.ndarray:
@@ -173,14 +173,14 @@ def minimums(data: np.ndarray, qtype: T, width: int) -> np.ndarray:
 @pytest.mark.parametrize("qtype", K_QUANTS, ids=lambda t: t.name)
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 11, 16, 33])
 def test_k_quants_multiply_x_rounded_to_8_bits(isa, qtype, rows):
-    # Under 8 bits the K-quants' products of any rows multiply x rounded to 8 bits per group of 32
-    # by their integers (4 rows at a time); their
+    # Under 8 bits the K-quants' products of any rows multiply x rounded to 8 bits per 256 by their
+    # integers (in tiles of rows and weight rows); their
     # minimums (Q4_K, Q5_K) meet x's exact sums, Q6_K's offset of 32 the rounded ones.
     KERNELS.set_activation_bits(8)
     width = width_for(qtype)
-    data = blocks(qtype, 40, width, seed=rows)
+    data = blocks(qtype, 41, width, seed=rows)  # an odd count: a tile of one weight row last
     x = torch.randn(rows, width, generator=torch.Generator().manual_seed(rows)) * 3
-    x[0, :32] = 0.0  # a group of zeros: scale 0
+    x[0, :256] = 0.0  # a super-block of zeros: scale 0
     got = KERNELS.ggml_gemm(x, torch.from_numpy(data), int(qtype))
     weight = reference(data, qtype, width)
     rounded = rounded_to_8_bits(x).double().numpy()

@@ -183,9 +183,9 @@ def test_a_q4_k_tensor_runs_as_stored_at_few_rows_and_on_its_q4_1_copy_beyond(si
         assert torch.allclose(layer(x), expected, rtol=1e-3, atol=1e-3 * float(expected.abs().max()))
 
 
-def test_a_q4_k_tensor_under_8_bits_runs_as_stored_up_to_16_rows(sixteen_bits):
+def test_a_q4_k_tensor_under_8_bits_runs_as_stored_at_any_rows_and_builds_no_copy(sixteen_bits):
     kernels = cpu_kernels.load(None)
-    rows, width = 16, 512
+    rows, width = 40, 512
     rng = np.random.default_rng(2)
     blocks = rng.integers(0, 256, size=(rows, width // 256, 144), dtype=np.uint8)
     blocks[..., 0:4] = rng.uniform(1e-3, 1e-1, size=(rows, width // 256, 2)).astype(np.float16).view(np.uint8)
@@ -194,9 +194,11 @@ def test_a_q4_k_tensor_under_8_bits_runs_as_stored_up_to_16_rows(sixteen_bits):
     if not isinstance(layer, ggml.GGMLLinear) or not kernels.k_quant_int8_available:
         pytest.skip("no 8-bit K-quant products here")
     kernels.set_k_quant_int8(True)
-    assert layer.q4_1_for(16) is None and layer.q4_1_for(17) is layer.many
-    x = torch.randn(16, width, generator=torch.Generator().manual_seed(3))
-    assert torch.equal(layer(x), kernels.ggml_gemm(x, raw, ggml.Q4_K))  # the 8-bit product of the blocks
+    for count in (1, 5, 33):
+        assert layer.q4_1_for(count) is None
+        x = torch.randn(count, width, generator=torch.Generator().manual_seed(count))
+        assert torch.equal(layer(x), kernels.ggml_gemm(x, raw, ggml.Q4_K))  # the 8-bit product of the blocks
+    assert layer._many is None and layer.nbytes == raw.numel()  # no Q4_1 copy was made
 
 
 def test_loading_logs_its_progress(tmp_path, caplog):
