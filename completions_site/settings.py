@@ -5,6 +5,7 @@ the embedded SmolLM2 model); production deployments override them with environme
 or a `.env` file beside `manage.py`.  `completions_site.checks` refuses a production start
 (``DJANGO_DEBUG=false``) with the default secret key.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -130,7 +131,10 @@ LOGGING = {
     "disable_existing_loggers": False,
     "filters": {"redact": {"()": "completions_site.logs.RedactSecrets"}},
     "formatters": {
-        "plain": {"()": "completions_site.logs.PlainFormatter", "format": "%(asctime)s %(levelname)s %(name)s: %(message)s"},
+        "plain": {
+            "()": "completions_site.logs.PlainFormatter",
+            "format": "%(asctime)s %(levelname)s %(name)s: %(message)s",
+        },
         "json": {
             "()": "completions_site.logs.JsonFormatter",
             "format": "%(asctime)s %(levelname)s %(name)s %(message)s",
@@ -170,7 +174,9 @@ MODEL_CACHE_DIR = env.path("MODEL_CACHE_DIR", default=BASE_DIR / ".cache" / "mod
 ENGINE_AUTOSTART = env.bool("ENGINE_AUTOSTART", default=True)
 ENGINE_MAX_BATCH_SIZE = env.int("ENGINE_MAX_BATCH_SIZE", default=32)
 ENGINE_MAX_QUEUE = env.int("ENGINE_MAX_QUEUE", default=256)
-ENGINE_NUM_THREADS = env.int("ENGINE_NUM_THREADS", default=0)  # 0: torch's count (one per core), one fewer while other work keeps a core busy (inference/thread_budget.py)
+ENGINE_NUM_THREADS = env.int(
+    "ENGINE_NUM_THREADS", default=0
+)  # 0: torch's count (one per core), one fewer while other work keeps a core busy (inference/thread_budget.py)
 ENGINE_PREFILL_CHUNK = env.int("ENGINE_PREFILL_CHUNK", default=256)
 # The forward pass: auto (our Llama runner when it supports the model, else transformers'
 # modeling) | llama | transformers.

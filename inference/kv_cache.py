@@ -9,6 +9,7 @@ close to what the rows use) or when rows join or leave the batch.
 Rows are left-padded: every row's last token is in the same column, so a decode step appends one
 column for all rows.  The engine keeps the matching ``attention_mask`` (0 on padding).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -32,7 +33,9 @@ class GrowingLayer(DynamicLayer):
         self._value_buffer: torch.Tensor | None = None
         self._width = 0
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Append ``key_states``/``value_states`` (``[batch, kv_heads, new, head_dim]``) after the used columns."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)

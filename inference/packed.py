@@ -12,6 +12,7 @@ step makes fewer calls from Python.
 Used for bfloat16 on the CPU only (:func:`onednn_linear_available`); CUDA and float32 keep
 ``nn.Linear``.
 """
+
 from __future__ import annotations
 
 import torch
@@ -69,8 +70,15 @@ class FusedProjections:
 
     def __init__(self, linears: list[torch.nn.Linear]) -> None:
         biases = [linear.bias for linear in linears]
-        bias = None if all(b is None for b in biases) else torch.cat(
-            [b if b is not None else linear.weight.new_zeros(linear.out_features) for b, linear in zip(biases, linears)]
+        bias = (
+            None
+            if all(b is None for b in biases)
+            else torch.cat(
+                [
+                    b if b is not None else linear.weight.new_zeros(linear.out_features)
+                    for b, linear in zip(biases, linears)
+                ]
+            )
         )
         self.linear = PackedLinear(torch.cat([linear.weight for linear in linears]), bias)
         self.sizes = [linear.out_features for linear in linears]
@@ -128,9 +136,10 @@ def prepack_linear_layers(model: torch.nn.Module) -> int:
     for parent in list(model.modules()):
         for names in FUSED_GROUPS:
             linears = [getattr(parent, name, None) for name in names]
-            if all(type(linear) is torch.nn.Linear for linear in linears) and len(
-                {linear.in_features for linear in linears}
-            ) == 1:
+            if (
+                all(type(linear) is torch.nn.Linear for linear in linears)
+                and len({linear.in_features for linear in linears}) == 1
+            ):
                 fused = FusedProjections(linears)
                 for index, name in enumerate(names):
                     setattr(parent, name, ProjectionSlice(fused, index))

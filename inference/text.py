@@ -5,6 +5,7 @@ holds back a token's bytes until they decode to whole characters (the approach o
 llama.cpp's servers), and :class:`StopMatcher` says how much of the end of the text could still
 become a stop string, so that part is not released yet.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -13,6 +13,7 @@ Each key may carry its own limits (requests and tokens per minute, concurrent re
 calendar month) and a list of the models it may use; an empty limit means the global default
 (``API_DEFAULT_*`` settings), and 0 means no limit.  ``keys.limits`` enforces them.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -283,9 +284,7 @@ class UsageRecord(models.Model):
     accounting survives deletions.
     """
 
-    api_key = models.ForeignKey(
-        APIKey, on_delete=models.SET_NULL, null=True, blank=True, related_name="usage_records"
-    )
+    api_key = models.ForeignKey(APIKey, on_delete=models.SET_NULL, null=True, blank=True, related_name="usage_records")
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="usage_records"
     )

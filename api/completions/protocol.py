@@ -17,6 +17,7 @@ helpers of ``api.errors``, each naming its ``param``.
 
 Nothing here imports torch: ``SamplingParams`` is imported inside ``sampling_params()``.
 """
+
 from __future__ import annotations
 
 import copy
@@ -332,8 +333,10 @@ def _check_prompt_count(prompts: list) -> list:
     """A batch of prompts, at most ``settings.API_MAX_PROMPTS`` of them, and never more than the
     engine's queue holds (``ENGINE_MAX_QUEUE``): each prompt is one engine request, so a larger
     batch could only ever get a 503; it is a 400 ``array_above_max_length``."""
-    limit = min(getattr(settings, "API_MAX_PROMPTS", DEFAULT_MAX_PROMPTS),
-                getattr(settings, "ENGINE_MAX_QUEUE", DEFAULT_MAX_QUEUE))
+    limit = min(
+        getattr(settings, "API_MAX_PROMPTS", DEFAULT_MAX_PROMPTS),
+        getattr(settings, "ENGINE_MAX_QUEUE", DEFAULT_MAX_QUEUE),
+    )
     if len(prompts) > limit:
         raise array_too_long_error("prompt", limit, len(prompts))
     return prompts
@@ -367,8 +370,9 @@ def _check_rules_beyond_schema(data: dict[str, Any]) -> None:
     n, stream, echo = data.get("n", 1), data.get("stream", False), data.get("echo", False)
     if "best_of" in data:
         if data["best_of"] < n:
-            raise below_minimum_error("best_of", n, data["best_of"], integer=True,
-                                      why="best_of must be greater than or equal to n.")
+            raise below_minimum_error(
+                "best_of", n, data["best_of"], integer=True, why="best_of must be greater than or equal to n."
+            )
         if data["best_of"] > 1 and stream:
             # The spec on best_of: "Results cannot be streamed" (the best is known only at the end).
             raise invalid_value_error("best_of", data["best_of"], why="best_of > 1 cannot be used with stream.")

@@ -6,6 +6,7 @@ tokenising the prompts, the context-length check, choice indices ``prompt_index 
 ``best_of`` ranking, ``echo``, ``logprobs`` with ``text_offset``.  One engine request per prompt,
 their merged outputs and the token counts that usage accounting reads are :mod:`api.generation`'s.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -124,7 +125,9 @@ class CompletionRun(Generation):
             self.id, self.created, self.engine.model_id, choices, usage_dict(self.prompt_tokens, self.completion_tokens)
         )
 
-    def _choice(self, index: int, prompt: Prompt, choice: Candidate, prompt_logprobs: list[TokenLogprob] | None) -> CompletionChoice:
+    def _choice(
+        self, index: int, prompt: Prompt, choice: Candidate, prompt_logprobs: list[TokenLogprob] | None
+    ) -> CompletionChoice:
         text = (prompt.text if self.request.echo else "") + choice.text
         logprobs = None
         if self.request.logprobs is not None:
@@ -210,4 +213,3 @@ class CompletionRun(Generation):
                 usage=usage_dict(self.prompt_tokens, self.completion_tokens),
                 include_usage=True,
             )
-

@@ -5,6 +5,7 @@ limit): ``--rpm``, ``--tpm``, ``--max-concurrent``, ``--monthly-tokens``; ``--mo
 the key to those models; ``--expires-in 30d`` (``s``, ``m``, ``h``, ``d`` or ``w``) sets an expiry.
 The new key is printed alone on the last line of the output, so scripts can take ``tail -n 1``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,7 +51,9 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--name", required=True, help="What the key is for, e.g. “laptop”.")
         parser.add_argument("--user", help="The owner's username (default: the first superuser).")
-        limits = parser.add_argument_group("limits", "Without one, the key uses the API_DEFAULT_* setting; 0 means no limit.")
+        limits = parser.add_argument_group(
+            "limits", "Without one, the key uses the API_DEFAULT_* setting; 0 means no limit."
+        )
         limits.add_argument("--rpm", type=limit, help="Requests per minute.")
         limits.add_argument("--tpm", type=limit, help="Tokens (prompt plus completion) per minute.")
         limits.add_argument("--max-concurrent", type=limit, help="Requests in flight at once.")
@@ -93,7 +96,5 @@ def find_owner(username: str | None) -> AbstractBaseUser:
             raise CommandError(f"No user named {username!r}.") from None
     first_superuser = users.filter(is_superuser=True).order_by("pk").first()
     if first_superuser is None:
-        raise CommandError(
-            "There is no superuser to own the key; pass --user USERNAME (or run `manage.py bootstrap`)."
-        )
+        raise CommandError("There is no superuser to own the key; pass --user USERNAME (or run `manage.py bootstrap`).")
     return first_superuser
