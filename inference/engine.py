@@ -343,7 +343,7 @@ class Engine:
             with torch.inference_mode():
                 self.runner.warm_up()
             logger.info("Model runner: %s; warmed up in %.1f s", self.runner.description, time.perf_counter() - started)
-        except BaseException as error:  # noqa: BLE001 - reported through /healthz and the log
+        except BaseException as error:  # reported through /healthz and the log
             logger.exception("The model failed to load")
             self.load_error = error
             if self.config.exit_on_load_failure:
@@ -368,7 +368,7 @@ class Engine:
             with torch.inference_mode():
                 while not self._stopping:
                     self._loop_once()
-        except BaseException as error:  # noqa: BLE001 - a dead worker must not leave /healthz at 200
+        except BaseException as error:  # a dead worker must not leave /healthz at 200
             logger.exception("The engine's worker thread failed; the engine serves no more requests")
             self.ready, self.load_error, self._stopping = False, error, True
             self._fail_all(EngineError(f"The engine failed: {type(error).__name__}"))
@@ -436,7 +436,7 @@ class Engine:
                 self._prefill()
             if self._running:
                 self._decode_step()
-        except Exception as error:  # noqa: BLE001 - one bad step must not kill the engine
+        except Exception as error:  # one bad step must not kill the engine
             logger.exception("An engine step failed; failing the requests in it")
             self._fail_all(EngineError(f"The engine failed while generating: {type(error).__name__}"))
         self._set_gauges()
