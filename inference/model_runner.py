@@ -279,7 +279,7 @@ class _Prefilled:
     @property
     def alone(self) -> bool:
         """Whether the cache holds this request only, without padding (so a chunk may extend it)."""
-        return self.cache.width == self.length and self.cache.layers[0].keys.shape[0] == 1
+        return self.cache.width == self.length and self.cache.rows == 1
 
 
 class HFModelRunner:
@@ -293,6 +293,13 @@ class HFModelRunner:
     applied at the next :meth:`decode` or :meth:`keep`, all in one copy of the batch's cache.
     Not thread-safe: one worker thread calls it, under ``torch.inference_mode``.
     """
+
+    # The running batch, set by _clear_batch.
+    _cache: BatchKVCache | None
+    _mask: torch.Tensor  # [rows, width] 1: real column
+    _positions: torch.Tensor  # [rows] next position
+    _pending: list[tuple[_Prefilled, int]]  # joins not yet applied: (prefilled prompt, copies)
+    _rows: int
 
     def __init__(self, model) -> None:
         self.model = model
@@ -312,7 +319,7 @@ class HFModelRunner:
     def prefill(self, chunks: Sequence[PrefillChunk]) -> list[torch.Tensor]:
         """See :class:`ModelRunner`.  Raises ``ValueError`` when a chunk does not start where its
         request's cache ends."""
-        results: list[torch.Tensor | None] = [None] * len(chunks)
+        results: dict[int, torch.Tensor] = {}
         fresh = [i for i, chunk in enumerate(chunks) if chunk.start == 0]
         if len(fresh) == 1:
             results[fresh[0]] = self._prefill_alone(chunks[fresh[0]])
@@ -325,7 +332,7 @@ class HFModelRunner:
         for i, chunk in enumerate(chunks):
             if chunk.start:
                 results[i] = self._prefill_alone(chunk)
-        return results
+        return [results[i] for i in range(len(chunks))]
 
     def _prefill_alone(self, chunk: PrefillChunk) -> torch.Tensor:
         """One request's chunk, on its own cache: no padding, no attention mask."""
@@ -464,6 +471,7 @@ class HFModelRunner:
         first = int((mask.sum(0) > 0).nonzero()[0])  # first column that some row still uses
         self._mask = mask[:, first:]
         self._positions = self._positions.index_select(0, index)
+        assert self._cache is not None, "rows are running, so they have a cache"
         self._cache.select(index, first)
         self._rows = len(rows)
 
@@ -475,10 +483,10 @@ class HFModelRunner:
         self._clear_batch()
 
     def _clear_batch(self) -> None:
-        self._cache: BatchKVCache | None = None
-        self._mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)  # [rows, width] 1: real column
-        self._positions = torch.zeros(0, dtype=torch.long, device=self.device)  # [rows] next position
-        self._pending: list[tuple[_Prefilled, int]] = []
+        self._cache = None
+        self._mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)
+        self._positions = torch.zeros(0, dtype=torch.long, device=self.device)
+        self._pending = []
         self._rows = 0
 
     # --- warm-up ---------------------------------------------------------------------------------
