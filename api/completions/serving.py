@@ -59,13 +59,14 @@ class CompletionRun(Generation):
         request.check_token_ids(engine.vocab_size)
         for prompt in request.prompts:
             if request.suffix:
-                ids, text = self._fim_prompt(prompt), ""
+                ids, text = self._fim_prompt(prompt, request.suffix), ""
             elif isinstance(prompt, str):
                 ids = await self._encode(prompt) if prompt else []
                 text = prompt
             else:
                 # Echo gives back what was sent: special tokens included, as they are in a text prompt.
-                ids, text = list(prompt), engine.tokenizer.decode(prompt, skip_special_tokens=False)
+                ids = list(prompt)
+                text = engine.tokenizer.decode(prompt, skip_special_tokens=False)  # type: ignore[assignment]  # one sequence of ids: one str
             if not ids:
                 ids = engine.document_start_ids()
             request.check_context_length(len(ids), engine.max_context)
@@ -82,7 +83,7 @@ class CompletionRun(Generation):
             return self.engine.encode(prompt)
         return await asyncio.to_thread(self.engine.encode, prompt)
 
-    def _fim_prompt(self, prompt: str | list[int]) -> list[int]:
+    def _fim_prompt(self, prompt: str | list[int], suffix: str) -> list[int]:
         """The fill-in-the-middle prompt for ``prompt`` and ``suffix``; the completion is the middle.
 
         Raises ``APIError`` 400 (``param: "suffix"``, code ``unsupported_parameter``, OpenAI's
@@ -91,7 +92,7 @@ class CompletionRun(Generation):
         """
         engine = self.engine
         prefix = prompt if isinstance(prompt, str) else engine.decode(prompt)
-        ids = engine.fim_prompt_ids(prefix, self.request.suffix)
+        ids = engine.fim_prompt_ids(prefix, suffix)
         if ids is None:
             raise APIError(
                 f"Unsupported parameter: 'suffix' is not supported with {engine.model_id}: its tokenizer has no "
