@@ -61,6 +61,7 @@ from .prefix_cache import PrefixCache
 
 if TYPE_CHECKING:
     from .cpu_kernels import CPUKernels
+    from .weights import Q4_1Linear
 
 Linear = Callable[[torch.Tensor], torch.Tensor]
 
@@ -189,6 +190,17 @@ class LlamaModelRunner:
     stored prompts keep only what the rows' positions do not use; 0 turns it off.  Raises
     ``ValueError`` when :func:`unsupported_reason` names a reason.  Not thread-safe: one worker thread calls it, under ``torch.inference_mode``.
     """
+
+    # The running batch's cache, set by reset_batch and _reallocate.
+    _layer_keys: list[torch.Tensor]
+    _layer_values: list[torch.Tensor]
+    _row_capacity: int
+    _column_capacity: int
+    _lengths: list[int]
+    _cache_addresses: torch.Tensor
+    # A prefill's group of new prompts of one size (see _group_partials), None outside one.
+    _group_keys: torch.Tensor | None
+    _group_values: torch.Tensor | None
 
     def __init__(
         self,
@@ -497,8 +509,8 @@ class LlamaModelRunner:
         """
         if not chunks:
             return []
-        keys = [chunk.key for chunk in chunks]
-        if len(set(keys)) != len(keys):
+        chunk_keys = [chunk.key for chunk in chunks]
+        if len(set(chunk_keys)) != len(chunk_keys):
             raise ValueError("two chunks of one request in one prefill")
         for chunk in chunks:
             if not chunk.token_ids:
@@ -538,6 +550,7 @@ class LlamaModelRunner:
         for index, layer in enumerate(self._layers):
             qkv = self._qkv(layer, self._norm(x, layer.input_norm))
             if tables is not None:  # one call: rotary embeddings, cache writes, attention
+                assert self._kernels is not None, "tables are built for the kernels only"
                 attended = torch.empty(tokens, heads * dim, dtype=x.dtype, device=self.device)
                 cos_table, sin_table = self._cos_tables[layer.rope_index], self._sin_tables[layer.rope_index]
                 if not self._kernels.prefill_attention(
@@ -556,6 +569,7 @@ class LlamaModelRunner:
                 # or kv_heads, positions, dim]), the positions cached before it, its blocks.
                 calls = []
                 if group:
+                    assert self._group_keys is not None and self._group_values is not None, "set for the group"
                     size = group_size
                     cache_keys, cache_values = (
                         self._group_keys[:, index],
@@ -596,7 +610,7 @@ class LlamaModelRunner:
             partial.token_ids[chunk.start :] = chunk.token_ids
             self._partials[chunk.key] = partial
         pieces = logits.split([len(rows) for rows in wanted])
-        result: list[torch.Tensor] = [None] * len(pieces)  # type: ignore[list-item]
+        result: list[torch.Tensor] = [None] * len(pieces)  # type: ignore[list-item]  # order fills every place below
         for place, piece in zip(order, pieces):
             result[place] = piece
         return result
@@ -714,6 +728,7 @@ class LlamaModelRunner:
                 queries = (start + first + torch.arange(end - first, device=self.device))[:, None]
                 mask = columns <= queries
                 if cut:
+                    assert window is not None, "only a window cuts"
                     mask &= columns > queries - window
             result.append((first, end, mask))
         return result
@@ -914,21 +929,21 @@ class LlamaModelRunner:
         formats' ``q4_1_for``), else None.  Built once per plan; :meth:`_reallocate` keeps its cache
         columns on the buffers."""
         if rows not in self._q4_1_at:
-            weights = []
+            weights: list[list[Q4_1Linear]] = []
             for layer in self._layers:
                 found = [getattr(linear, "q4_1_for", lambda _: None)(rows) for linear in layer.products]
-                if any(linear is None for linear in found):
-                    weights = None
+                blocks: list[Q4_1Linear] = [linear for linear in found if linear is not None]
+                if len(blocks) != len(found):
                     break
-                weights.append(found)
+                weights.append(blocks)
             self._q4_1_at[rows] = None
-            if weights is not None:
+            if len(weights) == len(self._layers):
                 key = tuple(id(linear) for linear in weights[0])
                 if key not in self._step_tables:
                     table = torch.zeros(self.num_layers, 16, dtype=torch.int64)
-                    for index, (layer, found) in enumerate(zip(self._layers, weights)):
+                    for index, (layer, blocks) in enumerate(zip(self._layers, weights)):
                         pointers = [layer.input_norm.data_ptr(), layer.post_norm.data_ptr()]
-                        pointers += [t.data_ptr() for linear in found for t in (linear.qs, linear.d, linear.m)]
+                        pointers += [t.data_ptr() for linear in blocks for t in (linear.qs, linear.d, linear.m)]
                         table[index, :14] = torch.tensor(pointers)
                     self._step_tables[key] = table
                     self._point_at_caches(table)
@@ -1072,10 +1087,10 @@ class LlamaModelRunner:
 
     def reset_batch(self) -> None:
         """Drop the running batch's cache (its memory goes back to the allocator)."""
-        self._layer_keys: list[torch.Tensor] = []  # per layer [row capacity, kv_heads, column capacity, head_dim]
-        self._layer_values: list[torch.Tensor] = []
+        self._layer_keys = []  # per layer [row capacity, kv_heads, column capacity, head_dim]
+        self._layer_values = []
         self._row_capacity = self._column_capacity = 0
-        self._lengths: list[int] = []  # positions cached per running row
+        self._lengths = []  # positions cached per running row
         self._cache_addresses = torch.empty(0, dtype=torch.int64)  # see _reallocate
 
     @property

@@ -25,7 +25,7 @@ PACKED_BATCH_HINT = 8
 try:
     _LINEAR_POINTWISE = torch.ops.mkldnn._linear_pointwise.default
 except (AttributeError, RuntimeError):
-    _LINEAR_POINTWISE = None
+    _LINEAR_POINTWISE = None  # type: ignore[assignment]  # never called: no PackedLinear is built without oneDNN
 
 # Sibling projections packed as one weight when a module has all of them (HF's names).
 FUSED_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
@@ -135,11 +135,9 @@ def prepack_linear_layers(model: torch.nn.Module) -> int:
     replaced = 0
     for parent in list(model.modules()):
         for names in FUSED_GROUPS:
-            linears = [getattr(parent, name, None) for name in names]
-            if (
-                all(type(linear) is torch.nn.Linear for linear in linears)
-                and len({linear.in_features for linear in linears}) == 1
-            ):
+            found = [getattr(parent, name, None) for name in names]
+            linears = [linear for linear in found if type(linear) is torch.nn.Linear]
+            if len(linears) == len(names) and len({linear.in_features for linear in linears}) == 1:
                 fused = FusedProjections(linears)
                 for index, name in enumerate(names):
                     setattr(parent, name, ProjectionSlice(fused, index))

@@ -323,7 +323,7 @@ class Q4_1Blocks:
 
     @property
     def shape(self) -> tuple[int, int]:
-        return tuple(self.q.shape)  # type: ignore[return-value]
+        return tuple(self.q.shape)  # type: ignore[return-value]  # q is 2-D: [out, in]
 
     def dequantize(self) -> torch.Tensor:
         """The float32 weight ``[out, in]``: ``d * q + m`` computed in float32, as gguf-py and transformers do."""
@@ -386,7 +386,7 @@ class Int4Linear(WeightLinear):
         # The kernel wants [in / 32, out, 2] (scale, zero).
         self.scales_and_zeros = torch.stack([d, m + 8 * d], dim=-1).transpose(0, 1).contiguous().to(compute_dtype)
         self.bias = None if bias is None else bias.detach().to(compute_dtype)
-        self._q = blocks.q  # kept only for dequantized(); dropped by release_debug_copy()
+        self._q: torch.Tensor | None = blocks.q  # kept only for dequantized(); dropped by release_debug_copy()
 
     @classmethod
     def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None = None, **kwargs) -> Int4Linear:
@@ -766,8 +766,9 @@ def make_linear(
     for name in plan.formats:
         check_format(name)
         if name == "int4" and q4_1 is not None:
-            layers[name] = Int4Linear(q4_1, bias)
-            layers[name].release_debug_copy()
+            int4 = Int4Linear(q4_1, bias)
+            int4.release_debug_copy()
+            layers[name] = int4
         elif name == "q4_1" and q4_1 is not None:
             layers[name] = Q4_1Linear(q4_1, bias)
         else:
@@ -1076,7 +1077,8 @@ def _time_sweeps(
             continue
         stack = [[_build_random(name, shape, generator) for shape in layer_shapes] for _ in range(layers)]
         output = _build_random(name, output_shape, generator)
-        layer_ms, output_ms = {}, {}
+        layer_ms: dict[int, float] = {}
+        output_ms: dict[int, float] = {}
         for batch in batch_sizes:
             if layer_ms and time.perf_counter() - started > time_limit:
                 break
@@ -1117,7 +1119,7 @@ def _time_bfloat16_prefill(
     for rep in range(repeats + 1):
         for name in ("q4_1", "bfloat16") if rep % 2 else ("bfloat16", "q4_1"):
             for linear in stack:
-                linear.bfloat16_rows = 1 if name == "bfloat16" else None
+                linear.bfloat16_rows = 1 if name == "bfloat16" else None  # type: ignore[attr-defined]  # _build_random("q4_1") builds Q4_1Linear
             started = time.perf_counter()
             for linear in stack:
                 linear(inputs[linear.in_features])
@@ -1332,5 +1334,5 @@ def llama_linear_factory(choice: Choice, q4_1: dict[str, Q4_1Blocks] | None = No
             blocks = Q4_1Blocks.cat([q4_1[name] for name in names])
         return choice.make_layer(weight, q4_1=blocks)
 
-    factory.description = choice.describe()  # type: ignore[attr-defined]
+    factory.description = choice.describe()  # type: ignore[attr-defined]  # the runner reads it if present
     return factory
