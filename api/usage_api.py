@@ -213,7 +213,7 @@ async def usage_page(query: UsageQuery, owner_id: int | None) -> dict[str, Any]:
 def build_usage_page(query: UsageQuery, owner_id: int | None = None) -> dict[str, Any]:
     """The ``UsageResponse`` page for ``query`` over ``owner_id``'s usage records (everyone's when ``None``)."""
     seconds = query.width.seconds
-    boundaries = []
+    boundaries: list[int] = []
     moment = query.page_start
     while moment < query.end_time and len(boundaries) < query.limit:
         boundaries.append(moment)

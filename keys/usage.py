@@ -120,8 +120,10 @@ def rebuild_daily_usage(first: date | None = None, last: date | None = None) -> 
             "time_to_first_token_ms",
         )
         for record in records.only(*fields).iterator(chunk_size=2000):
+            key_id = record.api_key_id
+            assert key_id is not None, "records are filtered on api_key__isnull=False"
             row = totals.setdefault(
-                (record.api_key_id, record.model, usage_day(record.created_at)), dict.fromkeys(ROLLUP_FIELDS, 0)
+                (key_id, record.model, usage_day(record.created_at)), dict.fromkeys(ROLLUP_FIELDS, 0)
             )
             for name, value in rollup_increments(record).items():
                 row[name] += value

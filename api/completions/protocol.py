@@ -149,7 +149,7 @@ class CompletionRequest(StreamAndStopFields):
             return [self.prompt]
         if self.prompt and isinstance(self.prompt[0], int):
             return [list(self.prompt)]
-        return list(self.prompt)
+        return list(self.prompt)  # type: ignore[arg-type]  # not token ids, so strings or lists of token ids
 
     def sampling_params(self, *, ignore_eos: bool = False) -> SamplingParams:
         """The engine's parameters for each prompt of this request.
@@ -315,10 +315,10 @@ def _check_prompt(prompt: Prompt | None) -> Prompt:
         _check_items(prompt, ["prompt"], lambda item: isinstance(item, str), "a string")
         return _check_prompt_count(prompt)
     if is_integer(first):
-        return _token_ids(prompt, ["prompt"])
+        return _token_ids(prompt, ["prompt"])  # type: ignore[arg-type]  # token ids by its first item; _token_ids checks every item
     if isinstance(first, list):
         _check_items(prompt, ["prompt"], lambda item: isinstance(item, list), "an array of integers")
-        return _check_prompt_count([_token_ids(ids, ["prompt", index]) for index, ids in enumerate(prompt)])
+        return _check_prompt_count([_token_ids(ids, ["prompt", index]) for index, ids in enumerate(prompt)])  # type: ignore[arg-type]  # every item a list (checked above); _token_ids checks their ids
     raise invalid_type_error("prompt[0]", ["a string", "an integer", "an array of integers"], first)
 
 

@@ -11,15 +11,17 @@ from __future__ import annotations
 import argparse
 import re
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.contrib.auth import get_user_model
-from django.contrib.auth.base_user import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
 from keys.models import APIKey, parse_model_list
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
 
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
 _DURATION = re.compile(r"(\d+)([smhdw])")
@@ -86,7 +88,7 @@ class Command(BaseCommand):
         self.stdout.write(plaintext)
 
 
-def find_owner(username: str | None) -> AbstractBaseUser:
+def find_owner(username: str | None) -> User:
     """The user called ``username``, or the first superuser; ``CommandError`` if there is none."""
     users = get_user_model()._default_manager
     if username is not None:
