@@ -65,11 +65,8 @@ logger = logging.getLogger(__name__)
 
 FIM_TOKENS = ("<fim_prefix>", "<fim_suffix>", "<fim_middle>")
 RATE_WINDOW_SECONDS = 10.0  # the window of stats()'s tokens_per_second
-# The worker thread shares the GIL with the event loop.  It releases it for every torch operation
-# and kernel call; taking it back waits until the event loop's thread gives it up, which CPython
-# forces only after the switch interval (5 ms by default).  Under many short requests a decode
-# step of 8 rows then took 50 ms instead of about 10; 1 ms gave 12-14% more requests/s
-# (16 clients, max_tokens 1, on a 2-core Xeon).  Set only where nothing else changed the default.
+# The worker takes the GIL back from the event loop after every kernel call, at worst after one
+# switch interval: a short one keeps decode steps short (docs/performance.md#threads-and-busy-neighbours).
 GIL_SWITCH_INTERVAL = 0.001
 PYTHON_SWITCH_INTERVAL = 0.005  # CPython's default
 # After this long with nothing to do the engine gives the batch's KV cache back (not at once: under
@@ -355,7 +352,7 @@ class Engine:
                 kernels.set_activation_bits(self.config.activation_bits)
                 kernels.set_k_quant_int8(self.config.k_quant_int8)
             # Before ready: the first request after /healthz says 200 finds kernels chosen and
-            # buffers grown, and is as fast as later ones (issue 12).
+            # buffers grown, and is as fast as later ones.
             started = time.perf_counter()
             with torch.inference_mode():
                 self._loaded_runner.warm_up()
@@ -375,10 +372,8 @@ class Engine:
         if not self.config.num_threads and self.model_config.weights != "float32" and self.device.type == "cpu":
             self._thread_budget = ThreadBudget(torch.get_num_threads())
         if self.config.freeze_gc:
-            # What is alive now (the libraries', the model's, Django's: some 460,000 objects in a
-            # server) lives as long as the process.  In the collector's permanent generation a full
-            # collection no longer walks it: each took 190-280 ms holding the GIL (a pause of every
-            # stream; twice in 10 s of 16 clients' one-token requests), 0.2 ms frozen (2-core Zen 4).
+            # What is alive now lives as long as the process: frozen, full collections no longer walk
+            # it while holding the GIL (docs/performance.md#the-engines-worker-thread).
             gc.collect()
             gc.freeze()
         self.ready = True

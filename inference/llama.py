@@ -2,10 +2,10 @@
 transformers' per-step overhead.
 
 transformers' modeling builds masks, updates its cache objects and dispatches dozens of small
-modules per layer each step; on a 2-core CPU that is most of a batch-1 decode step of the embedded
-model (issue 12).  This runner does what Llama's decoder layer does (Touvron et al. 2023, "LLaMA":
-pre-RMSNorm, rotary position embeddings, SwiGLU MLP, grouped-query attention from Ainslie et al.
-2023) with as few tensor operations as it can:
+modules per layer each step, most of a batch-1 decode step of the embedded model
+(docs/performance.md#why-our-own-kernels).  This runner does what Llama's decoder layer does
+(Touvron et al. 2023, "LLaMA": pre-RMSNorm, rotary position embeddings, SwiGLU MLP, grouped-query
+attention from Ainslie et al. 2023) with as few tensor operations as it can:
 
 - q/k/v and gate/up projections are each one matrix product of a stacked weight; every linear layer
   is built by one factory, :func:`make_linear`, so other weight formats plug in there.
@@ -68,9 +68,8 @@ Linear = Callable[[torch.Tensor], torch.Tensor]
 ROW_CHUNK = 8  # the running batch's cache grows by this many rows: at most 4 copies on the way to 32
 COLUMN_CHUNK = 64  # ... and by this many positions: one copy per 64 decode steps, little unused memory
 OUTPUT_NAME = "lm_head.weight"  # the name a factory is given for the output layer (tied or not)
-# A prefill chunk's queries attend in blocks of this many: torch's CPU flash attention took 4.2 ms a
-# layer for one causal call of 512 queries, 1.0 + 2.0 for two of 256 (the second over 512 keys with
-# a mask; 9 heads, 2-core AMD EPYC, AVX2 code), which also computes no fewer products than the one.
+# A prefill chunk's queries attend in blocks of this many: two calls of 256 queries were faster than one
+# of 512 in torch's CPU flash attention (docs/performance.md#the-llama-runners-prefill).
 ATTENTION_QUERIES = 256
 ROPE_TABLE_CHUNK = 4096  # positions added to the cos/sin table at a time (Llama 3.1 allows 131072)
 
@@ -82,7 +81,7 @@ def make_linear(weight: torch.Tensor, dtype: torch.dtype, names: tuple[str, ...]
     weight format may look their source up, e.g. the GGUF's own Q4_1 blocks).
     ``weight`` is ``[out, in]``, float32 (or any float dtype), and is not modified.  bfloat16 on a CPU
     with oneDNN's bf16 linear (:func:`~inference.packed.onednn_linear_available`) uses a weight reordered
-    once into oneDNN's blocked layout (1.4-1.6x faster than plain ``F.linear`` there, see
+    once into oneDNN's blocked layout (faster than plain ``F.linear`` there, see
     :mod:`inference.packed`); everything else is ``F.linear`` on ``weight`` converted to ``dtype`` (no
     copy when it already is, so a tied output layer shares the embedding's memory in float32).
     """
@@ -137,11 +136,10 @@ class _Partial:
 
 @contextlib.contextmanager
 def _one_thread() -> Iterator[None]:
-    """torch's operations on one thread inside (restored after): a prefill's elementwise work (rotary
-    embeddings, cache writes and casts of some hundred thousand values) took 2.5-7 times as long on
-    two threads, each operation waking an OpenMP thread that sleeps at once when done (the server's
-    ``OMP_WAIT_POLICY=PASSIVE``); a 512-token prompt's 2 chunks spent about 35 ms of 480 in them on a
-    2-core AMD EPYC, AVX2 code.  Attention and the products keep every thread."""
+    """torch's operations on one thread inside (restored after), for a prefill's elementwise work
+    (rotary embeddings, cache writes and casts): on two threads each operation wakes an OpenMP thread
+    that sleeps again at once, and took longer (docs/performance.md#the-llama-runners-prefill).
+    Attention and the products keep every thread."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -522,7 +520,7 @@ class LlamaModelRunner:
         self._rope_table(end)
         # New prompts of one size (many short requests at once) go first, as one group: their
         # caches are views of one buffer and each layer's cache writes and attention are one call
-        # for the group, not one per prompt (issue 12: per-call overhead of the 16-client load).
+        # for the group, not one per prompt (docs/performance.md#the-llama-runners-prefill).
         given = chunks
         order, group = self._prefill_order(chunks)
         chunks = [given[i] for i in order]
@@ -791,8 +789,8 @@ class LlamaModelRunner:
 
     def _copy_columns(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Contiguous copies of views ``keys``/``values`` ``[layers, kv_heads, length, head_dim]`` of a
-        cache: our kernels' row copy, one call for both (torch's strided clone of a float16 cache
-        took 140 us per tensor for a 16-token prompt), else torch's clone."""
+        cache: our kernels' row copy, one call for both (faster than torch's strided clone of a float16
+        cache: docs/performance.md#the-llama-runners-prefill), else torch's clone."""
         if self._kernels is not None and keys.device.type == "cpu":
             copies = torch.empty_like(keys, memory_format=torch.contiguous_format)
             value_copies = torch.empty_like(copies)

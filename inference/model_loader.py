@@ -70,8 +70,8 @@ def resolve_dtype(name: str, device: torch.device, *, fused_decode: bool = False
 
     ``auto``: on CUDA bfloat16 (float16 without bf16 support); on a CPU float32 where
     ``fused_decode`` (the Llama runner will run with our CPU kernels, whose fused decode step takes
-    float32 activations: measured 2.1x faster at batch 1 and 1.2x at batch 32 than bfloat16 with
-    packed layers on a 2-core AMD EPYC Zen 4, issue 12), else bfloat16 where torch runs it natively
+    float32 activations and is faster than bfloat16 with packed layers:
+    docs/performance.md#why-our-own-kernels), else bfloat16 where torch runs it natively
     (:func:`_cpu_has_bf16`), else float32.
     """
     if name == "auto":
@@ -87,7 +87,8 @@ def resolve_dtype(name: str, device: torch.device, *, fused_decode: bool = False
 def _cpu_has_bf16() -> bool:
     """Whether torch's CPU kernels run bfloat16 natively here: the CPU has AVX-512 bf16 or AMX, and
     torch dispatches to AVX-512 (``ATEN_CPU_CAPABILITY=avx2`` makes an AVX-512 machine act as an
-    AVX2 one, where bfloat16 products are emulated and slower than float32: issue 12's tables)."""
+    AVX2 one, where bfloat16 products are emulated and slower than float32:
+    docs/performance.md#why-our-own-kernels)."""
     if not str(torch.backends.cpu.get_cpu_capability()).startswith("AVX512"):
         return False
     try:

@@ -243,11 +243,9 @@ def _weight_factory(model, dtype: torch.dtype, weights: str, cache_dir: Path | N
             q4_1 = None  # not every projection is Q4_1 in this GGUF: no lossless 4-bit format
     candidates = [*formats.AUTO_FORMATS, *([("q4_1" if kernels else "int4")] if q4_1 is not None else [])]
     if "q4_1" in candidates and formats.bfloat16_prefill_available():
-        # q4_1 layers run long prefill chunks in bfloat16 without a stored copy where the autotune
-        # times that faster (Choice.make_layer), and our 16-bit products where it does not;
-        # a stored bfloat16 copy (2.7 times the blocks' memory, 212 MB for the embedded model) would
-        # then serve only decode batches of 17-95 rows, where it was 1.2-1.3 times as fast on a Zen 4
-        # (32 rows 17.8 / 22.4 ms): not worth the issue's RSS bound (< 1.2 GB, 32 x 512 contexts).
+        # q4_1 layers run long prefill chunks in bfloat16 from a copy made per call where that is
+        # faster (Choice.make_layer): a stored bfloat16 copy would then serve only mid-sized decode
+        # batches, not worth its memory (docs/performance.md#long-prefill-chunks-in-bfloat16).
         candidates.remove("bfloat16")
     output_candidates = [*formats.AUTO_FORMATS]
     if kernels is not None and weights == "auto" and formats.is_lossless_q8_0(output.detach()):
