@@ -132,8 +132,8 @@ async def _start_completion(request: HttpRequest, usage: RequestUsage, endpoint:
         raise body_too_large_error(settings.API_MAX_BODY_BYTES) from None
     if len(body) > settings.API_MAX_BODY_BYTES:
         raise body_too_large_error(settings.API_MAX_BODY_BYTES)
-    # A small body parses in about 0.1 ms, less than a hop to a worker thread and back (which also
-    # waits for the GIL behind the engine's thread); a large one could stall the event loop.
+    # A small body parses faster than a hop to a worker thread and back; a large one could stall the
+    # event loop (docs/performance.md#the-engines-worker-thread).
     if len(body) <= INLINE_PARSE_BYTES:
         parsed = endpoint.parse(body)
     else:

@@ -81,9 +81,10 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # WAL lets readers run beside the one writer; the busy timeout makes concurrent writers wait
     # instead of failing with "database is locked".  synchronous=NORMAL (SQLite's advice for WAL)
     # syncs the log at checkpoints, not at every commit: every request commits its usage record,
-    # and an fsync per commit cost about 2 ms of each request's latency, holding the write lock
-    # meanwhile.  A commit survives the process dying, as before; only a power loss or an OS
-    # crash may take back the last commits (the database stays consistent).
+    # and an fsync per commit added to each request's latency, holding the write lock meanwhile
+    # (docs/performance.md#keys-usage-records-and-the-database).  A commit survives the process
+    # dying, as before; only a power loss or an OS crash may take back the last commits (the
+    # database stays consistent).
     # Connections persist: the API's requests run their queries on a few long-lived threads
     # (api/handlers.py), and opening a connection per request cost a third of their database time.
     DATABASES["default"].setdefault("CONN_MAX_AGE", None)

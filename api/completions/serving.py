@@ -77,8 +77,9 @@ class CompletionRun(Generation):
             self.params = dataclasses.replace(self.params, grammar=grammar)
 
     async def _encode(self, prompt: str) -> list[int]:
-        """``prompt``'s ids: a short prompt on the event loop (tens of microseconds, less than a hop
-        to a worker thread and back), a long one in a thread so that it cannot stall the loop."""
+        """``prompt``'s ids: a short prompt on the event loop (faster than a hop to a worker thread and
+        back: docs/performance.md#the-engines-worker-thread), a long one in a thread so that it cannot
+        stall the loop."""
         if len(prompt) <= INLINE_ENCODE_CHARS:
             return self.engine.encode(prompt)
         return await asyncio.to_thread(self.engine.encode, prompt)
