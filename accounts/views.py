@@ -7,6 +7,7 @@ request may see, and every key lookup is filtered by that owner, so another user
 A new key's plaintext is rendered once, in the response to the POST that created it (never
 cached, never stored, not even in the session); reloading the page does not show it again.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

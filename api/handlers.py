@@ -16,6 +16,7 @@ fewest requests on it (asgiref's ``ThreadSensitiveContext(executor=...)``): a re
 share one thread, as Django expects, and its database connection outlives the request (SQLite's
 persist: ``CONN_MAX_AGE``).  A request stuck in a query holds up only the requests on its lane.
 """
+
 from __future__ import annotations
 
 import contextlib

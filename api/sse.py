@@ -5,6 +5,7 @@ nothing is ready for ``keepalive`` seconds a ``: keep-alive`` comment goes out, 
 the connection open during a long prefill or a queue wait.  An error after the first byte is one
 in-band ``data: {"error": {...}}`` event, followed by ``[DONE]``.
 """
+
 from __future__ import annotations
 
 import asyncio

@@ -39,6 +39,7 @@ bodies' (:func:`api.errors.schema_error`): the query is checked against :data:`Q
 ``num_model_requests`` counts the requests that reached the model (see
 ``keys.usage.MODEL_REQUEST``), and the token sums are over the same requests.
 """
+
 from __future__ import annotations
 
 import base64
@@ -159,13 +160,19 @@ def parse_usage_query(params: QueryDict, now: int, *, organization: bool = False
     start_time = query["start_time"]
     end_time = query.get("end_time", now)
     if end_time <= start_time:
-        raise below_minimum_error("end_time", start_time + 1, end_time, integer=True,
-                                  why="end_time must be after start_time.")
+        raise below_minimum_error(
+            "end_time", start_time + 1, end_time, integer=True, why="end_time must be after start_time."
+        )
     width = BUCKET_WIDTHS[query.get("bucket_width", "1d")]
     limit = query.get("limit", width.default_limit)
     if limit > width.max_limit:
-        raise above_maximum_error("limit", width.max_limit, limit, integer=True,
-                                  why=f"With bucket_width {width.name} a page holds at most {width.max_limit} buckets.")
+        raise above_maximum_error(
+            "limit",
+            width.max_limit,
+            limit,
+            integer=True,
+            why=f"With bucket_width {width.name} a page holds at most {width.max_limit} buckets.",
+        )
     first = bucket_start(start_time, width.seconds)
     page_start = first if "page" not in query else _page_start(query["page"], first, end_time, width)
     return UsageQuery(
@@ -206,7 +213,7 @@ async def usage_page(query: UsageQuery, owner_id: int | None) -> dict[str, Any]:
 def build_usage_page(query: UsageQuery, owner_id: int | None = None) -> dict[str, Any]:
     """The ``UsageResponse`` page for ``query`` over ``owner_id``'s usage records (everyone's when ``None``)."""
     seconds = query.width.seconds
-    boundaries = []
+    boundaries: list[int] = []
     moment = query.page_start
     while moment < query.end_time and len(boundaries) < query.limit:
         boundaries.append(moment)
@@ -297,4 +304,3 @@ def _page_start(cursor: str, first: int, end_time: int, width: BucketWidth) -> i
     if value is None or not first <= value < end_time or (value - first) % width.seconds:
         raise invalid_value_error("page", cursor, why="Use the 'next_page' of a previous answer to the same query.")
     return value
-

@@ -1,4 +1,5 @@
 """``GET /v1/usage/completions``: thin, like the other API views: authenticate, parse, answer."""
+
 from __future__ import annotations
 
 import math

@@ -6,6 +6,7 @@ generation request that gets past authentication leaves exactly one :class:`keys
 (:class:`api.accounting.RequestUsage`), written in ``finally`` so that streamed, failed and
 interrupted requests are counted with the tokens generated so far.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -131,8 +132,8 @@ async def _start_completion(request: HttpRequest, usage: RequestUsage, endpoint:
         raise body_too_large_error(settings.API_MAX_BODY_BYTES) from None
     if len(body) > settings.API_MAX_BODY_BYTES:
         raise body_too_large_error(settings.API_MAX_BODY_BYTES)
-    # A small body parses in about 0.1 ms, less than a hop to a worker thread and back (which also
-    # waits for the GIL behind the engine's thread); a large one could stall the event loop.
+    # A small body parses faster than a hop to a worker thread and back; a large one could stall the
+    # event loop (docs/performance.md#the-engines-worker-thread).
     if len(body) <= INLINE_PARSE_BYTES:
         parsed = endpoint.parse(body)
     else:
@@ -145,8 +146,9 @@ async def _start_completion(request: HttpRequest, usage: RequestUsage, endpoint:
         raise model_not_found_error(parsed.model)
     usage.model = engine.model_id  # an alias is counted under the model that serves it
     if not engine.ready:
-        raise APIError("The model is loading; try again shortly.", status=503, type="server_error",
-                       headers={"Retry-After": "5"})
+        raise APIError(
+            "The model is loading; try again shortly.", status=503, type="server_error", headers={"Retry-After": "5"}
+        )
     run = endpoint.run(engine, parsed, usage.request_id)
     usage.run = run
     await run.prepare()
@@ -217,8 +219,11 @@ def _type_of(error: BaseException) -> str:
 def _as_api_error(error: BaseException) -> APIError:
     if isinstance(error, APIError):
         return error
-    return APIError(str(error) or "The server had an error while processing your request.",
-                    status=_status_of(error), type="server_error")
+    return APIError(
+        str(error) or "The server had an error while processing your request.",
+        status=_status_of(error),
+        type="server_error",
+    )
 
 
 @api_view("GET")
@@ -230,7 +235,9 @@ async def models(request: HttpRequest) -> HttpResponse:
     except APIError as error:
         return error_response(error)
     model_id = get_engine().model_id
-    return JsonResponse(model_list(_model(name) for name in served_models(model_id) if key_may_use(api_key, name, model_id)))
+    return JsonResponse(
+        model_list(_model(name) for name in served_models(model_id) if key_may_use(api_key, name, model_id))
+    )
 
 
 @api_view("GET")
@@ -269,8 +276,9 @@ def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
 def server_error(request: HttpRequest) -> HttpResponse:
     """``handler500``: OpenAI's JSON 500 on the API's paths, Django's page elsewhere."""
     if is_api_path(request.path_info):
-        response = error_response(APIError("The server had an error while processing your request.", status=500,
-                                           type="server_error"))
+        response = error_response(
+            APIError("The server had an error while processing your request.", status=500, type="server_error")
+        )
         # Unlike an APIError's answer, this one has not been logged: Django logs the exception (with
         # its traceback) after this handler returns, unless the response says it already was.
         response._has_been_logged = False  # type: ignore[attr-defined]

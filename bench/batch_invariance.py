@@ -6,6 +6,7 @@ Runs 16 different prompts through the engine one at a time, then all at once (on
 end of sequence suppressed, and prints how many completions differ and where they first diverge.
 In float32 none should; in bfloat16 a near-tie can flip when the batch around a request changes.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,9 +19,24 @@ from inference.engine import Engine, EngineConfig
 from inference.model_loader import ModelConfig
 from inference.sampling import SamplingParams
 
-TOPICS = ["the ocean", "a small town", "machine learning", "the history of Rome", "cooking pasta", "a lost key",
-          "the night sky", "football", "a rainy day", "the stock market", "gardening", "a train journey",
-          "the moon landing", "jazz music", "a mountain hike", "the printing press"]
+TOPICS = [
+    "the ocean",
+    "a small town",
+    "machine learning",
+    "the history of Rome",
+    "cooking pasta",
+    "a lost key",
+    "the night sky",
+    "football",
+    "a rainy day",
+    "the stock market",
+    "gardening",
+    "a train journey",
+    "the moon landing",
+    "jazz music",
+    "a mountain hike",
+    "the printing press",
+]
 
 
 async def complete(engine: Engine, request_id: str, prompt: str, params: SamplingParams) -> list[int]:
@@ -32,7 +48,9 @@ async def complete(engine: Engine, request_id: str, prompt: str, params: Samplin
 
 
 async def main(dtype: str, max_tokens: int) -> None:
-    engine = Engine(ModelConfig(path="", model_id="bench", dtype=dtype, cache_dir=Path(".cache/models")), EngineConfig())
+    engine = Engine(
+        ModelConfig(path="", model_id="bench", dtype=dtype, cache_dir=Path(".cache/models")), EngineConfig()
+    )
     engine.start()
     assert engine.wait_ready(600), engine.load_error
     params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
@@ -45,8 +63,10 @@ async def main(dtype: str, max_tokens: int) -> None:
             differ += 1
             first = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
             print(f"differs at token {first:3d}: {prompt!r}")
-    print(f"{dtype}: {differ} of {len(prompts)} greedy completions of {max_tokens} tokens differ between alone "
-          f"and a batch of {len(prompts)}")
+    print(
+        f"{dtype}: {differ} of {len(prompts)} greedy completions of {max_tokens} tokens differ between alone "
+        f"and a batch of {len(prompts)}"
+    )
     engine.stop()
 
 

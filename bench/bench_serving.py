@@ -84,6 +84,7 @@ tokens it received count, and a first token it never got makes its TTFT unknown,
 a time, so its concurrent phases end at their deadlines and its figures there are censored.
 The machine is shared: the load average at the start and the end is printed with the table.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -150,10 +151,28 @@ FULL = Plan(
     probes=20,
     context_streams=32,
     rps_seconds=10.0,
-    deadlines={"n1": 30, "n8": 40, "n32": 50, "idle_ttft": 15, "load_ttft": 30, "context": 70, "rps": 15,
-               "scoring": 90, "fairness": 30, "warmup": 30},
-    peer_deadlines={"n1": 20, "n8": 20, "n32": 20, "idle_ttft": 15, "load_ttft": 20, "context": 20, "rps": 15,
-                    "warmup": 30},
+    deadlines={
+        "n1": 30,
+        "n8": 40,
+        "n32": 50,
+        "idle_ttft": 15,
+        "load_ttft": 30,
+        "context": 70,
+        "rps": 15,
+        "scoring": 90,
+        "fairness": 30,
+        "warmup": 30,
+    },
+    peer_deadlines={
+        "n1": 20,
+        "n8": 20,
+        "n32": 20,
+        "idle_ttft": 15,
+        "load_ttft": 20,
+        "context": 20,
+        "rps": 15,
+        "warmup": 30,
+    },
     scoring_requests=64,
     contention_seconds=20.0,
 )
@@ -164,8 +183,16 @@ QUICK = Plan(
     probes=6,
     context_streams=0,
     rps_seconds=4.0,
-    deadlines={"n1": 20, "n8": 30, "idle_ttft": 15, "load_ttft": 20, "rps": 10,
-               "scoring": 45, "fairness": 15, "warmup": 30},
+    deadlines={
+        "n1": 20,
+        "n8": 30,
+        "idle_ttft": 15,
+        "load_ttft": 20,
+        "rps": 10,
+        "scoring": 45,
+        "fairness": 15,
+        "warmup": 30,
+    },
     peer_deadlines={"n1": 15, "n8": 15, "idle_ttft": 10, "load_ttft": 15, "rps": 8, "warmup": 20},
     scoring_requests=16,
     contention_seconds=10.0,
@@ -174,8 +201,20 @@ QUICK = Plan(
 # Every phase, in the order they run (the warm-up's second half runs after contention); ``--phases``
 # picks some.  The last three are ours only (the
 # peers cannot answer prompt log-probabilities, and the others measure our own process).
-PHASES = ("warmup", "n1", "n8", "n32", "idle_ttft", "load_ttft", "context", "rps", "rps_1",
-          "scoring", "contention", "fairness")
+PHASES = (
+    "warmup",
+    "n1",
+    "n8",
+    "n32",
+    "idle_ttft",
+    "load_ttft",
+    "context",
+    "rps",
+    "rps_1",
+    "scoring",
+    "contention",
+    "fairness",
+)
 OURS_ONLY = {"scoring", "fairness", "contention"}
 
 
@@ -269,8 +308,13 @@ def start_ours(directory: Path, **env: str) -> Server:
     defaults = {"MODEL_WEIGHTS": os.environ.get("MODEL_WEIGHTS", "auto")}
     if MODEL_FILE is not None:
         defaults["MODEL_PATH"] = str(MODEL_FILE)
-    live = start_server(directory, DJANGO_DEBUG="false", DJANGO_SECRET_KEY=os.urandom(24).hex(), LOG_LEVEL="WARNING",
-                        **{**defaults, **env})
+    live = start_server(
+        directory,
+        DJANGO_DEBUG="false",
+        DJANGO_SECRET_KEY=os.urandom(24).hex(),
+        LOG_LEVEL="WARNING",
+        **{**defaults, **env},
+    )
     return Server(
         name="ours",
         base_url=live.base_url,
@@ -284,7 +328,9 @@ def start_ours(directory: Path, **env: str) -> Server:
     )
 
 
-def start_process(name: str, argv: list[str], directory: Path, health: str, timeout: float) -> tuple[subprocess.Popen, str, Path]:
+def start_process(
+    name: str, argv: list[str], directory: Path, health: str, timeout: float
+) -> tuple[subprocess.Popen, str, Path]:
     """Start ``argv`` (whose ``{port}`` is filled in) and wait for ``GET health`` to answer 200."""
     port = free_port()
     log = directory / f"{name}.log"
@@ -340,10 +386,28 @@ def start_transformers(directory: Path, folder: Path) -> Server:
 def start_llama_server(directory: Path, binary: str) -> Server:
     """llama.cpp's server on the embedded GGUF file with 8 slots of 1024 tokens, the peer issue 4 names
     (its completions honour ``logit_bias``); more concurrent requests wait for a slot."""
-    argv = [binary, "-m", str(MODEL_FILE or embedded_gguf_path()), "--host", "127.0.0.1", "--port", "{port}", "-np", "8", "-c", "8192"]
+    argv = [
+        binary,
+        "-m",
+        str(MODEL_FILE or embedded_gguf_path()),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "{port}",
+        "-np",
+        "8",
+        "-c",
+        "8192",
+    ]
     process, base_url, log = start_process("llama-server", argv, directory, "/health", 300)
-    return Server(name="llama-server", base_url=base_url, model="smollm2", pid=process.pid,
-                  stop=lambda: terminate(process), log=log)
+    return Server(
+        name="llama-server",
+        base_url=base_url,
+        model="smollm2",
+        pid=process.pid,
+        stop=lambda: terminate(process),
+        log=log,
+    )
 
 
 # --- Memory ----------------------------------------------------------------------------------------
@@ -420,7 +484,9 @@ class Stream:
         return self.first - self.sent if self.first is not None else math.inf
 
 
-async def stream_once(client: httpx.AsyncClient, server: Server, prompt: str, max_tokens: int, deadline: float) -> Stream:
+async def stream_once(
+    client: httpx.AsyncClient, server: Server, prompt: str, max_tokens: int, deadline: float
+) -> Stream:
     """POST one streamed request and time its chunks until ``[DONE]`` or ``deadline`` (loop time).
 
     A pooled connection that the server had closed (llama-server drops idle keep-alive connections)
@@ -431,7 +497,9 @@ async def stream_once(client: httpx.AsyncClient, server: Server, prompt: str, ma
     return result
 
 
-async def _stream_once(client: httpx.AsyncClient, server: Server, prompt: str, max_tokens: int, deadline: float) -> Stream:
+async def _stream_once(
+    client: httpx.AsyncClient, server: Server, prompt: str, max_tokens: int, deadline: float
+) -> Stream:
     result = Stream(sent=time.perf_counter())
     try:
         async with asyncio.timeout_at(deadline):
@@ -511,7 +579,9 @@ class Prompts:
             if token.startswith("Ġ") and word.isascii() and word.isalpha() and word.islower() and 3 <= len(word) <= 8:
                 words.append(word)
         words.sort()
-        self.words = [w for w in random.Random(0).sample(words, 2000) if self.count(" " + w) == 1 and self.count(w) == 1]
+        self.words = [
+            w for w in random.Random(0).sample(words, 2000) if self.count(" " + w) == 1 and self.count(w) == 1
+        ]
         self.reset()
 
     def reset(self) -> None:
@@ -575,15 +645,19 @@ def percentile(values: list[float], q: float) -> float | None:
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
-def summarize(bench: Bench, streams: list[Stream], started: float, seconds: float, expect: int | None,
-              rss: bool = True) -> dict[str, Any]:
+def summarize(
+    bench: Bench, streams: list[Stream], started: float, seconds: float, expect: int | None, rss: bool = True
+) -> dict[str, Any]:
     """The figures of ``streams`` sent from ``started`` on, in a phase of ``seconds``; ``expect``: tokens each."""
     server = bench.server
     ends = [s.last for s in streams if s.last is not None]
     tokens = sum(s.tokens(server) for s in streams)
     wall = (max(ends) - started) if ends else None
-    rates = [(s.tokens(server) - 1) / (s.last - s.first) for s in streams
-             if s.first is not None and s.last is not None and s.last > s.first and s.tokens(server) > 1]
+    rates = [
+        (s.tokens(server) - 1) / (s.last - s.first)
+        for s in streams
+        if s.first is not None and s.last is not None and s.last > s.first and s.tokens(server) > 1
+    ]
     ttfts = [s.ttft for s in streams]
     finished = [s for s in streams if not s.cut and s.error is None]
     mismatched = [s for s in finished if server.one_chunk_per_token and s.usage_tokens != s.chunks]
@@ -611,8 +685,9 @@ def _finite(value: float | None) -> float | None:
     return None if value is None or math.isinf(value) else value
 
 
-async def run_clients(bench: Bench, clients: int, per_client: int, prompt_tokens: int, max_tokens: int,
-                      deadline: float) -> list[Stream]:
+async def run_clients(
+    bench: Bench, clients: int, per_client: int, prompt_tokens: int, max_tokens: int, deadline: float
+) -> list[Stream]:
     """``clients`` concurrent clients, each sending ``per_client`` streamed requests back to back."""
     prompts = [[bench.prompts.make(prompt_tokens) for _ in range(per_client)] for _ in range(clients)]
 
@@ -758,8 +833,14 @@ async def phase_scoring(bench: Bench, requests: int, clients: int = 8) -> None:
     async def client() -> None:
         nonlocal cut
         while queue:
-            body = {"model": bench.server.model, "prompt": queue.pop(), "max_tokens": 0, "echo": True,
-                    "logprobs": 1, "temperature": 0}
+            body = {
+                "model": bench.server.model,
+                "prompt": queue.pop(),
+                "max_tokens": 0,
+                "echo": True,
+                "logprobs": 1,
+                "temperature": 0,
+            }
             try:
                 async with asyncio.timeout_at(deadline):
                     response = await bench.client.post(bench.server.url, json=body, headers=bench.server.headers)
@@ -775,15 +856,20 @@ async def phase_scoring(bench: Bench, requests: int, clients: int = 8) -> None:
             data = response.json()
             logprobs = ((data.get("choices") or [{}])[0].get("logprobs") or {}).get("token_logprobs") or []
             if data.get("usage", {}).get("prompt_tokens") != SCORING_PROMPT or len(logprobs) != SCORING_PROMPT:
-                errors.append(f"prompt_tokens {data.get('usage', {}).get('prompt_tokens')}, "
-                              f"{len(logprobs)} prompt log-probabilities, not {SCORING_PROMPT}")
+                errors.append(
+                    f"prompt_tokens {data.get('usage', {}).get('prompt_tokens')}, "
+                    f"{len(logprobs)} prompt log-probabilities, not {SCORING_PROMPT}"
+                )
                 continue
             ok.append(time.perf_counter())
 
     await asyncio.gather(*(client() for _ in range(clients)))
     wall = (max(ok) - started) if ok else None
     bench.results["scoring"] = {
-        "deadline_s": seconds, "requests": requests, "ok": len(ok), "cut_at_deadline": cut,
+        "deadline_s": seconds,
+        "requests": requests,
+        "ok": len(ok),
+        "cut_at_deadline": cut,
         "errors": sorted(set(errors)),
         "requests_per_s": len(ok) / wall if wall else 0.0,
         "prompt_tps": len(ok) * SCORING_PROMPT / wall if wall else 0.0,
@@ -847,8 +933,9 @@ async def timed_completions(bench: Bench, count: int) -> list[Stream]:
     streams = []
     for _ in range(count):
         _, deadline = bench.deadline("warmup")
-        streams.append(await stream_once(bench.client, bench.server, bench.prompts.make(SHORT_PROMPT),
-                                         WARMUP_TOKENS, deadline))
+        streams.append(
+            await stream_once(bench.client, bench.server, bench.prompts.make(SHORT_PROMPT), WARMUP_TOKENS, deadline)
+        )
     return streams
 
 
@@ -859,8 +946,10 @@ def warmup_latencies(streams: list[Stream]) -> list[float | None]:
 async def phase_warmup_first(bench: Bench, count: int = 3) -> None:
     """The first completions right after ``/healthz`` said 200 (before anything else is sent)."""
     streams = await timed_completions(bench, count)
-    bench.results["warmup"] = {"first_s": warmup_latencies(streams),
-                               "errors": sorted({s.error for s in streams if s.error})}
+    bench.results["warmup"] = {
+        "first_s": warmup_latencies(streams),
+        "errors": sorted({s.error for s in streams if s.error}),
+    }
 
 
 async def phase_warmup_late(bench: Bench, count: int = 3) -> None:
@@ -873,8 +962,11 @@ async def phase_warmup_late(bench: Bench, count: int = 3) -> None:
     late = [x for x in figures["late_s"] if x is not None]
     figures["first_mean_s"] = statistics.mean(first) if first else None
     figures["late_mean_s"] = statistics.mean(late) if late else None
-    figures["ratio"] = (figures["first_mean_s"] / figures["late_mean_s"]
-                        if first and late and len(first) == len(figures["first_s"]) else None)
+    figures["ratio"] = (
+        figures["first_mean_s"] / figures["late_mean_s"]
+        if first and late and len(first) == len(figures["first_s"])
+        else None
+    )
 
 
 # --- Contention (issue 12) -------------------------------------------------------------------------
@@ -896,8 +988,9 @@ def busy_loops(count: int = 2):
             loop_process.wait(timeout=10)
 
 
-async def throughput(client: httpx.AsyncClient, server: Server, prompts: Prompts, streams: int, tokens: int,
-                     seconds: float) -> dict[str, Any]:
+async def throughput(
+    client: httpx.AsyncClient, server: Server, prompts: Prompts, streams: int, tokens: int, seconds: float
+) -> dict[str, Any]:
     """``streams`` concurrent streamed requests of ``tokens`` tokens each, cut after ``seconds``:
     tokens received / time to the last one (or to the cut)."""
     loop = asyncio.get_running_loop()
@@ -909,8 +1002,12 @@ async def throughput(client: httpx.AsyncClient, server: Server, prompts: Prompts
     cut = sum(s.cut for s in done)
     ends = [s.last for s in done if s.last is not None]
     wall = seconds if cut or not ends else max(ends) - started
-    return {"tps": received / wall if wall else 0.0, "tokens": received, "cut": cut,
-            "errors": sorted({s.error for s in done if s.error})}
+    return {
+        "tps": received / wall if wall else 0.0,
+        "tokens": received,
+        "cut": cut,
+        "errors": sorted({s.error for s in done if s.error}),
+    }
 
 
 def kept(busy: dict[str, Any], quiet: dict[str, Any]) -> float | None:
@@ -1006,8 +1103,21 @@ async def warm_up(bench: Bench, limit: float = 40.0) -> None:
 
 # The phases in the order run_server runs them ("start": the first completions and the warm-up);
 # "warmup_late" is the warm-up phase's second half.
-STEP_ORDER = ("start", "n1", "n8", "n32", "idle_ttft", "load_ttft", "context", "rps", "rps_1", "scoring",
-              "contention", "warmup_late", "fairness")
+STEP_ORDER = (
+    "start",
+    "n1",
+    "n8",
+    "n32",
+    "idle_ttft",
+    "load_ttft",
+    "context",
+    "rps",
+    "rps_1",
+    "scoring",
+    "contention",
+    "warmup_late",
+    "fairness",
+)
 
 
 def runs_phase(server_name: str, step: str, phases: tuple[str, ...], plan: Plan) -> bool:
@@ -1072,9 +1182,15 @@ class Turns:
             self._changed.notify_all()
 
 
-async def run_server(server: Server, plan: Plan, prompts: Prompts, deadlines: dict[str, float],
-                     phases: tuple[str, ...] = PHASES, second: Callable[[], Server] | None = None,
-                     turns: Turns | None = None) -> dict[str, Any]:
+async def run_server(
+    server: Server,
+    plan: Plan,
+    prompts: Prompts,
+    deadlines: dict[str, float],
+    phases: tuple[str, ...] = PHASES,
+    second: Callable[[], Server] | None = None,
+    turns: Turns | None = None,
+) -> dict[str, Any]:
     """The ``phases`` of ``plan`` against ``server``; the figures, with notes on anything odd.
     ``second`` starts another server like this one (the contention phase's neighbour); ``turns``
     (several servers measured together) says when each phase may run."""
@@ -1085,8 +1201,15 @@ async def run_server(server: Server, plan: Plan, prompts: Prompts, deadlines: di
         await turns.leave(server.name)
 
 
-async def _run_phases(server: Server, plan: Plan, prompts: Prompts, deadlines: dict[str, float],
-                      phases: tuple[str, ...], second: Callable[[], Server] | None, turns: Turns) -> dict[str, Any]:
+async def _run_phases(
+    server: Server,
+    plan: Plan,
+    prompts: Prompts,
+    deadlines: dict[str, float],
+    phases: tuple[str, ...],
+    second: Callable[[], Server] | None,
+    turns: Turns,
+) -> dict[str, Any]:
     limits = httpx.Limits(max_connections=128, max_keepalive_connections=128)
     async with httpx.AsyncClient(timeout=httpx.Timeout(None), limits=limits) as client:
         with RssSampler(server.pid) as rss:
@@ -1097,8 +1220,11 @@ async def _run_phases(server: Server, plan: Plan, prompts: Prompts, deadlines: d
                     bench.results["health_start"] = await health(bench)
                 if "warmup" in phases:  # first, before anything else reaches the server
                     await phase_warmup_first(bench)
-                    print(f"  {server.name}: first {len(bench.results['warmup']['first_s'])} completions after "
-                          f"/healthz: {bench.results['warmup']['first_s']}", flush=True)
+                    print(
+                        f"  {server.name}: first {len(bench.results['warmup']['first_s'])} completions after "
+                        f"/healthz: {bench.results['warmup']['first_s']}",
+                        flush=True,
+                    )
                 await warm_up(bench)
                 await settle(bench, "the warm-up")
             idle_rss = rss.rss() / MB
@@ -1131,8 +1257,12 @@ async def _run_phases(server: Server, plan: Plan, prompts: Prompts, deadlines: d
                         print(f"  {server.name}: {label} done in {time.perf_counter() - t0:.1f} s", flush=True)
                     await settle(bench, label)
             final = await health(bench) if server.health_path else {}
-            bench.results["idle"] = {"rss_start_mb": idle_rss, "rss_end_mb": rss.rss() / MB,
-                                     "seconds": time.perf_counter() - started, "health_end": final}
+            bench.results["idle"] = {
+                "rss_start_mb": idle_rss,
+                "rss_end_mb": rss.rss() / MB,
+                "seconds": time.perf_counter() - started,
+                "health_end": final,
+            }
     bench.notes.extend(odd_things(bench))
     return {"results": bench.results, "notes": bench.notes}
 
@@ -1151,8 +1281,10 @@ def odd_things(bench: Bench) -> list[str]:
                 notes.append(f"{phase}: {label} {figures[key]}")
         if figures.get("cut_at_deadline") and phase != "load_ttft.background":  # cut by design
             seconds = figures.get("deadline_s") or bench.deadlines[phase.split(".")[0]]
-            notes.append(f"{phase}: {figures['cut_at_deadline']} of {figures['requests']} requests cut at the "
-                         f"{seconds:.0f} s deadline")
+            notes.append(
+                f"{phase}: {figures['cut_at_deadline']} of {figures['requests']} requests cut at the "
+                f"{seconds:.0f} s deadline"
+            )
         if figures.get("usage_mismatches"):
             notes.append(f"{phase}: {figures['usage_mismatches']} streams whose chunk count differs from usage")
         if figures.get("max_gap_s", 0) > 1.0:
@@ -1165,9 +1297,12 @@ def odd_things(bench: Bench) -> list[str]:
         notes.append(f"after the run /healthz still shows {stats}")
     if bench.server.log is not None and bench.server.log.exists():
         text = bench.server.log.read_text(errors="replace")
-        bad = [line for line in text.splitlines()
-               if ("Traceback" in line or " ERROR " in line or "Exception" in line)
-               and "Service Unavailable: /healthz" not in line]  # polled while the model loads
+        bad = [
+            line
+            for line in text.splitlines()
+            if ("Traceback" in line or " ERROR " in line or "Exception" in line)
+            and "Service Unavailable: /healthz" not in line
+        ]  # polled while the model loads
         if bad:
             notes.append(f"server log: {len(bad)} error lines, first: {bad[0][:200]}")
     return notes
@@ -1233,8 +1368,13 @@ def goal_row(goal: Goal, ours: dict[str, Any], other: dict[str, Any] | None) -> 
     """``(ours, other, ratio, met)`` cells of ``goal``; ``other`` is llama-server's or the baseline's results
     (None: not measured).  A figure censored at a deadline bounds the ratio on one side; ``?`` when that
     bound does not decide the goal; ``*`` when some requests of the phase were cut."""
-    fmt = "{:.0f}" if "rss" in goal.key else "{:.3f}" if ("ttft" in goal.key or "kept" in goal.key
-                                                               or "ratio" in goal.key) else "{:.1f}"
+    fmt = (
+        "{:.0f}"
+        if "rss" in goal.key
+        else "{:.3f}"
+        if ("ttft" in goal.key or "kept" in goal.key or "ratio" in goal.key)
+        else "{:.1f}"
+    )
     mine = lookup(ours, goal.key)
     mine_cell = cell(*mine, fmt)
     cut = "*" if (ours.get(goal.key.split(".")[0]) or {}).get("cut_at_deadline") else ""
@@ -1290,8 +1430,9 @@ def table(report: dict[str, Any], plan: Plan) -> str:
     peers = [name for name in servers if name != "ours"]
     rows = [(label.format(n=n), key.format(n=n), fmt, low) for n in plan.concurrency for label, key, fmt, low in ROWS]
     rows += [row for row in EXTRA_ROWS if not (row[1].startswith("context") and not plan.context_streams)]
-    rows = [row for row in rows if any(row[1].split(".")[0] in (servers[name].get("results") or {})
-                                       for name in servers)]
+    rows = [
+        row for row in rows if any(row[1].split(".")[0] in (servers[name].get("results") or {}) for name in servers)
+    ]
     head = f"{'figure':48} {'ours':>9}"
     for peer in peers:
         head += f" {peer:>13} {'ours/' + peer[:6]:>12}"
@@ -1310,8 +1451,17 @@ def table(report: dict[str, Any], plan: Plan) -> str:
 
 
 CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_int8", "amx_tile")
-THREAD_ENV = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS", "ENGINE_NUM_THREADS", "ATEN_CPU_CAPABILITY",
-              "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "MODEL_WEIGHTS", "MODEL_DTYPE")
+THREAD_ENV = (
+    "OMP_WAIT_POLICY",
+    "GOMP_SPINCOUNT",
+    "OMP_NUM_THREADS",
+    "ENGINE_NUM_THREADS",
+    "ATEN_CPU_CAPABILITY",
+    "ONEDNN_MAX_CPU_ISA",
+    "MKL_ENABLE_INSTRUCTIONS",
+    "MODEL_WEIGHTS",
+    "MODEL_DTYPE",
+)
 
 
 def cpu_info() -> dict[str, Any]:
@@ -1325,10 +1475,14 @@ def cpu_info() -> dict[str, Any]:
                 flags = set(line.split(":", 1)[1].split())
     import torch
 
-    return {"model": model, "flags": {flag: flag in flags for flag in CPU_FLAGS},
-            "torch_capability": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__,
-            "torch_threads": torch.get_num_threads(),
-            "env": {name: os.environ[name] for name in THREAD_ENV if name in os.environ}}
+    return {
+        "model": model,
+        "flags": {flag: flag in flags for flag in CPU_FLAGS},
+        "torch_capability": torch.backends.cpu.get_cpu_capability(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "env": {name: os.environ[name] for name in THREAD_ENV if name in os.environ},
+    }
 
 
 def find_llama_server() -> str | None:
@@ -1344,18 +1498,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="N = 1 and 8 only, fewer requests, no 32 x 512 phase")
     parser.add_argument("--json", type=Path, metavar="PATH", help="write every figure to PATH")
     parser.add_argument("--no-peers", action="store_true", help="measure our server only")
-    parser.add_argument("--servers", default="ours,transformers,llama-server",
-                        help="comma-separated, from ours,transformers,llama-server (default: all three)")
-    parser.add_argument("--phases", default=",".join(PHASES),
-                        help=f"comma-separated, from {','.join(PHASES)} (default: all)")
-    parser.add_argument("--sequential", action="store_true",
-                        help="one server at a time, all its phases, as before (default: every server started, "
-                             "the phases in turns)")
-    parser.add_argument("--model", type=Path, metavar="GGUF",
-                        help="a GGUF file with the embedded model's tokenizer (bench/make_models.py's) that ours and "
-                             "llama-server serve instead of the embedded model (transformers is then left out)")
-    parser.add_argument("--baseline", type=Path, metavar="JSON",
-                        help="an earlier --json of this machine: the scoring goal is a multiple of its figure")
+    parser.add_argument(
+        "--servers",
+        default="ours,transformers,llama-server",
+        help="comma-separated, from ours,transformers,llama-server (default: all three)",
+    )
+    parser.add_argument(
+        "--phases", default=",".join(PHASES), help=f"comma-separated, from {','.join(PHASES)} (default: all)"
+    )
+    parser.add_argument(
+        "--sequential",
+        action="store_true",
+        help="one server at a time, all its phases, as before (default: every server started, the phases in turns)",
+    )
+    parser.add_argument(
+        "--model",
+        type=Path,
+        metavar="GGUF",
+        help="a GGUF file with the embedded model's tokenizer (bench/make_models.py's) that ours and "
+        "llama-server serve instead of the embedded model (transformers is then left out)",
+    )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="JSON",
+        help="an earlier --json of this machine: the scoring goal is a multiple of its figure",
+    )
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
     phases = tuple(name.strip() for name in args.phases.split(",") if name.strip())
@@ -1387,8 +1555,13 @@ def main(argv: list[str] | None = None) -> int:
         "mode": "quick" if args.quick else "full",
         "model": str(MODEL_FILE or embedded_gguf_path()),
         "phases": list(phases),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-                    "load_average_start": load_start, "cpu": cpu},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "load_average_start": load_start,
+            "cpu": cpu,
+        },
         "transformers": transformers_version,
         "servers": {},
         "skipped": [],
@@ -1396,7 +1569,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.baseline:
         report["baseline"] = str(args.baseline)
         report["baseline_results"] = json.loads(args.baseline.read_text())["servers"]["ours"]["results"]
-    wanted = {name.strip() for name in args.servers.split(",")} - ({"transformers", "llama-server"} if args.no_peers else set())
+    wanted = {name.strip() for name in args.servers.split(",")} - (
+        {"transformers", "llama-server"} if args.no_peers else set()
+    )
     starters: list[tuple[str, Callable[[Path], Server]]] = [("ours", start_ours)] if "ours" in wanted else []
     if "transformers" in wanted:
         starters.append(("transformers", lambda d: start_transformers(d, folder)))
@@ -1406,11 +1581,13 @@ def main(argv: list[str] | None = None) -> int:
             report["llama_server"] = binary
             starters.append(("llama-server", lambda d: start_llama_server(d, binary)))
         else:
-            report["skipped"].append("llama-server: not built (bench/build_llama_server.sh), not on PATH, "
-                                     "LLAMA_SERVER unset")
+            report["skipped"].append(
+                "llama-server: not built (bench/build_llama_server.sh), not on PATH, LLAMA_SERVER unset"
+            )
     report["interleaved"] = not args.sequential
     try:
         with tempfile.TemporaryDirectory(prefix="bench-serving-") as tmp:
+
             def neighbour_of(name: str) -> Callable[[], Server] | None:
                 if name != "ours":
                     return None
@@ -1420,8 +1597,9 @@ def main(argv: list[str] | None = None) -> int:
             if args.sequential:
                 for name, start in starters:
                     print(f"starting {name} (load average {load_text(os.getloadavg())}) ...", flush=True)
-                    report["servers"][name] = measure(name, start, Path(tmp) / name, plan, prompts, phases,
-                                                      neighbour_of(name))
+                    report["servers"][name] = measure(
+                        name, start, Path(tmp) / name, plan, prompts, phases, neighbour_of(name)
+                    )
             else:
                 report["servers"] = measure_together(starters, Path(tmp), plan, prompts, phases, neighbour_of)
     finally:
@@ -1444,8 +1622,10 @@ def load_text(load: tuple[float, ...] | list[float]) -> str:
 def cpu_line(cpu: dict[str, Any]) -> str:
     flags = " ".join(f"{name}{'+' if present else '-'}" for name, present in cpu["flags"].items())
     env = " ".join(f"{k}={v}" for k, v in cpu["env"].items()) or "none set"
-    return (f"CPU: {cpu['model']}; {flags}; torch {cpu['torch']} capability {cpu['torch_capability']}, "
-            f"{cpu['torch_threads']} threads; thread/ISA env: {env}")
+    return (
+        f"CPU: {cpu['model']}; {flags}; torch {cpu['torch']} capability {cpu['torch_capability']}, "
+        f"{cpu['torch_threads']} threads; thread/ISA env: {env}"
+    )
 
 
 def stop_children() -> None:
@@ -1471,8 +1651,14 @@ def start_one(name: str, start: Callable[[Path], Server], directory: Path) -> tu
     return server, {"startup_s": time.perf_counter() - t0}
 
 
-async def run_noted(server: Server, plan: Plan, prompts: Prompts, phases: tuple[str, ...],
-                    second: Callable[[], Server] | None, turns: Turns | None = None) -> dict[str, Any]:
+async def run_noted(
+    server: Server,
+    plan: Plan,
+    prompts: Prompts,
+    phases: tuple[str, ...],
+    second: Callable[[], Server] | None,
+    turns: Turns | None = None,
+) -> dict[str, Any]:
     """run_server with the server's deadlines; a failure is noted, not raised."""
     deadlines = plan.deadlines if server.name == "ours" else plan.peer_deadlines
     try:
@@ -1481,8 +1667,15 @@ async def run_noted(server: Server, plan: Plan, prompts: Prompts, phases: tuple[
         return {"results": {}, "notes": [f"the run failed: {type(error).__name__}: {error}"[:600]]}
 
 
-def measure(name: str, start: Callable[[Path], Server], directory: Path, plan: Plan, prompts: Prompts,
-            phases: tuple[str, ...] = PHASES, second: Callable[[], Server] | None = None) -> dict[str, Any]:
+def measure(
+    name: str,
+    start: Callable[[Path], Server],
+    directory: Path,
+    plan: Plan,
+    prompts: Prompts,
+    phases: tuple[str, ...] = PHASES,
+    second: Callable[[], Server] | None = None,
+) -> dict[str, Any]:
     """Start the server, run every phase, stop it whatever happens (``--sequential``)."""
     server, outcome = start_one(name, start, directory)
     if server is None:
@@ -1505,9 +1698,14 @@ def wait_idle(pids: list[int], limit: float = 30.0) -> None:
         quiet = quiet + 1 if all(process.cpu_percent(None) < 25 for process in processes) else 0
 
 
-def measure_together(starters: list[tuple[str, Callable[[Path], Server]]], tmp: Path, plan: Plan, prompts: Prompts,
-                     phases: tuple[str, ...], neighbour_of: Callable[[str], Callable[[], Server] | None]
-                     ) -> dict[str, dict[str, Any]]:
+def measure_together(
+    starters: list[tuple[str, Callable[[Path], Server]]],
+    tmp: Path,
+    plan: Plan,
+    prompts: Prompts,
+    phases: tuple[str, ...],
+    neighbour_of: Callable[[str], Callable[[], Server] | None],
+) -> dict[str, dict[str, Any]]:
     """Start every server, then run their phases in :class:`Turns`, one server at a time while the
     others idle; stop them all.  The first of ``starters`` (ours) starts last, once the others are
     idle, and takes the first turn: its first completions come right after its ``/healthz`` said 200
@@ -1525,8 +1723,12 @@ def measure_together(starters: list[tuple[str, Callable[[Path], Server]]], tmp: 
         turns = Turns.alternating([name for name, _ in starters if name in servers], phases, plan)
 
         async def run_all() -> list[dict[str, Any]]:
-            return await asyncio.gather(*(run_noted(server, plan, prompts, phases, neighbour_of(name), turns)
-                                          for name, server in servers.items()))
+            return await asyncio.gather(
+                *(
+                    run_noted(server, plan, prompts, phases, neighbour_of(name), turns)
+                    for name, server in servers.items()
+                )
+            )
 
         for name, outcome in zip(servers, asyncio.run(run_all())):
             outcomes[name] = {**outcome, **outcomes[name]}
@@ -1560,28 +1762,37 @@ def render(report: dict[str, Any], plan: Plan) -> str:
     ]
     busiest = max(machine["load_average_start"][0], machine["load_average_end"][0])
     if busiest > machine["cpus"]:
-        lines.append(f"WARNING: load average {busiest:.1f} on {machine['cpus']} cores: other programs shared the CPU, "
-                     "and a server whose threads spin (llama-server's, libgomp's by default) slows far more than "
-                     "one whose threads sleep; these ratios are not the quiet-machine comparison the goals mean.")
+        lines.append(
+            f"WARNING: load average {busiest:.1f} on {machine['cpus']} cores: other programs shared the CPU, "
+            "and a server whose threads spin (llama-server's, libgomp's by default) slows far more than "
+            "one whose threads sleep; these ratios are not the quiet-machine comparison the goals mean."
+        )
     if report.get("baseline"):
         lines.append(f"baseline: {report['baseline']}")
     contention = ours.get("contention")
     if contention:
-        parts = [f"{key} {contention[key]['tps']:.1f} tok/s" + (f" ({contention[key]['cut']} cut)"
-                                                                 if contention[key]["cut"] else "")
-                 for key in ("quiet_1", "busy_1", "quiet_8", "busy_8") if key in contention]
+        parts = [
+            f"{key} {contention[key]['tps']:.1f} tok/s"
+            + (f" ({contention[key]['cut']} cut)" if contention[key]["cut"] else "")
+            for key in ("quiet_1", "busy_1", "quiet_8", "busy_8")
+            if key in contention
+        ]
         both = contention.get("two_servers_8")
         if both:
             parts.append("two servers at 8 streams each " + " + ".join(f"{r['tps']:.1f}" for r in both) + " tok/s")
         lines += ["", "contention: " + "; ".join(parts)]
     fairness = ours.get("fairness")
     if fairness:
-        lines.append(f"fairness: probe TTFTs {fairness['probe_ttfts_s']} s (cap {fairness['deadline_s']:.0f} s), "
-                     f"the big request finished first: {fairness['big_request_finished_first']}")
+        lines.append(
+            f"fairness: probe TTFTs {fairness['probe_ttfts_s']} s (cap {fairness['deadline_s']:.0f} s), "
+            f"the big request finished first: {fairness['big_request_finished_first']}"
+        )
     warmup = ours.get("warmup")
     if warmup:
-        lines.append(f"warm-up: first {warmup.get('first_s')} s, after the run {warmup.get('late_s')} s "
-                     f"({WARMUP_TOKENS} tokens each)")
+        lines.append(
+            f"warm-up: first {warmup.get('first_s')} s, after the run {warmup.get('late_s')} s "
+            f"({WARMUP_TOKENS} tokens each)"
+        )
     for name, outcome in report["servers"].items():
         idle = outcome.get("results", {}).get("idle")
         head = f"{name}: started in {outcome.get('startup_s', 0):.1f} s"

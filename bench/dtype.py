@@ -6,6 +6,7 @@ Prints milliseconds per decode step for batches of 1, 8 and 32 in float32, bfloa
 with oneDNN-prepacked linear layers (what the server runs on a CPU), the ratios, and whether the
 greedy text of a few prompts is the same in all three (sanity of bfloat16 outputs).
 """
+
 from __future__ import annotations
 
 import sys
@@ -50,10 +51,12 @@ def main() -> None:
             for prompt in PROMPTS:
                 ids = tokenizer(prompt, return_tensors="pt").input_ids
                 out = model.generate(ids, max_new_tokens=24, do_sample=False)
-                texts[kind].append(tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True))
+                texts[kind].append(tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True))
             del model
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; ms per decode step")
-    print("batch" + "".join(f"{kind:>13}" for kind in kinds) + "".join(f"{'fp32/' + k:>18}" for k in kinds if k != "fp32"))
+    print(
+        "batch" + "".join(f"{kind:>13}" for kind in kinds) + "".join(f"{'fp32/' + k:>18}" for k in kinds if k != "fp32")
+    )
     for batch in (1, 8, 32):
         row = "".join(f"{timings[kind][batch]:13.1f}" for kind in kinds)
         row += "".join(f"{timings['fp32'][batch] / timings[k][batch]:18.2f}" for k in kinds if k != "fp32")

@@ -1,4 +1,5 @@
 """The project's own app: system checks on settings."""
+
 from __future__ import annotations
 
 from django.apps import AppConfig

@@ -11,6 +11,7 @@ production start with the default secret key refuses to serve.
 The OpenMP wait policy is set first of all (``completions_site/threads.py``): torch's threads must
 not spin while another process needs the cores.
 """
+
 import os
 
 from completions_site.threads import apply_thread_policy

@@ -1,4 +1,5 @@
 """System checks on settings: fail loudly, with ids and hints, before a bad deployment serves."""
+
 from __future__ import annotations
 
 from django.conf import settings
@@ -25,22 +26,39 @@ def check_limit_settings(app_configs, **kwargs) -> list[Error]:
     """The limits' settings: a known fail mode, a Redis URL Redis understands, no negative limits."""
     errors = []
     if settings.API_LIMITS_FAIL_MODE not in ("open", "closed"):
-        errors.append(Error(
-            f"API_LIMITS_FAIL_MODE is {settings.API_LIMITS_FAIL_MODE!r}.",
-            hint="Set it to 'open' (serve on, each process counting alone, while Redis is down) or 'closed' (503).",
-            id="completions_site.E002",
-        ))
+        errors.append(
+            Error(
+                f"API_LIMITS_FAIL_MODE is {settings.API_LIMITS_FAIL_MODE!r}.",
+                hint="Set it to 'open' (serve on, each process counting alone, while Redis is down) or 'closed' (503).",
+                id="completions_site.E002",
+            )
+        )
     if settings.REDIS_URL and settings.REDIS_URL.partition("://")[0] not in ("redis", "rediss", "unix"):
-        errors.append(Error(
-            "REDIS_URL is not a Redis URL.",
-            hint="Use redis://[:password@]host:port/db, rediss://... for TLS, or unix:///path/to/socket; "
-            "leave it empty to count limits in each process.",
-            id="completions_site.E003",
-        ))
-    for name in ("API_DEFAULT_RPM", "API_DEFAULT_TPM", "API_DEFAULT_MAX_CONCURRENT", "API_DEFAULT_MONTHLY_TOKENS",
-                 "API_LIMITS_REDIS_TIMEOUT", "API_LIMITS_REDIS_RETRY_SECONDS", "API_LIMITS_CONCURRENCY_LEASE_SECONDS"):
+        errors.append(
+            Error(
+                "REDIS_URL is not a Redis URL.",
+                hint="Use redis://[:password@]host:port/db, rediss://... for TLS, or unix:///path/to/socket; "
+                "leave it empty to count limits in each process.",
+                id="completions_site.E003",
+            )
+        )
+    for name in (
+        "API_DEFAULT_RPM",
+        "API_DEFAULT_TPM",
+        "API_DEFAULT_MAX_CONCURRENT",
+        "API_DEFAULT_MONTHLY_TOKENS",
+        "API_LIMITS_REDIS_TIMEOUT",
+        "API_LIMITS_REDIS_RETRY_SECONDS",
+        "API_LIMITS_CONCURRENCY_LEASE_SECONDS",
+    ):
         if getattr(settings, name) < 0:
-            errors.append(Error(f"{name} is negative.", hint="A limit of 0 means none; times are in seconds.", id="completions_site.E004"))
+            errors.append(
+                Error(
+                    f"{name} is negative.",
+                    hint="A limit of 0 means none; times are in seconds.",
+                    id="completions_site.E004",
+                )
+            )
     return errors
 
 
@@ -49,11 +67,13 @@ def check_engine_settings(app_configs, **kwargs) -> list[Error]:
     """The engine's settings: a known model runner."""
     if settings.ENGINE_RUNNER in ("auto", "llama", "transformers"):  # inference.model_runner.RUNNERS, without torch
         return []
-    return [Error(
-        f"ENGINE_RUNNER is {settings.ENGINE_RUNNER!r}.",
-        hint="Set it to 'auto' (our Llama runner when it supports the model, else transformers'), 'llama' or 'transformers'.",
-        id="completions_site.E005",
-    )]
+    return [
+        Error(
+            f"ENGINE_RUNNER is {settings.ENGINE_RUNNER!r}.",
+            hint="Set it to 'auto' (our Llama runner when it supports the model, else transformers'), 'llama' or 'transformers'.",
+            id="completions_site.E005",
+        )
+    ]
 
 
 @register(Tags.compatibility)
@@ -66,9 +86,11 @@ def check_metrics_settings(app_configs, **kwargs) -> list[Error]:
         try:
             allowed_networks((entry,))
         except ValueError:
-            errors.append(Error(
-                f"METRICS_ALLOWED_IPS has {entry!r}, which is neither an address nor a network.",
-                hint="List addresses or networks, comma-separated: 127.0.0.1,::1,10.0.0.0/8.",
-                id="completions_site.E006",
-            ))
+            errors.append(
+                Error(
+                    f"METRICS_ALLOWED_IPS has {entry!r}, which is neither an address nor a network.",
+                    hint="List addresses or networks, comma-separated: 127.0.0.1,::1,10.0.0.0/8.",
+                    id="completions_site.E006",
+                )
+            )
     return errors

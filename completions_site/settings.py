@@ -5,6 +5,7 @@ the embedded SmolLM2 model); production deployments override them with environme
 or a `.env` file beside `manage.py`.  `completions_site.checks` refuses a production start
 (``DJANGO_DEBUG=false``) with the default secret key.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -80,9 +81,10 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # WAL lets readers run beside the one writer; the busy timeout makes concurrent writers wait
     # instead of failing with "database is locked".  synchronous=NORMAL (SQLite's advice for WAL)
     # syncs the log at checkpoints, not at every commit: every request commits its usage record,
-    # and an fsync per commit cost about 2 ms of each request's latency, holding the write lock
-    # meanwhile.  A commit survives the process dying, as before; only a power loss or an OS
-    # crash may take back the last commits (the database stays consistent).
+    # and an fsync per commit added to each request's latency, holding the write lock meanwhile
+    # (docs/performance.md#keys-usage-records-and-the-database).  A commit survives the process
+    # dying, as before; only a power loss or an OS crash may take back the last commits (the
+    # database stays consistent).
     # Connections persist: the API's requests run their queries on a few long-lived threads
     # (api/handlers.py), and opening a connection per request cost a third of their database time.
     DATABASES["default"].setdefault("CONN_MAX_AGE", None)
@@ -130,7 +132,10 @@ LOGGING = {
     "disable_existing_loggers": False,
     "filters": {"redact": {"()": "completions_site.logs.RedactSecrets"}},
     "formatters": {
-        "plain": {"()": "completions_site.logs.PlainFormatter", "format": "%(asctime)s %(levelname)s %(name)s: %(message)s"},
+        "plain": {
+            "()": "completions_site.logs.PlainFormatter",
+            "format": "%(asctime)s %(levelname)s %(name)s: %(message)s",
+        },
         "json": {
             "()": "completions_site.logs.JsonFormatter",
             "format": "%(asctime)s %(levelname)s %(name)s %(message)s",
@@ -170,7 +175,9 @@ MODEL_CACHE_DIR = env.path("MODEL_CACHE_DIR", default=BASE_DIR / ".cache" / "mod
 ENGINE_AUTOSTART = env.bool("ENGINE_AUTOSTART", default=True)
 ENGINE_MAX_BATCH_SIZE = env.int("ENGINE_MAX_BATCH_SIZE", default=32)
 ENGINE_MAX_QUEUE = env.int("ENGINE_MAX_QUEUE", default=256)
-ENGINE_NUM_THREADS = env.int("ENGINE_NUM_THREADS", default=0)  # 0: torch's count (one per core), one fewer while other work keeps a core busy (inference/thread_budget.py)
+ENGINE_NUM_THREADS = env.int(
+    "ENGINE_NUM_THREADS", default=0
+)  # 0: torch's count (one per core), one fewer while other work keeps a core busy (inference/thread_budget.py)
 ENGINE_PREFILL_CHUNK = env.int("ENGINE_PREFILL_CHUNK", default=256)
 # The forward pass: auto (our Llama runner when it supports the model, else transformers'
 # modeling) | llama | transformers.

@@ -1,5 +1,6 @@
 """What a serving process does once, before it answers: run the checks, start the engine, and
 (under daphne) handle SIGTERM by draining (``completions_site/shutdown.py``)."""
+
 from __future__ import annotations
 
 from django.conf import settings

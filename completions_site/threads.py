@@ -3,10 +3,10 @@
 torch runs its matrix products on libgomp's worker threads, one per core, and by default a worker
 that has finished its share spins for about 300,000 iterations before it sleeps.  Alone on a machine
 that saves a wake-up per operation; with a second server process on the same cores, or any other busy
-program, the spinning threads take the CPU from the threads that have work, and generation slows
-20-50 times (issue 12).  libgomp reads its environment once, when it is loaded, so the policy has to
-be in ``os.environ`` before ``import torch``: ``completions_site/asgi.py`` and ``manage.py`` call
-:func:`apply_thread_policy` first thing.
+program, the spinning threads take the CPU from the threads that have work, and generation all but
+stops (docs/performance.md#threads-and-busy-neighbours).  libgomp reads its environment once, when it
+is loaded, so the policy has to be in ``os.environ`` before ``import torch``:
+``completions_site/asgi.py`` and ``manage.py`` call :func:`apply_thread_policy` first thing.
 
 An operator's own choice wins: when ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` is set (even to
 libgomp's default), nothing is changed.  ``bench/thread_policy.py`` measures the alternatives.

@@ -1,4 +1,5 @@
 """URL routes: the OpenAI-compatible API under /v1 (api/), the health check, and the admin."""
+
 from django.contrib import admin
 from django.urls import path, re_path
 

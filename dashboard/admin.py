@@ -3,6 +3,7 @@
 The dashboard itself and the staff pages that act for a user are plain views mounted under
 ``/admin/dashboard/`` (see ``dashboard/urls.py``), linked from the admin index.
 """
+
 from __future__ import annotations
 
 from django.contrib import admin

@@ -3,6 +3,7 @@
 Each is wrapped in ``admin.site.admin_view`` by ``dashboard/urls.py``: staff only (anyone else is
 sent to the admin's login), never cached, CSRF-protected, with the admin's look and breadcrumbs.
 """
+
 from __future__ import annotations
 
 import csv

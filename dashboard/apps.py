@@ -1,4 +1,5 @@
 """The staff dashboard and its live updates; also the sign-up switch (``AccountSettings``) and its admin."""
+
 from __future__ import annotations
 
 from django.apps import AppConfig

@@ -3,6 +3,7 @@
 The consumer runs in the daphne process that owns the engine, so it reads ``engine.stats()``
 directly.  Only active staff may connect; anyone else is refused before the handshake completes.
 """
+
 from __future__ import annotations
 
 import asyncio

@@ -1,4 +1,5 @@
 """The dashboard's filters, shared by the page and the CSV export (the account forms are in ``accounts/forms.py``)."""
+
 from __future__ import annotations
 
 from datetime import datetime, time, timedelta
@@ -33,7 +34,8 @@ class UsageFilterForm(forms.Form):
     key = forms.CharField(required=False, max_length=64, label="Key", help_text="prefix, e.g. sk-cs-AbCd1234")
     model = forms.CharField(required=False, max_length=200, label="Model")
     endpoint = forms.ChoiceField(
-        required=False, label="Endpoint",
+        required=False,
+        label="Endpoint",
         choices=[("", "all"), ("/v1/completions", "/v1/completions"), ("/v1/chat/completions", "/v1/chat/completions")],
     )
 

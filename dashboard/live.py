@@ -5,6 +5,7 @@ transaction commits.  With the Redis layer (``REDIS_URL``) the announcement reac
 connected to any server process; with the default in-memory layer, those of this process.
 Announcing must never break accounting, so a failing layer is logged and ignored.
 """
+
 from __future__ import annotations
 
 import logging

@@ -1,4 +1,5 @@
 """Site-wide account settings that staff change in the admin (one row)."""
+
 from __future__ import annotations
 
 from django.db import models

@@ -1,4 +1,5 @@
 """WebSocket routes (mounted by ``completions_site/asgi.py`` behind session auth)."""
+
 from __future__ import annotations
 
 from django.urls import path

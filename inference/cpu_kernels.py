@@ -2,8 +2,7 @@
 and the small operations of a decode step (``csrc/decode_ops.cpp``).
 
 torch's weight-only kernels compute in bfloat16 activations and, on an AVX2 CPU, spend about
-three times a 4-bit weight's read time unpacking it (issue 12: a batch-1 decode step of the
-embedded model took 26 ms with ``_weight_int4pack_mm_for_cpu`` against llama.cpp's ~10 ms).
+three times a 4-bit weight's read time unpacking it (docs/performance.md#why-our-own-kernels).
 These kernels keep llama.cpp's block layouts (Q4_1: 4-bit values, a scale and a minimum per group
 of 32; Q8_0: 8-bit values and a scale per group) and compute in float32 activations, so a layer
 built from a GGUF's own blocks computes what the float32 model computes, up to summation order (on
@@ -17,12 +16,12 @@ with the products this fast, torch's per-operation cost was half of a batch-1 st
 whose layers are all Q4_1 is one call in all (:meth:`CPUKernels.decode_layers_q4_1`).
 
 The C++ sources are compiled once per source text, compiler and flags with the C++ compiler
-(``$CXX``, else ``c++``/``g++``), ``-O3 -mavx2 -mfma -mf16c``, into ``<cache_dir>/kernels/`` (about 6 s),
-and loaded with ctypes.  The block products also have AVX-512 versions (16-float vectors: the
-embedded model's layers 1.35-1.45 times as fast at 1 to 32 rows on a 2-core Xeon), used where
-:func:`avx512_products` says.  Their threads are their own (``csrc/pool.h``: a worker spins 100 us after
-a kernel, then sleeps), not libgomp's: with the server's ``OMP_WAIT_POLICY=PASSIVE`` each OpenMP
-region paid a wake-up, about 150 per decode step.  :func:`load` returns None where the CPU lacks
+(``$CXX``, else ``c++``/``g++``), ``-O3 -mavx2 -mfma -mf16c``, into ``<cache_dir>/kernels/``, and
+loaded with ctypes.  The block products also have AVX-512 versions (16-float vectors, faster:
+docs/performance.md#which-cpu-features-matter), used where :func:`avx512_products` says.  Their
+threads are their own (``csrc/pool.h``: a worker spins briefly after a kernel, then sleeps), not
+libgomp's: with the server's ``OMP_WAIT_POLICY=PASSIVE`` each OpenMP region paid a wake-up
+(docs/performance.md#why-our-own-kernels).  :func:`load` returns None where the CPU lacks
 AVX2, FMA or F16C, torch's capability is below AVX2 (``ATEN_CPU_CAPABILITY=default``), no compiler is
 found, or the build fails: the engine then uses torch's formats and operations.
 """
@@ -157,10 +156,10 @@ class CPUKernels:
         llama.cpp's AVX2 q4_1 dot product (``ENGINE_Q8_ACTIVATIONS=on``), the other products (the
         one-row Q8_0 product, those of 5 rows and more) to 16; ``32`` keeps them all float32.  16 bits: a product's relative error about 1e-5,
         the likelihood of text unchanged (bench/activation_bits_quality.py); 8 bits: about 1e-2,
-        greedy text diverges sooner (the README).  On a 2-core Zen 4's AVX2 code the embedded model's
-        layers at one row took 3.95 ms in float32, 3.19 with 16 bits, 3.25 with 8; products of 32
-        and 256 rows about half the float32 time.  The AVX-512 products round to 16 bits from 7 rows on
-        (VNNI's integer multiply-adds where the CPU has them), under 16 and 8 alike.  Raises
+        greedy text diverges sooner (docs/performance.md#output-quality-of-the-weight-formats).  Both
+        make the products faster (docs/performance.md#why-our-own-kernels).  The AVX-512 products
+        round to 16 bits from 7 rows on (VNNI's integer multiply-adds where the CPU has them), under 16
+        and 8 alike.  Raises
         ``ValueError`` for other values; a width whose products failed the load's self-check falls
         back to float32 (logged).  Process-wide: the last engine started in a process sets it for all.
         """

@@ -16,7 +16,7 @@ def _content_digest(path: str, size: int, mtime_ns: int) -> str:
 
 def file_digest(path: Path) -> str:
     """The first 12 hex digits of the SHA-256 of the file at ``path``: the key of what is cached from
-    it (about 0.1 s for the embedded 98 MB GGUF, once per process and file version).  Raises
+    it (read once per process and file version).  Raises
     ``OSError`` when the file cannot be read."""
     stat = Path(path).stat()
     return _content_digest(str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns)

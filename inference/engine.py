@@ -34,12 +34,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from . import cpu_kernels, memory, sampling, structured
 from . import metrics as m
-from .model_loader import ModelConfig, embedded_gguf_path, load_model, model_fingerprint
+from .model_loader import GGUFCheckpoint, ModelConfig, embedded_gguf_path, load_model, model_fingerprint
 from .model_runner import ModelRunner, PrefillChunk, build_runner
 from .output_processor import OutputProcessor
 from .outputs import (  # noqa: F401  (re-exported: the engine's API)
@@ -57,15 +58,15 @@ from .scheduler import Scheduler
 from .sequence import Request, SequenceState, push_all
 from .thread_budget import ThreadBudget
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
 logger = logging.getLogger(__name__)
 
 FIM_TOKENS = ("<fim_prefix>", "<fim_suffix>", "<fim_middle>")
 RATE_WINDOW_SECONDS = 10.0  # the window of stats()'s tokens_per_second
-# The worker thread shares the GIL with the event loop.  It releases it for every torch operation
-# and kernel call; taking it back waits until the event loop's thread gives it up, which CPython
-# forces only after the switch interval (5 ms by default).  Under many short requests a decode
-# step of 8 rows then took 50 ms instead of about 10; 1 ms gave 12-14% more requests/s
-# (16 clients, max_tokens 1, on a 2-core Xeon).  Set only where nothing else changed the default.
+# The worker takes the GIL back from the event loop after every kernel call, at worst after one
+# switch interval: a short one keeps decode steps short (docs/performance.md#threads-and-busy-neighbours).
 GIL_SWITCH_INTERVAL = 0.001
 PYTHON_SWITCH_INTERVAL = 0.005  # CPython's default
 # After this long with nothing to do the engine gives the batch's KV cache back (not at once: under
@@ -143,8 +144,8 @@ class Engine:
         self.ready = False
         self.load_error: BaseException | None = None
         self.created = int(time.time())
-        self.model = None
-        self.tokenizer = None
+        self.model: PreTrainedModel | GGUFCheckpoint | None = None
+        self._tokenizer: PreTrainedTokenizerBase | None = None
         self.device = torch.device("cpu")
         self.max_context = 0
         self.vocab_size = 0
@@ -165,6 +166,19 @@ class Engine:
         self._stopping = False
         self._trimmed = False  # whether the batch's memory went back since the engine last worked
         self._thread_budget: ThreadBudget | None = None  # set in the worker thread, when ENGINE_NUM_THREADS is auto
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        """The model's tokenizer; raises :class:`EngineNotReady` before the model has loaded."""
+        if self._tokenizer is None:
+            raise EngineNotReady("The model is loading; try again shortly.")
+        return self._tokenizer
+
+    @property
+    def _loaded_runner(self) -> ModelRunner:
+        """The model runner, for the worker's steps, which run only once :meth:`_install` built it."""
+        assert self.runner is not None, "the worker steps before the model is installed"
+        return self.runner
 
     # --- the asyncio side ----------------------------------------------------------------------
 
@@ -216,7 +230,7 @@ class Engine:
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """Text of ``token_ids``, special tokens skipped."""
-        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)  # type: ignore[return-value]  # one sequence of ids: one str
 
     def fim_prompt_ids(self, prefix: str, suffix: str) -> list[int] | None:
         """Fill-in-the-middle prompt ids, ``<fim_prefix>prefix<fim_suffix>suffix<fim_middle>``
@@ -236,7 +250,7 @@ class Engine:
         another token.  (``token`` may itself be the unknown token: SmolLM2's is ``<|endoftext|>``.)
         """
         token_id = self.tokenizer.convert_tokens_to_ids(token)
-        if token_id is None or self.tokenizer.convert_ids_to_tokens(token_id) != token:
+        if not isinstance(token_id, int) or self.tokenizer.convert_ids_to_tokens(token_id) != token:
             return None
         return token_id
 
@@ -249,7 +263,7 @@ class Engine:
     @property
     def has_chat_template(self) -> bool:
         """Whether the tokenizer has a chat template (``/v1/chat/completions`` needs one)."""
-        return bool(getattr(self.tokenizer, "chat_template", None))
+        return bool(getattr(self._tokenizer, "chat_template", None))
 
     def chat_prompt_ids(self, messages: list[dict[str, str]]) -> list[int]:
         """The prompt of a chat: ``messages`` (``{"role", "content"}`` with roles system, user,
@@ -338,12 +352,14 @@ class Engine:
                 kernels.set_activation_bits(self.config.activation_bits)
                 kernels.set_k_quant_int8(self.config.k_quant_int8)
             # Before ready: the first request after /healthz says 200 finds kernels chosen and
-            # buffers grown, and is as fast as later ones (issue 12).
+            # buffers grown, and is as fast as later ones.
             started = time.perf_counter()
             with torch.inference_mode():
-                self.runner.warm_up()
-            logger.info("Model runner: %s; warmed up in %.1f s", self.runner.description, time.perf_counter() - started)
-        except BaseException as error:  # noqa: BLE001 - reported through /healthz and the log
+                self._loaded_runner.warm_up()
+            logger.info(
+                "Model runner: %s; warmed up in %.1f s", self._loaded_runner.description, time.perf_counter() - started
+            )
+        except BaseException as error:  # reported through /healthz and the log
             logger.exception("The model failed to load")
             self.load_error = error
             if self.config.exit_on_load_failure:
@@ -356,10 +372,8 @@ class Engine:
         if not self.config.num_threads and self.model_config.weights != "float32" and self.device.type == "cpu":
             self._thread_budget = ThreadBudget(torch.get_num_threads())
         if self.config.freeze_gc:
-            # What is alive now (the libraries', the model's, Django's: some 460,000 objects in a
-            # server) lives as long as the process.  In the collector's permanent generation a full
-            # collection no longer walks it: each took 190-280 ms holding the GIL (a pause of every
-            # stream; twice in 10 s of 16 clients' one-token requests), 0.2 ms frozen (2-core Zen 4).
+            # What is alive now lives as long as the process: frozen, full collections no longer walk
+            # it while holding the GIL (docs/performance.md#the-engines-worker-thread).
             gc.collect()
             gc.freeze()
         self.ready = True
@@ -368,7 +382,7 @@ class Engine:
             with torch.inference_mode():
                 while not self._stopping:
                     self._loop_once()
-        except BaseException as error:  # noqa: BLE001 - a dead worker must not leave /healthz at 200
+        except BaseException as error:  # a dead worker must not leave /healthz at 200
             logger.exception("The engine's worker thread failed; the engine serves no more requests")
             self.ready, self.load_error, self._stopping = False, error, True
             self._fail_all(EngineError(f"The engine failed: {type(error).__name__}"))
@@ -377,7 +391,7 @@ class Engine:
 
     def _install(self, model, tokenizer, loaded: bool = False) -> None:
         self.model = model
-        self.tokenizer = tokenizer
+        self._tokenizer = tokenizer
         gguf = None if self.model_config.path else embedded_gguf_path()  # its Q4_1 blocks make int4 weights
         self.runner = build_runner(
             model,
@@ -426,7 +440,7 @@ class Engine:
             woken = self._wakeup.wait(timeout=1.0 if self._trimmed else IDLE_FREE_SECONDS)
             self._wakeup.clear()
             if not woken and not self._trimmed:  # idle a while: the batch's memory goes back to the system
-                self.runner.free_batch()
+                self._loaded_runner.free_batch()
                 memory.trim()
                 self._trimmed = True
             return
@@ -436,7 +450,7 @@ class Engine:
                 self._prefill()
             if self._running:
                 self._decode_step()
-        except Exception as error:  # noqa: BLE001 - one bad step must not kill the engine
+        except Exception as error:  # one bad step must not kill the engine
             logger.exception("An engine step failed; failing the requests in it")
             self._fail_all(EngineError(f"The engine failed while generating: {type(error).__name__}"))
         self._set_gauges()
@@ -466,7 +480,7 @@ class Engine:
             return
         removed = self.scheduler.remove(aborted)
         for request in removed:
-            self.runner.release(request.key)  # its partial prefill, if any
+            self._loaded_runner.release(request.key)  # its partial prefill, if any
         keep = [row for row, seq in enumerate(self._running) if seq.request.request_id not in aborted]
         stopped = {seq.request.request_id for seq in self._running if seq.request.request_id in aborted}
         m.finished("abort", len(removed) + len(stopped))
@@ -477,15 +491,15 @@ class Engine:
     def _reuse_prefix(self, request: Request) -> None:
         """Take the runner's longest cached prefix of a not yet prefilled request's prompt (prefix
         caching), noting which stored prompts it has seen (``runner.prefix_epoch``)."""
-        request.prefix_epoch = self.runner.prefix_epoch
-        request.prefilled = request.cached_tokens = self.runner.reuse_prefix(request.key, request.prompt_ids)
+        request.prefix_epoch = self._loaded_runner.prefix_epoch
+        request.prefilled = request.cached_tokens = self._loaded_runner.reuse_prefix(request.key, request.prompt_ids)
         m.prefix_cache_hits.inc(request.cached_tokens)
 
     def _look_again(self) -> None:
         """Waiting requests not yet started look in the prefix cache again when it stored prompts
         since they last looked (many requests sharing a prefix that arrive together: the first one's
         prompt is stored once it is prefilled, and the others then reuse it)."""
-        epoch = self.runner.prefix_epoch
+        epoch = self._loaded_runner.prefix_epoch
         for request in self.scheduler:
             if request.prefilled == 0 and request.prompt_logprobs is None and request.prefix_epoch != epoch:
                 self._reuse_prefix(request)
@@ -507,7 +521,7 @@ class Engine:
         for seq in sequences:
             seq.length = request.cached_tokens
             seq.next_token = request.prompt_ids[-1]
-        self.runner.join(request.key, len(sequences))
+        self._loaded_runner.join(request.key, len(sequences))
         request.prefilled = len(request.prompt_ids)
         self._running.extend(sequences)
         self._first_in_decode.append(request)
@@ -535,7 +549,7 @@ class Engine:
                 m.request_queue_time.observe(started - item.request.arrival)
         m.prompt_tokens.inc(sum(item.end - item.start for item in scheduled))
         prompts_done = []
-        for item, logits in zip(scheduled, self.runner.prefill(chunks)):
+        for item, logits in zip(scheduled, self._loaded_runner.prefill(chunks)):
             request = item.request
             request.prefilled = item.end
             if request.prompt_logprobs is not None:
@@ -545,7 +559,7 @@ class Engine:
             if not item.final:
                 continue
             alive = self._start_sequences(request, logits[-1:])
-            self.runner.join(request.key, len(alive))
+            self._loaded_runner.join(request.key, len(alive))
             self._running.extend(alive)
             prompts_done.append(request)
         self.scheduler.finish_prefills()
@@ -570,7 +584,7 @@ class Engine:
         """One forward pass for every running sequence, then sampling, then release and cleanup."""
         started = time.monotonic()
         sequences = self._running
-        logits = self.runner.decode([seq.next_token for seq in sequences])
+        logits = self._loaded_runner.decode([seq.next_token for seq in sequences])
         for seq in sequences:
             seq.length += 1
         self._sample(sequences, logits)
@@ -588,7 +602,7 @@ class Engine:
     def _select_rows(self, keep: list[int]) -> None:
         """Keep only batch rows ``keep`` (finished and aborted sequences leave)."""
         self._running = [self._running[row] for row in keep]
-        self.runner.keep(keep)
+        self._loaded_runner.keep(keep)
 
     # --- sampling and text ---------------------------------------------------------------------
 

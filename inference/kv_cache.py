@@ -9,9 +9,11 @@ close to what the rows use) or when rows join or leave the batch.
 Rows are left-padded: every row's last token is in the same column, so a decode step appends one
 column for all rows.  The engine keeps the matching ``attention_mask`` (0 on padding).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import torch
 from transformers import DynamicCache
@@ -32,20 +34,27 @@ class GrowingLayer(DynamicLayer):
         self._value_buffer: torch.Tensor | None = None
         self._width = 0
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Append ``key_states``/``value_states`` (``[batch, kv_heads, new, head_dim]``) after the used columns."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         end = self._width + key_states.shape[-2]
         if self._key_buffer is None or end > self._key_buffer.shape[-2]:
             self._reserve(key_states, end)
-        self._key_buffer[:, :, self._width : end] = key_states
-        self._value_buffer[:, :, self._width : end] = value_states
-        self._set_width(end)
-        return self.keys, self.values
+        key_buffer, value_buffer = self._buffers()
+        key_buffer[:, :, self._width : end] = key_states
+        value_buffer[:, :, self._width : end] = value_states
+        return self._set_width(end)
 
     def get_seq_length(self) -> int:
         return self._width
+
+    def used(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``keys`` and ``values``, the used columns; raises ``AssertionError`` before the first update."""
+        assert self.keys is not None and self.values is not None, "the layer has not been updated yet"
+        return self.keys, self.values
 
     def assign(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Replace the contents with ``keys``/``values`` (``[batch, kv_heads, width, head_dim]``)."""
@@ -62,14 +71,22 @@ class GrowingLayer(DynamicLayer):
         key_buffer = like.new_zeros(batch, heads, capacity, dim)
         value_buffer = like.new_zeros(batch, heads, capacity, dim)
         if self._key_buffer is not None and self._width:
-            key_buffer[:, :, : self._width] = self._key_buffer[:, :, : self._width]
-            value_buffer[:, :, : self._width] = self._value_buffer[:, :, : self._width]
+            old_keys, old_values = self._buffers()
+            key_buffer[:, :, : self._width] = old_keys[:, :, : self._width]
+            value_buffer[:, :, : self._width] = old_values[:, :, : self._width]
         self._key_buffer, self._value_buffer = key_buffer, value_buffer
 
-    def _set_width(self, width: int) -> None:
+    def _buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The key and value buffers, which :meth:`_reserve` allocates together."""
+        assert self._key_buffer is not None and self._value_buffer is not None, "no buffers reserved yet"
+        return self._key_buffer, self._value_buffer
+
+    def _set_width(self, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Make ``keys`` and ``values`` the views of the first ``width`` columns; returns them."""
+        key_buffer, value_buffer = self._buffers()
         self._width = width
-        self.keys = self._key_buffer[:, :, :width]
-        self.values = self._value_buffer[:, :, :width]
+        self.keys, self.values = key_buffer[:, :, :width], value_buffer[:, :, :width]
+        return self.keys, self.values
 
 
 class BatchKVCache(DynamicCache):
@@ -88,8 +105,18 @@ class BatchKVCache(DynamicCache):
         self.layers = [GrowingLayer() for _ in self.layers]
 
     @property
+    def growing_layers(self) -> list[GrowingLayer]:
+        """``layers``, typed as :meth:`__init__` made them (transformers types the list by its base layers)."""
+        return cast("list[GrowingLayer]", self.layers)
+
+    @property
     def width(self) -> int:
-        return self.layers[0].get_seq_length()
+        return self.growing_layers[0].get_seq_length()
+
+    @property
+    def rows(self) -> int:
+        """The batch's row count; raises ``AssertionError`` before the first update."""
+        return self.growing_layers[0].used()[0].shape[0]
 
     def join(self, parts: Sequence[tuple[BatchKVCache, torch.Tensor, int]]) -> None:
         """Append rows of other caches, in one copy: for each ``(cache, rows, first_column)``, rows
@@ -98,23 +125,24 @@ class BatchKVCache(DynamicCache):
         width = self.width
         widths = [cache.width - first for cache, _, first in parts]
         total = max([width, *widths])
-        for index, mine in enumerate(self.layers):
+        for index, mine in enumerate(self.growing_layers):
             keys, values = [], []
             if width:
-                keys.append(_pad_left(mine.keys, total - width))
-                values.append(_pad_left(mine.values, total - width))
+                my_keys, my_values = mine.used()
+                keys.append(_pad_left(my_keys, total - width))
+                values.append(_pad_left(my_values, total - width))
             for (cache, rows, first), part_width in zip(parts, widths):
-                theirs = cache.layers[index]
-                keys.append(_pad_left(theirs.keys.index_select(0, rows)[:, :, first:], total - part_width))
-                values.append(_pad_left(theirs.values.index_select(0, rows)[:, :, first:], total - part_width))
+                their_keys, their_values = cache.growing_layers[index].used()
+                keys.append(_pad_left(their_keys.index_select(0, rows)[:, :, first:], total - part_width))
+                values.append(_pad_left(their_values.index_select(0, rows)[:, :, first:], total - part_width))
             mine.assign(torch.cat(keys), torch.cat(values))
 
     def select(self, rows: torch.Tensor, first_column: int) -> None:
         """Keep batch ``rows`` (``[k]`` int64) and the columns from ``first_column`` on."""
-        for layer in self.layers:
+        for layer in self.growing_layers:
+            keys, values = layer.used()
             layer.assign(
-                layer.keys.index_select(0, rows)[:, :, first_column:],
-                layer.values.index_select(0, rows)[:, :, first_column:],
+                keys.index_select(0, rows)[:, :, first_column:], values.index_select(0, rows)[:, :, first_column:]
             )
 
 

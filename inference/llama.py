@@ -2,10 +2,10 @@
 transformers' per-step overhead.
 
 transformers' modeling builds masks, updates its cache objects and dispatches dozens of small
-modules per layer each step; on a 2-core CPU that is most of a batch-1 decode step of the embedded
-model (issue 12).  This runner does what Llama's decoder layer does (Touvron et al. 2023, "LLaMA":
-pre-RMSNorm, rotary position embeddings, SwiGLU MLP, grouped-query attention from Ainslie et al.
-2023) with as few tensor operations as it can:
+modules per layer each step, most of a batch-1 decode step of the embedded model
+(docs/performance.md#why-our-own-kernels).  This runner does what Llama's decoder layer does
+(Touvron et al. 2023, "LLaMA": pre-RMSNorm, rotary position embeddings, SwiGLU MLP, grouped-query
+attention from Ainslie et al. 2023) with as few tensor operations as it can:
 
 - q/k/v and gate/up projections are each one matrix product of a stacked weight; every linear layer
   is built by one factory, :func:`make_linear`, so other weight formats plug in there.
@@ -61,15 +61,15 @@ from .prefix_cache import PrefixCache
 
 if TYPE_CHECKING:
     from .cpu_kernels import CPUKernels
+    from .weights import Q4_1Linear
 
 Linear = Callable[[torch.Tensor], torch.Tensor]
 
 ROW_CHUNK = 8  # the running batch's cache grows by this many rows: at most 4 copies on the way to 32
 COLUMN_CHUNK = 64  # ... and by this many positions: one copy per 64 decode steps, little unused memory
 OUTPUT_NAME = "lm_head.weight"  # the name a factory is given for the output layer (tied or not)
-# A prefill chunk's queries attend in blocks of this many: torch's CPU flash attention took 4.2 ms a
-# layer for one causal call of 512 queries, 1.0 + 2.0 for two of 256 (the second over 512 keys with
-# a mask; 9 heads, 2-core AMD EPYC, AVX2 code), which also computes no fewer products than the one.
+# A prefill chunk's queries attend in blocks of this many: two calls of 256 queries were faster than one
+# of 512 in torch's CPU flash attention (docs/performance.md#the-llama-runners-prefill).
 ATTENTION_QUERIES = 256
 ROPE_TABLE_CHUNK = 4096  # positions added to the cos/sin table at a time (Llama 3.1 allows 131072)
 
@@ -81,7 +81,7 @@ def make_linear(weight: torch.Tensor, dtype: torch.dtype, names: tuple[str, ...]
     weight format may look their source up, e.g. the GGUF's own Q4_1 blocks).
     ``weight`` is ``[out, in]``, float32 (or any float dtype), and is not modified.  bfloat16 on a CPU
     with oneDNN's bf16 linear (:func:`~inference.packed.onednn_linear_available`) uses a weight reordered
-    once into oneDNN's blocked layout (1.4-1.6x faster than plain ``F.linear`` there, see
+    once into oneDNN's blocked layout (faster than plain ``F.linear`` there, see
     :mod:`inference.packed`); everything else is ``F.linear`` on ``weight`` converted to ``dtype`` (no
     copy when it already is, so a tied output layer shares the embedding's memory in float32).
     """
@@ -136,11 +136,10 @@ class _Partial:
 
 @contextlib.contextmanager
 def _one_thread() -> Iterator[None]:
-    """torch's operations on one thread inside (restored after): a prefill's elementwise work (rotary
-    embeddings, cache writes and casts of some hundred thousand values) took 2.5-7 times as long on
-    two threads, each operation waking an OpenMP thread that sleeps at once when done (the server's
-    ``OMP_WAIT_POLICY=PASSIVE``); a 512-token prompt's 2 chunks spent about 35 ms of 480 in them on a
-    2-core AMD EPYC, AVX2 code.  Attention and the products keep every thread."""
+    """torch's operations on one thread inside (restored after), for a prefill's elementwise work
+    (rotary embeddings, cache writes and casts): on two threads each operation wakes an OpenMP thread
+    that sleeps again at once, and took longer (docs/performance.md#the-llama-runners-prefill).
+    Attention and the products keep every thread."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -189,6 +188,17 @@ class LlamaModelRunner:
     stored prompts keep only what the rows' positions do not use; 0 turns it off.  Raises
     ``ValueError`` when :func:`unsupported_reason` names a reason.  Not thread-safe: one worker thread calls it, under ``torch.inference_mode``.
     """
+
+    # The running batch's cache, set by reset_batch and _reallocate.
+    _layer_keys: list[torch.Tensor]
+    _layer_values: list[torch.Tensor]
+    _row_capacity: int
+    _column_capacity: int
+    _lengths: list[int]
+    _cache_addresses: torch.Tensor
+    # A prefill's group of new prompts of one size (see _group_partials), None outside one.
+    _group_keys: torch.Tensor | None
+    _group_values: torch.Tensor | None
 
     def __init__(
         self,
@@ -497,8 +507,8 @@ class LlamaModelRunner:
         """
         if not chunks:
             return []
-        keys = [chunk.key for chunk in chunks]
-        if len(set(keys)) != len(keys):
+        chunk_keys = [chunk.key for chunk in chunks]
+        if len(set(chunk_keys)) != len(chunk_keys):
             raise ValueError("two chunks of one request in one prefill")
         for chunk in chunks:
             if not chunk.token_ids:
@@ -510,7 +520,7 @@ class LlamaModelRunner:
         self._rope_table(end)
         # New prompts of one size (many short requests at once) go first, as one group: their
         # caches are views of one buffer and each layer's cache writes and attention are one call
-        # for the group, not one per prompt (issue 12: per-call overhead of the 16-client load).
+        # for the group, not one per prompt (docs/performance.md#the-llama-runners-prefill).
         given = chunks
         order, group = self._prefill_order(chunks)
         chunks = [given[i] for i in order]
@@ -538,6 +548,7 @@ class LlamaModelRunner:
         for index, layer in enumerate(self._layers):
             qkv = self._qkv(layer, self._norm(x, layer.input_norm))
             if tables is not None:  # one call: rotary embeddings, cache writes, attention
+                assert self._kernels is not None, "tables are built for the kernels only"
                 attended = torch.empty(tokens, heads * dim, dtype=x.dtype, device=self.device)
                 cos_table, sin_table = self._cos_tables[layer.rope_index], self._sin_tables[layer.rope_index]
                 if not self._kernels.prefill_attention(
@@ -556,6 +567,7 @@ class LlamaModelRunner:
                 # or kv_heads, positions, dim]), the positions cached before it, its blocks.
                 calls = []
                 if group:
+                    assert self._group_keys is not None and self._group_values is not None, "set for the group"
                     size = group_size
                     cache_keys, cache_values = (
                         self._group_keys[:, index],
@@ -596,7 +608,7 @@ class LlamaModelRunner:
             partial.token_ids[chunk.start :] = chunk.token_ids
             self._partials[chunk.key] = partial
         pieces = logits.split([len(rows) for rows in wanted])
-        result: list[torch.Tensor] = [None] * len(pieces)  # type: ignore[list-item]
+        result: list[torch.Tensor] = [None] * len(pieces)  # type: ignore[list-item]  # order fills every place below
         for place, piece in zip(order, pieces):
             result[place] = piece
         return result
@@ -714,6 +726,7 @@ class LlamaModelRunner:
                 queries = (start + first + torch.arange(end - first, device=self.device))[:, None]
                 mask = columns <= queries
                 if cut:
+                    assert window is not None, "only a window cuts"
                     mask &= columns > queries - window
             result.append((first, end, mask))
         return result
@@ -776,8 +789,8 @@ class LlamaModelRunner:
 
     def _copy_columns(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Contiguous copies of views ``keys``/``values`` ``[layers, kv_heads, length, head_dim]`` of a
-        cache: our kernels' row copy, one call for both (torch's strided clone of a float16 cache
-        took 140 us per tensor for a 16-token prompt), else torch's clone."""
+        cache: our kernels' row copy, one call for both (faster than torch's strided clone of a float16
+        cache: docs/performance.md#the-llama-runners-prefill), else torch's clone."""
         if self._kernels is not None and keys.device.type == "cpu":
             copies = torch.empty_like(keys, memory_format=torch.contiguous_format)
             value_copies = torch.empty_like(copies)
@@ -914,21 +927,21 @@ class LlamaModelRunner:
         formats' ``q4_1_for``), else None.  Built once per plan; :meth:`_reallocate` keeps its cache
         columns on the buffers."""
         if rows not in self._q4_1_at:
-            weights = []
+            weights: list[list[Q4_1Linear]] = []
             for layer in self._layers:
                 found = [getattr(linear, "q4_1_for", lambda _: None)(rows) for linear in layer.products]
-                if any(linear is None for linear in found):
-                    weights = None
+                blocks: list[Q4_1Linear] = [linear for linear in found if linear is not None]
+                if len(blocks) != len(found):
                     break
-                weights.append(found)
+                weights.append(blocks)
             self._q4_1_at[rows] = None
-            if weights is not None:
+            if len(weights) == len(self._layers):
                 key = tuple(id(linear) for linear in weights[0])
                 if key not in self._step_tables:
                     table = torch.zeros(self.num_layers, 16, dtype=torch.int64)
-                    for index, (layer, found) in enumerate(zip(self._layers, weights)):
+                    for index, (layer, blocks) in enumerate(zip(self._layers, weights)):
                         pointers = [layer.input_norm.data_ptr(), layer.post_norm.data_ptr()]
-                        pointers += [t.data_ptr() for linear in found for t in (linear.qs, linear.d, linear.m)]
+                        pointers += [t.data_ptr() for linear in blocks for t in (linear.qs, linear.d, linear.m)]
                         table[index, :14] = torch.tensor(pointers)
                     self._step_tables[key] = table
                     self._point_at_caches(table)
@@ -1072,10 +1085,10 @@ class LlamaModelRunner:
 
     def reset_batch(self) -> None:
         """Drop the running batch's cache (its memory goes back to the allocator)."""
-        self._layer_keys: list[torch.Tensor] = []  # per layer [row capacity, kv_heads, column capacity, head_dim]
-        self._layer_values: list[torch.Tensor] = []
+        self._layer_keys = []  # per layer [row capacity, kv_heads, column capacity, head_dim]
+        self._layer_values = []
         self._row_capacity = self._column_capacity = 0
-        self._lengths: list[int] = []  # positions cached per running row
+        self._lengths = []  # positions cached per running row
         self._cache_addresses = torch.empty(0, dtype=torch.int64)  # see _reallocate
 
     @property

@@ -5,6 +5,7 @@ model load frees hundreds of megabytes of temporary tensors.  glibc keeps freed 
 heap unless told otherwise, so without these calls RSS creeps upwards after every burst.
 Elsewhere (musl, macOS) both functions do nothing.
 """
+
 from __future__ import annotations
 
 import ctypes

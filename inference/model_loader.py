@@ -70,8 +70,8 @@ def resolve_dtype(name: str, device: torch.device, *, fused_decode: bool = False
 
     ``auto``: on CUDA bfloat16 (float16 without bf16 support); on a CPU float32 where
     ``fused_decode`` (the Llama runner will run with our CPU kernels, whose fused decode step takes
-    float32 activations: measured 2.1x faster at batch 1 and 1.2x at batch 32 than bfloat16 with
-    packed layers on a 2-core AMD EPYC Zen 4, issue 12), else bfloat16 where torch runs it natively
+    float32 activations and is faster than bfloat16 with packed layers:
+    docs/performance.md#why-our-own-kernels), else bfloat16 where torch runs it natively
     (:func:`_cpu_has_bf16`), else float32.
     """
     if name == "auto":
@@ -87,7 +87,8 @@ def resolve_dtype(name: str, device: torch.device, *, fused_decode: bool = False
 def _cpu_has_bf16() -> bool:
     """Whether torch's CPU kernels run bfloat16 natively here: the CPU has AVX-512 bf16 or AMX, and
     torch dispatches to AVX-512 (``ATEN_CPU_CAPABILITY=avx2`` makes an AVX-512 machine act as an
-    AVX2 one, where bfloat16 products are emulated and slower than float32: issue 12's tables)."""
+    AVX2 one, where bfloat16 products are emulated and slower than float32:
+    docs/performance.md#why-our-own-kernels)."""
     if not str(torch.backends.cpu.get_cpu_capability()).startswith("AVX512"):
         return False
     try:
@@ -132,7 +133,7 @@ def converted_gguf_dir(gguf: Path, cache_dir: Path) -> Path:
         gguf.parent, gguf_file=gguf.name, dtype=torch.float32, quantization_config=GgufConfig(dequantize=True)
     )
     # The dequantized model is a plain dense one; drop the GGUF quantizer so it saves as such.
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # type: ignore[assignment]  # undeclared: torch types it as a submodule or tensor
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     partial = target.with_name(target.name + ".partial")
@@ -222,7 +223,9 @@ def gguf_tokenizer(gguf: Path, cache_dir: Path) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
-def load_gguf(path: Path, config: ModelConfig, runner: str = "auto"):
+def load_gguf(
+    path: Path, config: ModelConfig, runner: str = "auto"
+) -> tuple[PreTrainedModel | GGUFCheckpoint, PreTrainedTokenizerBase, torch.device]:
     """``(model, tokenizer, device)`` of a GGUF file: a :class:`GGUFCheckpoint` where the Llama runner
     reads the file as it is (an architecture of :mod:`inference.families`, ``ENGINE_RUNNER`` not
     ``transformers``, a CPU), else transformers' model dequantized from it in memory (slower;
@@ -253,13 +256,13 @@ def load_gguf(path: Path, config: ModelConfig, runner: str = "auto"):
     model = AutoModelForCausalLM.from_pretrained(
         path.parent, gguf_file=path.name, dtype=dtype, quantization_config=GgufConfig(dequantize=True)
     )
-    model.to(device).eval()
+    model.to(device).eval()  # type: ignore[arg-type]  # transformers' @wraps(Module.to) loses self's binding for mypy
     return model, tokenizer, device
 
 
 def load_model(
     config: ModelConfig, runner: str = "auto"
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, torch.device]:
+) -> tuple[PreTrainedModel | GGUFCheckpoint, PreTrainedTokenizerBase, torch.device]:
     """Load ``(model, tokenizer, device)`` in eval mode on the configured device and dtype.
 
     ``runner``: the model runner the engine will build (``ENGINE_RUNNER``), which ``auto`` dtype
@@ -268,7 +271,7 @@ def load_model(
     """
     gguf = gguf_file_of(config.path) if config.path else embedded_gguf_path()
     if gguf is not None:
-        return load_gguf(gguf, config, runner)  # type: ignore[return-value]
+        return load_gguf(gguf, config, runner)
     device = resolve_device(config.device)
     source: str | Path = config.path or converted_gguf_dir(embedded_gguf_path(), Path(config.cache_dir))
     model_config = AutoConfig.from_pretrained(source)  # read once: the runner's choice and the load use it
@@ -284,7 +287,8 @@ def load_model(
     model = AutoModelForCausalLM.from_pretrained(
         source, config=model_config, dtype=dtype, attn_implementation="sdpa", disable_mmap=llama_runner
     )
-    model.to(device).eval()  # its linears are prepacked or rebuilt by the model runner (model_runner.build_runner)
+    # Its linears are prepacked or rebuilt by the model runner (model_runner.build_runner).
+    model.to(device).eval()  # type: ignore[arg-type]  # transformers' @wraps(Module.to) loses self's binding for mypy
     logger.info(
         "Loaded %s (%s, %s on %s) in %.1f s", config.model_id, source, dtype, device, time.perf_counter() - started
     )

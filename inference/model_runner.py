@@ -243,11 +243,9 @@ def _weight_factory(model, dtype: torch.dtype, weights: str, cache_dir: Path | N
             q4_1 = None  # not every projection is Q4_1 in this GGUF: no lossless 4-bit format
     candidates = [*formats.AUTO_FORMATS, *([("q4_1" if kernels else "int4")] if q4_1 is not None else [])]
     if "q4_1" in candidates and formats.bfloat16_prefill_available():
-        # q4_1 layers run long prefill chunks in bfloat16 without a stored copy where the autotune
-        # times that faster (Choice.make_layer), and our 16-bit products where it does not;
-        # a stored bfloat16 copy (2.7 times the blocks' memory, 212 MB for the embedded model) would
-        # then serve only decode batches of 17-95 rows, where it was 1.2-1.3 times as fast on a Zen 4
-        # (32 rows 17.8 / 22.4 ms): not worth the issue's RSS bound (< 1.2 GB, 32 x 512 contexts).
+        # q4_1 layers run long prefill chunks in bfloat16 from a copy made per call where that is
+        # faster (Choice.make_layer): a stored bfloat16 copy would then serve only mid-sized decode
+        # batches, not worth its memory (docs/performance.md#long-prefill-chunks-in-bfloat16).
         candidates.remove("bfloat16")
     output_candidates = [*formats.AUTO_FORMATS]
     if kernels is not None and weights == "auto" and formats.is_lossless_q8_0(output.detach()):
@@ -279,7 +277,7 @@ class _Prefilled:
     @property
     def alone(self) -> bool:
         """Whether the cache holds this request only, without padding (so a chunk may extend it)."""
-        return self.cache.width == self.length and self.cache.layers[0].keys.shape[0] == 1
+        return self.cache.width == self.length and self.cache.rows == 1
 
 
 class HFModelRunner:
@@ -293,6 +291,13 @@ class HFModelRunner:
     applied at the next :meth:`decode` or :meth:`keep`, all in one copy of the batch's cache.
     Not thread-safe: one worker thread calls it, under ``torch.inference_mode``.
     """
+
+    # The running batch, set by _clear_batch.
+    _cache: BatchKVCache | None
+    _mask: torch.Tensor  # [rows, width] 1: real column
+    _positions: torch.Tensor  # [rows] next position
+    _pending: list[tuple[_Prefilled, int]]  # joins not yet applied: (prefilled prompt, copies)
+    _rows: int
 
     def __init__(self, model) -> None:
         self.model = model
@@ -312,7 +317,7 @@ class HFModelRunner:
     def prefill(self, chunks: Sequence[PrefillChunk]) -> list[torch.Tensor]:
         """See :class:`ModelRunner`.  Raises ``ValueError`` when a chunk does not start where its
         request's cache ends."""
-        results: list[torch.Tensor | None] = [None] * len(chunks)
+        results: dict[int, torch.Tensor] = {}
         fresh = [i for i, chunk in enumerate(chunks) if chunk.start == 0]
         if len(fresh) == 1:
             results[fresh[0]] = self._prefill_alone(chunks[fresh[0]])
@@ -325,7 +330,7 @@ class HFModelRunner:
         for i, chunk in enumerate(chunks):
             if chunk.start:
                 results[i] = self._prefill_alone(chunk)
-        return results
+        return [results[i] for i in range(len(chunks))]
 
     def _prefill_alone(self, chunk: PrefillChunk) -> torch.Tensor:
         """One request's chunk, on its own cache: no padding, no attention mask."""
@@ -464,6 +469,7 @@ class HFModelRunner:
         first = int((mask.sum(0) > 0).nonzero()[0])  # first column that some row still uses
         self._mask = mask[:, first:]
         self._positions = self._positions.index_select(0, index)
+        assert self._cache is not None, "rows are running, so they have a cache"
         self._cache.select(index, first)
         self._rows = len(rows)
 
@@ -475,10 +481,10 @@ class HFModelRunner:
         self._clear_batch()
 
     def _clear_batch(self) -> None:
-        self._cache: BatchKVCache | None = None
-        self._mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)  # [rows, width] 1: real column
-        self._positions = torch.zeros(0, dtype=torch.long, device=self.device)  # [rows] next position
-        self._pending: list[tuple[_Prefilled, int]] = []
+        self._cache = None
+        self._mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)
+        self._positions = torch.zeros(0, dtype=torch.long, device=self.device)
+        self._pending = []
         self._rows = 0
 
     # --- warm-up ---------------------------------------------------------------------------------

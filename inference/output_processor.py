@@ -62,9 +62,11 @@ class OutputProcessor:
         chosen = logprobs.gather(-1, target[:, None])[:, 0].tolist()
         k = request.params.logprobs or 0
         tops = sampling.top_logprobs(logprobs, k) if k else None
+        collected = request.prompt_logprobs
+        assert collected is not None, "called for a request that asked for no prompt logprobs"
         for row, token_id in enumerate(targets):
             top = list(zip(tops[1][row].tolist(), tops[0][row].tolist())) if tops is not None else []
-            request.prompt_logprobs.append(TokenLogprob(token_id, chosen[row], top))
+            collected.append(TokenLogprob(token_id, chosen[row], top))
 
     def append(self, seq: SequenceState, token_id: int, logprob: TokenLogprob | None) -> None:
         """Add a sampled token to ``seq``: text, stop strings, limits.

@@ -3,6 +3,7 @@
 The views and the serving layer import these without loading torch, so management commands
 and system checks start quickly.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

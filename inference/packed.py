@@ -3,28 +3,28 @@
 ``nn.Linear`` hands oneDNN a plain ``[out_features, in_features]`` weight on every call, which it
 reads in a layout made for large batches.  Reordering each weight once, at load, into oneDNN's
 blocked layout (what ``torch.compile``'s CPU "freezing" pass does, without compiling) makes a
-bfloat16 decode step of the embedded model 1.4 to 1.6 times faster on the 2-core CPU
-(``bench/dtype.py``).  Projections that always read the same input (attention's ``q_proj``,
-``k_proj``, ``v_proj``; the MLP's ``gate_proj``, ``up_proj``) are also packed as one weight, so
-one matrix product serves all of them: fewer, larger products read the weights faster, and a
-step makes fewer calls from Python.
+bfloat16 decode step faster (docs/performance.md#packed-bfloat16-layers).  Projections that always
+read the same input (attention's ``q_proj``, ``k_proj``, ``v_proj``; the MLP's ``gate_proj``,
+``up_proj``) are also packed as one weight, so one matrix product serves all of them: fewer, larger
+products read the weights faster, and a step makes fewer calls from Python.
 
 Used for bfloat16 on the CPU only (:func:`onednn_linear_available`); CUDA and float32 keep
 ``nn.Linear``.
 """
+
 from __future__ import annotations
 
 import torch
 
-# The batch size oneDNN lays the packed weights out for; any batch runs, and this one measured
-# fastest for batches of 1 to 32 on the 2-core CPU.
+# The batch size oneDNN lays the packed weights out for; any batch runs, and this one was the fastest
+# for 1 to 32 rows (docs/performance.md#packed-bfloat16-layers).
 PACKED_BATCH_HINT = 8
 # oneDNN's linear on a packed weight, looked up once (``torch.ops`` resolves names per access);
 # None in a torch built without oneDNN, where onednn_linear_available() is False.
 try:
     _LINEAR_POINTWISE = torch.ops.mkldnn._linear_pointwise.default
 except (AttributeError, RuntimeError):
-    _LINEAR_POINTWISE = None
+    _LINEAR_POINTWISE = None  # type: ignore[assignment]  # never called: no PackedLinear is built without oneDNN
 
 # Sibling projections packed as one weight when a module has all of them (HF's names).
 FUSED_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
@@ -48,7 +48,7 @@ class PackedLinear(torch.nn.Module):
         return cls(linear.weight, linear.bias)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        if hidden_states.dim() == 2:  # no reshapes: each aten call counts at batch 1 (issue 12)
+        if hidden_states.dim() == 2:  # no reshapes: each aten call counts at batch 1
             return _LINEAR_POINTWISE(hidden_states, self.packed_weight, self.bias, "none", [], "")
         flat = hidden_states.reshape(-1, self.in_features)
         output = _LINEAR_POINTWISE(flat, self.packed_weight, self.bias, "none", [], "")
@@ -69,8 +69,15 @@ class FusedProjections:
 
     def __init__(self, linears: list[torch.nn.Linear]) -> None:
         biases = [linear.bias for linear in linears]
-        bias = None if all(b is None for b in biases) else torch.cat(
-            [b if b is not None else linear.weight.new_zeros(linear.out_features) for b, linear in zip(biases, linears)]
+        bias = (
+            None
+            if all(b is None for b in biases)
+            else torch.cat(
+                [
+                    b if b is not None else linear.weight.new_zeros(linear.out_features)
+                    for b, linear in zip(biases, linears)
+                ]
+            )
         )
         self.linear = PackedLinear(torch.cat([linear.weight for linear in linears]), bias)
         self.sizes = [linear.out_features for linear in linears]
@@ -127,10 +134,9 @@ def prepack_linear_layers(model: torch.nn.Module) -> int:
     replaced = 0
     for parent in list(model.modules()):
         for names in FUSED_GROUPS:
-            linears = [getattr(parent, name, None) for name in names]
-            if all(type(linear) is torch.nn.Linear for linear in linears) and len(
-                {linear.in_features for linear in linears}
-            ) == 1:
+            found = [getattr(parent, name, None) for name in names]
+            linears = [linear for linear in found if type(linear) is torch.nn.Linear]
+            if len(linears) == len(names) and len({linear.in_features for linear in linears}) == 1:
                 fused = FusedProjections(linears)
                 for index, name in enumerate(names):
                     setattr(parent, name, ProjectionSlice(fused, index))

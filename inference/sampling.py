@@ -15,6 +15,7 @@ OpenAI's documentation of the legacy Completions API and transformers' ``logits_
 5. Top-p (nucleus) truncation (Holtzman et al. 2019, "The Curious Case of Neural Text
    Degeneration"), then one draw from each row's own generator.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence

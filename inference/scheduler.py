@@ -29,11 +29,8 @@ LOGITS_CHUNK = 512
 # A chunk's attention grows with the positions cached before it, its products do not: past this many,
 # a prompt's own chunks shrink in proportion (prefill_chunk * LONG_CONTEXT / cached, at least 16), so
 # that a pass over a long prompt's late chunk takes about as long as one at LONG_CONTEXT positions
-# (up to 8,192 positions with 256-token chunks, where the floor of 16 takes over).  The embedded model's attention
-# per token costs as much as its products at about 1,400 cached positions on our kernels (2-core
-# Xeon); with 256-token chunks at 1,744-2,000 positions a pass took about 0.7 s there, and a short
-# request's first token beside 64 prompts of 2,000 tokens waited up to 1.6 s (issue 12's fairness
-# rule); shrinking from 1,024 positions on, still 1.1 s (the passes at 768-1,024 took 0.5 s).
+# (up to 8,192 positions with 256-token chunks, where the floor of 16 takes over), and a short request
+# behind it waits no longer (docs/performance.md#prefill-fairness).
 LONG_CONTEXT = 512
 
 
@@ -68,7 +65,7 @@ class Scheduler:
     that waited longest since their last turn (new ones before all), one request of each per
     round, until the pass's token budget is spent.  So a short request that arrives behind a
     big one is prefilled in the next pass, not after all of the big one's prompts (the fairness
-    rule of issue 12; vLLM's FCFS scheduler would serve the big one first).  Within a group,
+    rule of docs/performance.md#prefill-fairness; vLLM's FCFS scheduler would serve the big one first).  Within a group,
     requests keep their order.
 
     A pass takes at most ``prefill_chunk`` prompt tokens while sequences run (bounding how long
@@ -81,8 +78,7 @@ class Scheduler:
     prefix cache does not shrink a new request's first chunk); a short one (``prefill_chunk`` tokens or less) waits for the next
     pass instead.  A pass that prefills a newly arrived prompt whole gives the requests that had
     turns before at most :data:`NEWCOMER_PASS_OTHERS` tokens: a short request's first token then
-    waits for the pass in progress and a short one, not two full passes (issue 12's fairness rule:
-    a short request's first token within 1 s while 64 prompts of 2,000 tokens are prefilled).
+    waits for the pass in progress and a short one, not two full passes.
     A request is scheduled only when its candidates will fit in the running batch
     (``max_batch_size`` rows; a request larger than the whole batch still runs, alone);
     scoring requests (``max_tokens`` 0) take no row.

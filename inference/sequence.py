@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 
 import torch
 
@@ -75,7 +76,7 @@ class Request:
         push_all([(self, item)])
 
 
-def push_all(items: list[tuple[Request, RequestOutput | BaseException]]) -> None:
+def push_all(items: Sequence[tuple[Request, RequestOutput | BaseException]]) -> None:
     """Hand each item to its request's event loop, in order, with one ``call_soon_threadsafe`` per loop.
 
     Each call writes the loop's self-pipe and wakes it: one per request and step made a decode

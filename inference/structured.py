@@ -31,7 +31,7 @@ import llguidance.numpy  # not llguidance.torch: importing it loads torch.compil
 import numpy as np
 import torch
 
-CACHE_SIZE = 64  # compiled grammars kept; a compile costs ~10 ms, a cached one a deep copy
+CACHE_SIZE = 64  # compiled grammars kept: a deep copy of one costs far less than a compile
 ANY_JSON_OBJECT: dict[str, Any] = {"type": "object"}  # ``json_object``: any JSON object
 # Compact JSON (``{"a":1,"b":[2]}``, as OpenAI's structured outputs look): with free whitespace a
 # small model can emit blank lines until max_tokens, and the output is never whole.
@@ -45,11 +45,10 @@ def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
     """Set ``logits`` ``[vocab]`` to ``-inf`` where ``bitmask`` (int32 ``[ceil(vocab / 32)]``, bit ``i % 32``
     of word ``i // 32`` set: token ``i`` allowed, llguidance's layout) forbids them, in place.
 
-    On the CPU with numpy's ``unpackbits`` (tens of microseconds for 49152 tokens), elsewhere with
-    torch operations.  Not llguidance's ``apply_token_bitmask_inplace``: a ``torch.compile`` function,
-    whose first call compiled it with Inductor for 3-5 s in the middle of the first structured
-    request after a start, and which took 8 ms a call with two torch threads on a busy 2-core machine
-    (88 us with one).
+    On the CPU with numpy's ``unpackbits``, elsewhere with torch operations.  Not llguidance's
+    ``apply_token_bitmask_inplace``: a ``torch.compile`` function, compiled in the middle of the first
+    structured request after a start and slow beside busy threads
+    (docs/performance.md#structured-outputs-mask-cost).
     """
     vocab = logits.shape[0]
     if logits.device.type == "cpu" and bitmask.device.type == "cpu" and logits.is_contiguous():

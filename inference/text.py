@@ -5,9 +5,10 @@ holds back a token's bytes until they decode to whole characters (the approach o
 llama.cpp's servers), and :class:`StopMatcher` says how much of the end of the text could still
 become a stop string, so that part is not released yet.
 """
+
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -42,7 +43,7 @@ class IncrementalDetokenizer:
 
     def add(self, token_id: int) -> str:
         self._ids.append(token_id)
-        decode = self._tokenizer.decode
+        decode: Callable[..., str] = self._tokenizer.decode  # type: ignore[assignment]  # one sequence of ids: one str
         skip = self._skip
         prefix_text = decode(self._ids[self._prefix_offset : self._read_offset], skip_special_tokens=skip)
         new_text = decode(self._ids[self._prefix_offset :], skip_special_tokens=skip)
@@ -133,7 +134,7 @@ def token_text(tokenizer: PreTrainedTokenizerBase, token_id: int) -> str:
 
     A token that is not whole UTF-8 by itself is written ``bytes:\\xNN...`` as OpenAI does.
     """
-    text = tokenizer.decode([token_id])
+    text: str = tokenizer.decode([token_id])  # type: ignore[assignment]  # one sequence of ids: one str
     if "\ufffd" not in text:
         return text
     raw = token_bytes(tokenizer, token_id)

@@ -2,14 +2,10 @@
 while other work keeps a core of the process's CPUs busy: the process's other Python threads (the
 event loop, the database threads) or other processes (a second server, a build, busy neighbours).
 
-On 2 cores, 16 clients sending one-token requests keep the event loop and the database threads
-about one core busy, and a decode step on two threads then waits for whichever of its threads the
-scheduler put behind them: a step of 7 rows took 40-45 ms where it takes 15 ms alone.  The same load
-served 124 requests/s with two engine threads and 158 with one (issue 12; 2-core Xeon).  A process
-beside it is no different: two busy loops on 2 cores leave each of two engine threads half a core,
-and every parallel region waits for the one that is off its core, where one thread keeps two thirds
-of a core and waits for nobody.  A quiet machine, or a few streams, keeps every thread: one stream
-decodes 25% faster on two.
+Many short requests keep the event loop and the database threads about one core busy, and a decode
+step on every core then waits for whichever of its threads the OS put behind them; a busy process
+beside the server does the same.  One thread fewer waits for nobody, while a quiet machine, or a few
+streams, keeps every thread (the figures: docs/performance.md#threads-and-busy-neighbours).
 
 :class:`ThreadBudget` reads, every :data:`INTERVAL` seconds, the CPU time of the process's Python
 threads but the engine's (one ``clock_gettime`` per thread) and the CPU time that other processes

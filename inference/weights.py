@@ -17,9 +17,8 @@ formats:
   scales to the kernel's dtype; built from float32 weights it quantizes them the way Q4_1 does.
 
 The quantized kernels run in bfloat16 activations whatever dtype the caller's are (a cast on the way
-in and out): ``bench/weight_formats.py`` measured int8 with float32 activations 5 (1 row) to 20 (8 rows)
-times slower than with bfloat16 ones, and int4 with float32 or float16 activations 12 to 110 times
-slower, on AVX-512 and on AVX2.
+in and out): with float32 or float16 activations they were many times slower
+(docs/performance.md#weight-formats-model_weights).
 
 :func:`choose_formats` times the formats this CPU supports on the model's shapes at batches of 1, 8
 and 32 rows, turns the timings into a :class:`Plan` per role (the decoder layers; the output layer),
@@ -62,16 +61,8 @@ WEIGHTS_CHOICES = ("auto", *FORMATS)
 # The dtype each quantized kernel computes in (see the module docstring for the measurements).
 QUANTIZED_COMPUTE_DTYPE = torch.bfloat16
 
-# Formats ``auto`` may pick: those whose greedy text over the benchmark prompts is no further from
-# float32's than what shipped before them (bfloat16, packed, on CPUs with AVX-512; float32, exact,
-# elsewhere).  bench/weight_formats.py on the AMD EPYC Zen 4, 16 prompts of 16 tokens, 128 greedy
-# tokens decoded together, prompts diverging from float32 (first diverging token min / median):
-# bfloat16 13 of 16 (4 / 29); int8 16 (1 / 16.5); int4 from the Q4_1 blocks with an int8 output
-# layer 15 (1 / 16), with a float32 one 14 (1 / 48.5).  Every quantized kernel computes in bfloat16
-# activations, so none is exact; on these prompts none diverges less often than bfloat16.  (Over 48
-# prompts, the 16 and 32 more: bfloat16 38 (median 26.5), int4 + float32 output layer 35 (43), int4 +
-# bfloat16 output layer 41 (23): int4 layers with a float32 output layer are within the noise of
-# bfloat16, and would need a rule tying the two roles to be admitted.)  int8 and int4 stay available
+# Formats ``auto`` may pick: none of torch's quantized ones diverged from float32's greedy text less
+# often than bfloat16 (docs/performance.md#weight-formats-model_weights); int8 and int4 stay available
 # by name (MODEL_WEIGHTS) and as ``candidates``.
 AUTO_FORMATS = ("float32", "bfloat16")
 
@@ -85,9 +76,9 @@ INT4_INNER_K_TILES = 8
 
 
 def _kernel(name: str) -> Callable[..., torch.Tensor]:
-    """``torch.<name>``, the C binding of an aten kernel: about 1.2 us faster per call than through
-    ``torch.ops.aten`` (a Python frame and a name lookup), 120 calls per decode step of the embedded
-    model.  In a torch build without it, a function raising ``NotImplementedError`` when called,
+    """``torch.<name>``, the C binding of an aten kernel: faster per call than through
+    ``torch.ops.aten``, with no Python frame or name lookup (docs/performance.md#why-our-own-kernels).
+    In a torch build without it, a function raising ``NotImplementedError`` when called,
     so that :func:`_format_works` finds the format unsupported instead of this module failing to import."""
     kernel = getattr(torch, name, None)
     if kernel is not None:
@@ -275,7 +266,7 @@ class Int8Linear(WeightLinear):
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         # A 2-d x (every call of the Llama runner) skips the two reshapes: at batch 1 each aten call
-        # costs about as much as a small layer's product (issue 12).
+        # costs about as much as a small layer's product.
         return self.compute(x).to(x.dtype)
 
     def compute(self, x: torch.Tensor) -> torch.Tensor:
@@ -323,7 +314,7 @@ class Q4_1Blocks:
 
     @property
     def shape(self) -> tuple[int, int]:
-        return tuple(self.q.shape)  # type: ignore[return-value]
+        return tuple(self.q.shape)  # type: ignore[return-value]  # q is 2-D: [out, in]
 
     def dequantize(self) -> torch.Tensor:
         """The float32 weight ``[out, in]``: ``d * q + m`` computed in float32, as gguf-py and transformers do."""
@@ -386,7 +377,7 @@ class Int4Linear(WeightLinear):
         # The kernel wants [in / 32, out, 2] (scale, zero).
         self.scales_and_zeros = torch.stack([d, m + 8 * d], dim=-1).transpose(0, 1).contiguous().to(compute_dtype)
         self.bias = None if bias is None else bias.detach().to(compute_dtype)
-        self._q = blocks.q  # kept only for dequantized(); dropped by release_debug_copy()
+        self._q: torch.Tensor | None = blocks.q  # kept only for dequantized(); dropped by release_debug_copy()
 
     @classmethod
     def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None = None, **kwargs) -> Int4Linear:
@@ -421,9 +412,9 @@ class Int4Linear(WeightLinear):
 class _BlockLinear(WeightLinear):
     """What the block formats of our kernels share: float32 products, ``x``'s dtype from ``__call__``,
     and accumulation into a residual in place.  A subclass gives ``_product(x, out=None)`` (the
-    kernel; ``out`` given: added into).  Every row count runs the kernel, a prompt's prefill too: on
-    the AVX2 code its 16-bit products of many rows are about twice as fast as our float32 loop and 1.4
-    times MKL's sgemm of a dequantized weight (``set_activation_bits``)."""
+    kernel; ``out`` given: added into).  Every row count runs the kernel, a prompt's prefill too: its
+    16-bit products of many rows beat MKL's sgemm of a dequantized weight (``set_activation_bits``;
+    docs/performance.md#why-our-own-kernels)."""
 
     kernels: CPUKernels
     bias: torch.Tensor | None
@@ -766,8 +757,9 @@ def make_linear(
     for name in plan.formats:
         check_format(name)
         if name == "int4" and q4_1 is not None:
-            layers[name] = Int4Linear(q4_1, bias)
-            layers[name].release_debug_copy()
+            int4 = Int4Linear(q4_1, bias)
+            int4.release_debug_copy()
+            layers[name] = int4
         elif name == "q4_1" and q4_1 is not None:
             layers[name] = Q4_1Linear(q4_1, bias)
         else:
@@ -820,20 +812,11 @@ class Choice:
 
 
 # From this many rows on (a long prefill chunk, or a decode batch this large), auto's q4_1 layers
-# multiply in bfloat16 where the CPU runs it natively (Choice.make_layer): a prompt's log-probabilities
-# then depend on how it was split into chunks by up to a few tenths of a nat a token (as with the
-# stored bfloat16 layers the autotune kept for 17+ rows before), where float32 chunks agree to 0.003.
-# Our AVX-512 products round x to 16 bits from 7 rows on (VNNI's integer multiply-adds, csrc/
-# block_gemm.cpp), about twice as fast as their float32 loop; the embedded model's q/k/v and gate/up
-# layers on a 2-core AMD EPYC (ms, ours / bfloat16 copy made per call + oneDNN's product): 28.5 / 34.9
-# at 96 rows, 36.3 / 38.6 at 128, 54.3 / 47.0 at 192, 69.5 / 56.8 at 256.  (With the float32 loop
-# before: 69.2 / 58.9 at 96, 168 / 87 at 256, the copies 8.8 ms of that, on a Zen 4.)
+# multiply in bfloat16 where the CPU runs it natively (Choice.make_layer), at the price of a prompt's
+# log-probabilities depending on its chunks (docs/performance.md#long-prefill-chunks-in-bfloat16).
 BFLOAT16_PREFILL_ROWS = 160
-# ... but only where it is faster: on a 2-core Intel Xeon (AVX-512 bf16 and VNNI, no AMX) our products
-# took 15.1 ms at 256 rows and the bfloat16 copy with oneDNN's product 22.2 (1.46 times).  The
-# autotune times both on a prefill chunk of PREFILL_TIMING_ROWS rows and keeps bfloat16 for a gain
-# beyond its noise (BFLOAT16_PREFILL_GAIN).  The gain grows with the rows (Zen 4, above: 1.16 at 192,
-# 1.22 at 256): a CPU just past the bound at 256 may lose a little on chunks of 160-200 rows.
+# ... but only where it is faster, which varies by CPU: the autotune times both on a prefill chunk of
+# this many rows and keeps bfloat16 when it takes under BFLOAT16_PREFILL_GAIN of our time (beyond the noise).
 PREFILL_TIMING_ROWS = 256
 BFLOAT16_PREFILL_GAIN = 0.9
 
@@ -850,16 +833,10 @@ def bfloat16_prefill_available() -> bool:
 def output_beside_kernels(choice: Choice) -> Choice:
     """``choice`` with the output layer in ``q8_0`` at the row counts where the layers run ``q4_1``.
 
-    Our AVX2 kernels and oneDNN's AVX-512/AMX code do not mix well within a decode step: on a 2-core
-    Intel Xeon (AVX-512, AMX), with a bfloat16 output layer after the layers' one q4_1 kernel call,
-    that call took 12.6 ms instead of 6.4 at batch 1, though bfloat16 timed faster alone.  Decode
-    steps with the output layer in q8_0 against bfloat16, interleaved in one process (ms): 11.6 /
-    15.9 at 1 row, 14.4 / 19.6 at 2, 17.8 / 19.1 at 4, 23.4 / 21.7 at 8.  Only for an output layer
-    whose ``q8_0`` blocks are exact (the caller's check): the GGUF's own values, so nothing is lost.
-    At more rows a bfloat16 copy of the output layer (57 MB for the embedded model) bought little
-    beside q4_1 layers that keep no copy of their own: a 32-row product 6.95 ms in q8_0 against
-    5.09 in bfloat16 on a 2-core Zen 4 (a step's 4%), where the issue bounds a server's peak RSS
-    (< 1.2 GB with 32 streams of 512-token contexts).
+    Our AVX2 kernels and oneDNN's AVX-512/AMX code do not mix well within a decode step, and at more
+    rows a bfloat16 copy of the output layer bought little for its memory
+    (docs/performance.md#the-output-layer-beside-the-q4_1-kernels).  Only for an output layer whose
+    ``q8_0`` blocks are exact (the caller's check): the GGUF's own values, so nothing is lost.
     """
     bounds = sorted({rows for rows, _ in (*choice.layers.steps, *choice.output.steps) if rows is not None}) or [1]
     steps: list[tuple[int | None, str]] = []
@@ -947,8 +924,9 @@ def _unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
 def load_q4_1_blocks(path: Path, num_heads: int, num_kv_heads: int, cache_dir: Path) -> dict[str, Q4_1Blocks]:
     """:func:`read_q4_1_blocks`, kept under ``cache_dir`` as safetensors after the first call.
 
-    GGUFReader parses the whole file's metadata (the tokenizer's 49152 strings and merges) in Python,
-    8 to 20 s on the 2-core CPU; the cached blocks load in well under a second.  The file name
+    GGUFReader parses the whole file's metadata (the tokenizer's 49152 strings and merges) in Python;
+    the cached blocks load far faster (docs/performance.md#the-autotunes-noise-and-the-ggufs-blocks).
+    The file name
     carries a digest of the GGUF's contents and the head counts, so a new file reads anew and the
     same file elsewhere (a new virtual environment) does not.
     """
@@ -1076,7 +1054,8 @@ def _time_sweeps(
             continue
         stack = [[_build_random(name, shape, generator) for shape in layer_shapes] for _ in range(layers)]
         output = _build_random(name, output_shape, generator)
-        layer_ms, output_ms = {}, {}
+        layer_ms: dict[int, float] = {}
+        output_ms: dict[int, float] = {}
         for batch in batch_sizes:
             if layer_ms and time.perf_counter() - started > time_limit:
                 break
@@ -1117,7 +1096,7 @@ def _time_bfloat16_prefill(
     for rep in range(repeats + 1):
         for name in ("q4_1", "bfloat16") if rep % 2 else ("bfloat16", "q4_1"):
             for linear in stack:
-                linear.bfloat16_rows = 1 if name == "bfloat16" else None
+                linear.bfloat16_rows = 1 if name == "bfloat16" else None  # type: ignore[attr-defined]  # _build_random("q4_1") builds Q4_1Linear
             started = time.perf_counter()
             for linear in stack:
                 linear(inputs[linear.in_features])
@@ -1139,9 +1118,8 @@ def _weight_bytes(name: str, shapes: Sequence[tuple[int, int]], count: int) -> i
 
 
 # How far behind the fastest format a format may time at a batch size and still count as fast there
-# (plan_from_timings).  One format's sweep varied by 25-45% between starts of the server on a 2-core
-# Xeon (q4_1 layers at 32 rows: 36 ms in a quiet process, 55 ms in a starting server), and a
-# bfloat16 output layer (57 MB beside the 32 MB of its q8_0 blocks) won by less than that.
+# (plan_from_timings): the timings' own noise between starts of a server
+# (docs/performance.md#the-autotunes-noise-and-the-ggufs-blocks).
 NEAR_FASTEST = 0.25
 
 
@@ -1332,5 +1310,5 @@ def llama_linear_factory(choice: Choice, q4_1: dict[str, Q4_1Blocks] | None = No
             blocks = Q4_1Blocks.cat([q4_1[name] for name in names])
         return choice.make_layer(weight, q4_1=blocks)
 
-    factory.description = choice.describe()  # type: ignore[attr-defined]
+    factory.description = choice.describe()  # type: ignore[attr-defined]  # the runner reads it if present
     return factory

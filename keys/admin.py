@@ -4,6 +4,7 @@ A key's plaintext exists once: when the add form is saved, it appears in the suc
 and nowhere else.  The hash is never shown, and no form can change a key's prefix, hash or
 revocation.
 """
+
 from __future__ import annotations
 
 from django.contrib import admin, messages
@@ -47,7 +48,15 @@ class APIKeyAdmin(admin.ModelAdmin):
     limit_fields = ("rpm_limit", "tpm_limit", "max_concurrent", "monthly_token_quota", "allowed_models")
     add_fields = ("name", "owner", "expires_at", *limit_fields)
     change_fields = (
-        "name", "owner", "prefix", "status", "created_at", "last_used_at", "expires_at", "revoked_at", *limit_fields
+        "name",
+        "owner",
+        "prefix",
+        "status",
+        "created_at",
+        "last_used_at",
+        "expires_at",
+        "revoked_at",
+        *limit_fields,
     )
     # A key stays with the user it was issued to; prefix, timestamps and revocation are facts.
     change_readonly_fields = ("owner", "prefix", "status", "created_at", "last_used_at", "revoked_at")
@@ -70,8 +79,12 @@ class APIKeyAdmin(admin.ModelAdmin):
         """The key's own limits, e.g. “rpm 10, models: a, b”; “defaults” when it has none."""
         own = [
             (label, value)
-            for label, value in (("rpm", obj.rpm_limit), ("tpm", obj.tpm_limit), ("concurrent", obj.max_concurrent),
-                                 ("tokens/month", obj.monthly_token_quota))
+            for label, value in (
+                ("rpm", obj.rpm_limit),
+                ("tpm", obj.tpm_limit),
+                ("concurrent", obj.max_concurrent),
+                ("tokens/month", obj.monthly_token_quota),
+            )
             if value is not None
         ]
         parts = [f"{label} {value or 'unlimited'}" for label, value in own]
@@ -142,7 +155,6 @@ class UsageRecordAdmin(ReadOnlyModelAdmin):
     search_fields = ("request_id", "user")
 
 
-
 @admin.register(DailyUsage)
 class DailyUsageAdmin(ReadOnlyModelAdmin):
     """The daily rollup, read-only: it is derived from the usage records."""
@@ -165,4 +177,3 @@ class DailyUsageAdmin(ReadOnlyModelAdmin):
     @admin.display(description="average latency (ms)")
     def average_latency_ms(self, obj: DailyUsage) -> int:
         return round(obj.latency_ms_sum / obj.requests) if obj.requests else 0
-

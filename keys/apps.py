@@ -1,4 +1,5 @@
 """The keys app: API keys for Bearer auth, per-request usage records, their admin and commands."""
+
 from __future__ import annotations
 
 from django.apps import AppConfig

@@ -6,6 +6,7 @@ A missing credential and a bad one are told apart (:class:`~keys.errors.AuthFail
 that a caller learns nothing about which keys exist.  The reason is logged for operators, with
 the public prefix only.  The API turns the error into its 401 (``api/auth.py``).
 """
+
 from __future__ import annotations
 
 import logging

@@ -7,6 +7,7 @@ concurrent streams would hold every pooled connection while doing nothing with i
 runs a function in that same thread and then returns the connection to the pool.  Without a pool
 it changes nothing (SQLite keeps its connection).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable

@@ -4,7 +4,7 @@ A key's plaintext is ``sk-cs-{prefix}.{secret}``: ``prefix`` is 8 characters of 
 stored in clear and unique, so a presented key is found with one indexed lookup; ``secret`` is
 ``secrets.token_urlsafe(32)`` (256 bits).  Only ``sha256(plaintext)`` is stored.  A fast hash is
 enough because the secret is random, not a human password, and a password hasher (PBKDF2) would
-cost tens of milliseconds on every request (djangorestframework-api-key issue #173).
+slow every request (docs/performance.md#keys-usage-records-and-the-database).
 
 Revocation is one-way: :meth:`APIKey.revoke` sets ``revoked_at`` once and ``save()`` refuses to
 clear it.
@@ -13,6 +13,7 @@ Each key may carry its own limits (requests and tokens per minute, concurrent re
 calendar month) and a list of the models it may use; an empty limit means the global default
 (``API_DEFAULT_*`` settings), and 0 means no limit.  ``keys.limits`` enforces them.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -283,9 +284,7 @@ class UsageRecord(models.Model):
     accounting survives deletions.
     """
 
-    api_key = models.ForeignKey(
-        APIKey, on_delete=models.SET_NULL, null=True, blank=True, related_name="usage_records"
-    )
+    api_key = models.ForeignKey(APIKey, on_delete=models.SET_NULL, null=True, blank=True, related_name="usage_records")
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="usage_records"
     )
@@ -341,7 +340,7 @@ class DailyUsageQuerySet(models.QuerySet):
         """``UPDATE ... SET f = f + %s ... WHERE`` the ``row``; returns the rows changed (0 or 1).
 
         The statement is written here, not by ``update(f=F(f) + n)``: Django compiles that anew per
-        call, 0.4 ms of the 1 ms a usage record took on SQLite, once per API request."""
+        call, once per API request (docs/performance.md#keys-usage-records-and-the-database)."""
         connection = connections[self._db or router.db_for_write(self.model)]  # a write, as update() routes it
         quote = connection.ops.quote_name
         fields = {field.attname: field for field in self.model._meta.concrete_fields}

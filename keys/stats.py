@@ -7,6 +7,7 @@ Counting and summing happen in the database through the ORM (``TruncHour``/``Tru
 computed in Python over a bounded query: the newest ``PERCENTILE_SAMPLE`` rows of the window.
 Times are UTC (``TIME_ZONE``), so an hour or a day bucket means the same on every database.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -3,6 +3,7 @@
 The record and its day's :class:`DailyUsage` row change in one transaction, so the rollup is
 always the sum of the records (``manage.py rebuild_usage_rollup`` recomputes it from them).
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -108,15 +109,29 @@ def rebuild_daily_usage(first: date | None = None, last: date | None = None) -> 
             records = records.filter(created_at__lt=midnight(last + timedelta(days=1)))
         rows.delete()
         totals: dict[tuple[int, str, date], dict[str, int]] = {}
-        fields = ("api_key_id", "model", "created_at", "status_code", "prompt_tokens", "completion_tokens",
-                  "latency_ms", "time_to_first_token_ms")
+        fields = (
+            "api_key_id",
+            "model",
+            "created_at",
+            "status_code",
+            "prompt_tokens",
+            "completion_tokens",
+            "latency_ms",
+            "time_to_first_token_ms",
+        )
         for record in records.only(*fields).iterator(chunk_size=2000):
-            row = totals.setdefault((record.api_key_id, record.model, usage_day(record.created_at)),
-                                    dict.fromkeys(ROLLUP_FIELDS, 0))
+            key_id = record.api_key_id
+            assert key_id is not None, "records are filtered on api_key__isnull=False"
+            row = totals.setdefault(
+                (key_id, record.model, usage_day(record.created_at)), dict.fromkeys(ROLLUP_FIELDS, 0)
+            )
             for name, value in rollup_increments(record).items():
                 row[name] += value
         DailyUsage.objects.bulk_create(
-            [DailyUsage(api_key_id=key_id, model=model, day=day, **row) for (key_id, model, day), row in totals.items()],
+            [
+                DailyUsage(api_key_id=key_id, model=model, day=day, **row)
+                for (key_id, model, day), row in totals.items()
+            ],
             batch_size=1000,
         )
     return len(totals)

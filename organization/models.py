@@ -42,7 +42,7 @@ class AdminAPIKeyQuerySet(models.QuerySet):
         return self.filter(revoked_at__isnull=True)
 
 
-class AdminAPIKeyManager(models.Manager.from_queryset(AdminAPIKeyQuerySet)):  # type: ignore[misc]
+class AdminAPIKeyManager(models.Manager.from_queryset(AdminAPIKeyQuerySet)):  # type: ignore[misc]  # stubs: no dynamic bases
     """Creates admin keys; the plaintext exists only in the return value of :meth:`create_key`."""
 
     def create_key(

@@ -36,10 +36,11 @@ class ConstFieldSchema(OpenApiSerializerFieldExtension):
 class CachedSchemaView(SpectacularJSONAPIView):
     """``GET /v1/organization/openapi.json``: the schema, generated once per process.
 
-    The route needs no key, and a generation costs about 100 ms of CPU in the server's process (the
-    engine's too): generated per request, a few clients looping on it slowed every other request
-    fifty-fold.  The schema comes from the code, so it cannot change while the process runs.  The
-    version is the settings' (``?version=`` would otherwise be a new schema, and cache entry, per value).
+    The route needs no key, and a generation takes the server process's CPU from the engine:
+    generated per request, a few clients looping on it slowed every other request
+    (docs/performance.md#keys-usage-records-and-the-database).  The schema comes from the code, so it
+    cannot change while the process runs.  The version is the settings' (``?version=`` would
+    otherwise be a new schema, and cache entry, per value).
     """
 
     api_version = spectacular_settings.VERSION

@@ -214,7 +214,7 @@ class AdminApiKeyViewSet(OrganizationViewSet):
         admin_key, plaintext = AdminAPIKey.objects.create_key(
             name=fields["name"], owner=request.user, expires_at=expires_at
         )
-        admin_key.value = plaintext  # type: ignore[attr-defined]
+        admin_key.value = plaintext  # type: ignore[attr-defined]  # the create response's one sight of the secret
         return Response(shapes.AdminApiKeyCreateResponseSerializer(admin_key).data)
 
     @extend_schema(operation_id="admin-api-keys-get", responses=shapes.AdminApiKeySerializer)
@@ -382,7 +382,7 @@ class ProjectApiKeyViewSet(UserKeysViewSet):
         user = self.active_user(project_id)
         columns = _key_columns(self.validated(shapes.ProjectApiKeyCreateRequestSerializer))
         api_key, plaintext = APIKey.objects.create_key(owner=user, **columns)
-        api_key.value = plaintext  # type: ignore[attr-defined]
+        api_key.value = plaintext  # type: ignore[attr-defined]  # the create response's one sight of the secret
         return Response(shapes.ProjectApiKeyCreateResponseSerializer(api_key).data)
 
     @extend_schema(operation_id="retrieve-project-api-key", responses=shapes.ProjectApiKeySerializer)

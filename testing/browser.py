@@ -7,6 +7,7 @@ Playwright's sync API keeps an asyncio loop running in this thread while it is s
 Django's ORM refuses to run beside; so the browser lives for one test module at a time, and the
 browser tests reach the server's database only through ``manage.py`` and ``sqlite3``.
 """
+
 from __future__ import annotations
 
 import os

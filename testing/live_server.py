@@ -5,6 +5,7 @@ database of pytest-django is in memory, out of another process's reach).  Tests 
 HTTP with the official ``openai`` client or raw HTTP, and read its usage records straight from
 that database file.
 """
+
 from __future__ import annotations
 
 import json

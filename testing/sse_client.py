@@ -1,4 +1,5 @@
 """Reading a raw SSE stream from the live server, as a client without an SDK would."""
+
 from __future__ import annotations
 
 import json
@@ -37,6 +38,9 @@ def stream(server, body: dict, **kwargs) -> tuple[httpx.Response, list[dict | st
 def stream_text(events: list[dict | str], index: int = 0) -> str:
     """The concatenated text of choice ``index`` over a stream's events."""
     return "".join(
-        choice["text"] for event in events if isinstance(event, dict) for choice in event.get("choices", [])
+        choice["text"]
+        for event in events
+        if isinstance(event, dict)
+        for choice in event.get("choices", [])
         if choice["index"] == index
     )

@@ -1,4 +1,5 @@
 """Driving an :class:`~inference.engine.Engine` from synchronous tests."""
+
 from __future__ import annotations
 
 import asyncio

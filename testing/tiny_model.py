@@ -3,6 +3,7 @@
 Unit tests of the engine run on it in float32, where a batch of rows computes each row exactly as
 it would alone, so batching may be compared token for token.
 """
+
 from __future__ import annotations
 
 import string

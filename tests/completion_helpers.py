@@ -5,6 +5,7 @@ folds a stream back into per-choice text and ``logprobs`` so that it can be comp
 non-streamed answer.  ``NO_EOS`` bans the embedded model's end-of-sequence token (``<|im_end|>``,
 id 2), so a request generates exactly ``max_tokens`` tokens.
 """
+
 from __future__ import annotations
 
 import re

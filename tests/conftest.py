@@ -7,6 +7,7 @@ functions and the engine on the tiny model), ``tests/integration`` (Django's tes
 views in this process on the tiny model), ``tests/e2e`` (a live daphne server with the real model),
 ``tests/browser`` (that server driven in headless Chromium; also marked ``e2e``).
 """
+
 from __future__ import annotations
 
 import os
@@ -44,6 +45,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         parts = path.relative_to(TESTS_ROOT).parts
         for name in LEVEL_MARKERS.get(parts[0], ()) if len(parts) > 1 else ():
             item.add_marker(name)
+
 
 # --- Personas -----------------------------------------------------------------------------------
 

@@ -5,6 +5,7 @@ engine is :func:`testing.tiny_engine.start_tiny_engine`'s, so a request takes mi
 tiny tokenizer has one token per character, so ``"Hello"`` is 5 prompt tokens, and
 ``logit_bias={"0": -100}`` (:data:`NO_EOS`) makes every request generate exactly ``max_tokens``.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -56,7 +57,7 @@ async def apost(key: str, request: dict[str, Any], path: str = "/v1/completions"
         return Reply(response.status_code, headers, json.loads(response.content))
     raw = b"".join([chunk async for chunk in response.streaming_content]).decode()
     events = [
-        line[len("data: "):] if line == "data: [DONE]" else json.loads(line[len("data: "):])
+        line[len("data: ") :] if line == "data: [DONE]" else json.loads(line[len("data: ") :])
         for line in raw.split("\n")
         if line.startswith("data: ")
     ]

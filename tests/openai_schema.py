@@ -1,4 +1,5 @@
 """Check a JSON body against a schema of OpenAI's spec, as vendored in ``api/openai_schema.json``."""
+
 from __future__ import annotations
 
 from typing import Any

@@ -1,4 +1,5 @@
 """Usage records and key patterns for tests of the dashboard, the admin, the account pages and the usage API."""
+
 from __future__ import annotations
 
 import itertools

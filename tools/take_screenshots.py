@@ -9,6 +9,7 @@ users, makes real completions with their keys, then adds 30 days of made-up hist
 with ids ``demo-...``) so that the charts show more than today, and photographs the pages in
 headless Chromium.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -66,14 +67,27 @@ def main(argv: list[str] | None = None) -> int:
         server = start_server(Path(directory))
         try:
             create_users(server, (*ADMIN, True), (*ALICE, False), (*BOB, False))
-            keys = [issue_key(server, "alice", "laptop"), issue_key(server, "alice", "ci"), issue_key(server, "bob", "server")]
+            keys = [
+                issue_key(server, "alice", "laptop"),
+                issue_key(server, "alice", "ci"),
+                issue_key(server, "bob", "server"),
+            ]
             for index, key in enumerate(keys * 2):
-                server.post({"model": MODEL, "prompt": "Write a haiku about the sea.", "max_tokens": 8 + 4 * index}, key=key)
+                server.post(
+                    {"model": MODEL, "prompt": "Write a haiku about the sea.", "max_tokens": 8 + 4 * index}, key=key
+                )
             server.manage("shell", "-c", HISTORY)
             args.out.mkdir(parents=True, exist_ok=True)
             with sync_playwright() as playwright:
                 browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-                shoot(browser, server, ADMIN, "/admin/dashboard/", args.out / "dashboard.png", {"width": 1280, "height": 900})
+                shoot(
+                    browser,
+                    server,
+                    ADMIN,
+                    "/admin/dashboard/",
+                    args.out / "dashboard.png",
+                    {"width": 1280, "height": 900},
+                )
                 shoot(browser, server, ALICE, "/account/", args.out / "account.png", {"width": 1100, "height": 900})
                 shoot(browser, server, ALICE, "/account/", args.out / "account-phone.png", PHONE)
                 browser.close()

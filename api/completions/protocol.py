@@ -17,6 +17,7 @@ helpers of ``api.errors``, each naming its ``param``.
 
 Nothing here imports torch: ``SamplingParams`` is imported inside ``sampling_params()``.
 """
+
 from __future__ import annotations
 
 import copy
@@ -148,7 +149,7 @@ class CompletionRequest(StreamAndStopFields):
             return [self.prompt]
         if self.prompt and isinstance(self.prompt[0], int):
             return [list(self.prompt)]
-        return list(self.prompt)
+        return list(self.prompt)  # type: ignore[arg-type]  # not token ids, so strings or lists of token ids
 
     def sampling_params(self, *, ignore_eos: bool = False) -> SamplingParams:
         """The engine's parameters for each prompt of this request.
@@ -314,10 +315,10 @@ def _check_prompt(prompt: Prompt | None) -> Prompt:
         _check_items(prompt, ["prompt"], lambda item: isinstance(item, str), "a string")
         return _check_prompt_count(prompt)
     if is_integer(first):
-        return _token_ids(prompt, ["prompt"])
+        return _token_ids(prompt, ["prompt"])  # type: ignore[arg-type]  # token ids by its first item; _token_ids checks every item
     if isinstance(first, list):
         _check_items(prompt, ["prompt"], lambda item: isinstance(item, list), "an array of integers")
-        return _check_prompt_count([_token_ids(ids, ["prompt", index]) for index, ids in enumerate(prompt)])
+        return _check_prompt_count([_token_ids(ids, ["prompt", index]) for index, ids in enumerate(prompt)])  # type: ignore[arg-type]  # every item a list (checked above); _token_ids checks their ids
     raise invalid_type_error("prompt[0]", ["a string", "an integer", "an array of integers"], first)
 
 
@@ -332,8 +333,10 @@ def _check_prompt_count(prompts: list) -> list:
     """A batch of prompts, at most ``settings.API_MAX_PROMPTS`` of them, and never more than the
     engine's queue holds (``ENGINE_MAX_QUEUE``): each prompt is one engine request, so a larger
     batch could only ever get a 503; it is a 400 ``array_above_max_length``."""
-    limit = min(getattr(settings, "API_MAX_PROMPTS", DEFAULT_MAX_PROMPTS),
-                getattr(settings, "ENGINE_MAX_QUEUE", DEFAULT_MAX_QUEUE))
+    limit = min(
+        getattr(settings, "API_MAX_PROMPTS", DEFAULT_MAX_PROMPTS),
+        getattr(settings, "ENGINE_MAX_QUEUE", DEFAULT_MAX_QUEUE),
+    )
     if len(prompts) > limit:
         raise array_too_long_error("prompt", limit, len(prompts))
     return prompts
@@ -367,8 +370,9 @@ def _check_rules_beyond_schema(data: dict[str, Any]) -> None:
     n, stream, echo = data.get("n", 1), data.get("stream", False), data.get("echo", False)
     if "best_of" in data:
         if data["best_of"] < n:
-            raise below_minimum_error("best_of", n, data["best_of"], integer=True,
-                                      why="best_of must be greater than or equal to n.")
+            raise below_minimum_error(
+                "best_of", n, data["best_of"], integer=True, why="best_of must be greater than or equal to n."
+            )
         if data["best_of"] > 1 and stream:
             # The spec on best_of: "Results cannot be streamed" (the best is known only at the end).
             raise invalid_value_error("best_of", data["best_of"], why="best_of > 1 cannot be used with stream.")

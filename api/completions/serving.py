@@ -6,6 +6,7 @@ tokenising the prompts, the context-length check, choice indices ``prompt_index 
 ``best_of`` ranking, ``echo``, ``logprobs`` with ``text_offset``.  One engine request per prompt,
 their merged outputs and the token counts that usage accounting reads are :mod:`api.generation`'s.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -58,13 +59,14 @@ class CompletionRun(Generation):
         request.check_token_ids(engine.vocab_size)
         for prompt in request.prompts:
             if request.suffix:
-                ids, text = self._fim_prompt(prompt), ""
+                ids, text = self._fim_prompt(prompt, request.suffix), ""
             elif isinstance(prompt, str):
                 ids = await self._encode(prompt) if prompt else []
                 text = prompt
             else:
                 # Echo gives back what was sent: special tokens included, as they are in a text prompt.
-                ids, text = list(prompt), engine.tokenizer.decode(prompt, skip_special_tokens=False)
+                ids = list(prompt)
+                text = engine.tokenizer.decode(prompt, skip_special_tokens=False)  # type: ignore[assignment]  # one sequence of ids: one str
             if not ids:
                 ids = engine.document_start_ids()
             request.check_context_length(len(ids), engine.max_context)
@@ -75,13 +77,14 @@ class CompletionRun(Generation):
             self.params = dataclasses.replace(self.params, grammar=grammar)
 
     async def _encode(self, prompt: str) -> list[int]:
-        """``prompt``'s ids: a short prompt on the event loop (tens of microseconds, less than a hop
-        to a worker thread and back), a long one in a thread so that it cannot stall the loop."""
+        """``prompt``'s ids: a short prompt on the event loop (faster than a hop to a worker thread and
+        back: docs/performance.md#the-engines-worker-thread), a long one in a thread so that it cannot
+        stall the loop."""
         if len(prompt) <= INLINE_ENCODE_CHARS:
             return self.engine.encode(prompt)
         return await asyncio.to_thread(self.engine.encode, prompt)
 
-    def _fim_prompt(self, prompt: str | list[int]) -> list[int]:
+    def _fim_prompt(self, prompt: str | list[int], suffix: str) -> list[int]:
         """The fill-in-the-middle prompt for ``prompt`` and ``suffix``; the completion is the middle.
 
         Raises ``APIError`` 400 (``param: "suffix"``, code ``unsupported_parameter``, OpenAI's
@@ -90,7 +93,7 @@ class CompletionRun(Generation):
         """
         engine = self.engine
         prefix = prompt if isinstance(prompt, str) else engine.decode(prompt)
-        ids = engine.fim_prompt_ids(prefix, self.request.suffix)
+        ids = engine.fim_prompt_ids(prefix, suffix)
         if ids is None:
             raise APIError(
                 f"Unsupported parameter: 'suffix' is not supported with {engine.model_id}: its tokenizer has no "
@@ -124,7 +127,9 @@ class CompletionRun(Generation):
             self.id, self.created, self.engine.model_id, choices, usage_dict(self.prompt_tokens, self.completion_tokens)
         )
 
-    def _choice(self, index: int, prompt: Prompt, choice: Candidate, prompt_logprobs: list[TokenLogprob] | None) -> CompletionChoice:
+    def _choice(
+        self, index: int, prompt: Prompt, choice: Candidate, prompt_logprobs: list[TokenLogprob] | None
+    ) -> CompletionChoice:
         text = (prompt.text if self.request.echo else "") + choice.text
         logprobs = None
         if self.request.logprobs is not None:
@@ -210,4 +215,3 @@ class CompletionRun(Generation):
                 usage=usage_dict(self.prompt_tokens, self.completion_tokens),
                 include_usage=True,
             )
-

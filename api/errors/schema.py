@@ -4,6 +4,7 @@
 the builders beside it (``invalid_type_error``, ``above_maximum_error``, ...) say the same for rules a
 schema cannot express, so that every 400 reads alike (:mod:`api.errors.shape` is the error itself).
 """
+
 from __future__ import annotations
 
 import json
@@ -204,9 +205,7 @@ def string_too_short_error(param: str | None, minimum: int, length: int) -> APIE
     )
 
 
-def invalid_value_error(
-    param: str | None, value: Any, *, supported: Sequence[Any] = (), why: str = ""
-) -> APIError:
+def invalid_value_error(param: str | None, value: Any, *, supported: Sequence[Any] = (), why: str = "") -> APIError:
     """``invalid_value``: ``"Invalid value for 'bucket_width': '1w'. Supported values are: '1m', '1h',
     and '1d'."`` (OpenAI's enum message, naming the parameter), or ``why`` instead of the list."""
     message = f"Invalid value for {_name(param)}: {value_text(value)}."
@@ -399,8 +398,15 @@ def _integer_schema(schema: Mapping[str, Any]) -> bool:
 
 
 def _type_keyword(error: ValidationError, path: list) -> APIError:
-    return invalid_type_error(param_path(path), schema_types(error.schema) or [_TYPE_NAMES.get(t, t) for t in (
-        [error.validator_value] if isinstance(error.validator_value, str) else error.validator_value)], error.instance)
+    return invalid_type_error(
+        param_path(path),
+        schema_types(error.schema)
+        or [
+            _TYPE_NAMES.get(t, t)
+            for t in ([error.validator_value] if isinstance(error.validator_value, str) else error.validator_value)
+        ],
+        error.instance,
+    )
 
 
 def _combinator_keyword(error: ValidationError, path: list) -> APIError:
@@ -411,13 +417,23 @@ def _combinator_keyword(error: ValidationError, path: list) -> APIError:
 
 
 def _maximum_keyword(error: ValidationError, path: list) -> APIError:
-    return above_maximum_error(param_path(path), error.validator_value, error.instance,
-                               integer=_integer_schema(error.schema), exclusive=error.validator == "exclusiveMaximum")
+    return above_maximum_error(
+        param_path(path),
+        error.validator_value,
+        error.instance,
+        integer=_integer_schema(error.schema),
+        exclusive=error.validator == "exclusiveMaximum",
+    )
 
 
 def _minimum_keyword(error: ValidationError, path: list) -> APIError:
-    return below_minimum_error(param_path(path), error.validator_value, error.instance,
-                               integer=_integer_schema(error.schema), exclusive=error.validator == "exclusiveMinimum")
+    return below_minimum_error(
+        param_path(path),
+        error.validator_value,
+        error.instance,
+        integer=_integer_schema(error.schema),
+        exclusive=error.validator == "exclusiveMinimum",
+    )
 
 
 def _required_keyword(error: ValidationError, path: list) -> APIError:
@@ -450,8 +466,12 @@ _SCHEMA_KEYWORDS: dict[str, Callable[[ValidationError, list], APIError]] = {
     "exclusiveMinimum": _minimum_keyword,
     "maxItems": lambda error, path: array_too_long_error(param_path(path), error.validator_value, len(error.instance)),
     "minItems": lambda error, path: array_too_short_error(param_path(path), error.validator_value, len(error.instance)),
-    "maxLength": lambda error, path: string_too_long_error(param_path(path), error.validator_value, len(error.instance)),
-    "minLength": lambda error, path: string_too_short_error(param_path(path), error.validator_value, len(error.instance)),
+    "maxLength": lambda error, path: string_too_long_error(
+        param_path(path), error.validator_value, len(error.instance)
+    ),
+    "minLength": lambda error, path: string_too_short_error(
+        param_path(path), error.validator_value, len(error.instance)
+    ),
     "enum": _enum_keyword,
     "const": _enum_keyword,
     "required": _required_keyword,

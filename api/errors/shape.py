@@ -51,5 +51,5 @@ def error_response(error: APIError) -> JsonResponse:
     response = JsonResponse(error.to_dict(), status=error.status)
     for name, value in error.headers.items():
         response[name] = value
-    response._has_been_logged = True  # type: ignore[attr-defined]
+    response._has_been_logged = True  # type: ignore[attr-defined]  # Django's private flag: not logged again
     return response

@@ -4,22 +4,27 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='AccountSettings',
+            name="AccountSettings",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('self_signup', models.BooleanField(default=False, help_text='Let visitors create their own account at /account/signup/. Off: only staff create users.', verbose_name='self sign-up')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                (
+                    "self_signup",
+                    models.BooleanField(
+                        default=False,
+                        help_text="Let visitors create their own account at /account/signup/. Off: only staff create users.",
+                        verbose_name="self sign-up",
+                    ),
+                ),
             ],
             options={
-                'verbose_name': 'account settings',
-                'verbose_name_plural': 'account settings',
+                "verbose_name": "account settings",
+                "verbose_name_plural": "account settings",
             },
         ),
     ]

@@ -1,4 +1,5 @@
 """Template filters for figures: shares as percentages, durations in ms or s."""
+
 from __future__ import annotations
 
 from django import template

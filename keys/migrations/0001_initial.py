@@ -8,7 +8,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
@@ -17,47 +16,91 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.CreateModel(
-            name='APIKey',
+            name="APIKey",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(help_text='What the key is for, e.g. “laptop” or “CI”.', max_length=100)),
-                ('prefix', models.CharField(db_index=True, editable=False, help_text='The public part of the key, after “sk-cs-”.', max_length=8, unique=True, validators=[django.core.validators.RegexValidator('^[A-Za-z0-9]{8}$')])),
-                ('hashed_key', models.CharField(editable=False, help_text='SHA-256 hex of the whole key.', max_length=64)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now, editable=False)),
-                ('last_used_at', models.DateTimeField(blank=True, editable=False, null=True)),
-                ('expires_at', models.DateTimeField(blank=True, help_text='Leave empty for a key that never expires.', null=True)),
-                ('revoked_at', models.DateTimeField(blank=True, editable=False, null=True)),
-                ('owner', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='api_keys', to=settings.AUTH_USER_MODEL)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("name", models.CharField(help_text="What the key is for, e.g. “laptop” or “CI”.", max_length=100)),
+                (
+                    "prefix",
+                    models.CharField(
+                        db_index=True,
+                        editable=False,
+                        help_text="The public part of the key, after “sk-cs-”.",
+                        max_length=8,
+                        unique=True,
+                        validators=[django.core.validators.RegexValidator("^[A-Za-z0-9]{8}$")],
+                    ),
+                ),
+                (
+                    "hashed_key",
+                    models.CharField(editable=False, help_text="SHA-256 hex of the whole key.", max_length=64),
+                ),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now, editable=False)),
+                ("last_used_at", models.DateTimeField(blank=True, editable=False, null=True)),
+                (
+                    "expires_at",
+                    models.DateTimeField(blank=True, help_text="Leave empty for a key that never expires.", null=True),
+                ),
+                ("revoked_at", models.DateTimeField(blank=True, editable=False, null=True)),
+                (
+                    "owner",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="api_keys",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
             options={
-                'verbose_name': 'API key',
-                'ordering': ['-created_at'],
+                "verbose_name": "API key",
+                "ordering": ["-created_at"],
             },
         ),
         migrations.CreateModel(
-            name='UsageRecord',
+            name="UsageRecord",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('model', models.CharField(max_length=200)),
-                ('request_id', models.CharField(max_length=100, unique=True)),
-                ('endpoint', models.CharField(default='/v1/completions', max_length=100)),
-                ('prompt_tokens', models.PositiveIntegerField(default=0)),
-                ('completion_tokens', models.PositiveIntegerField(default=0)),
-                ('total_tokens', models.PositiveIntegerField(default=0)),
-                ('stream', models.BooleanField(default=False)),
-                ('status_code', models.PositiveSmallIntegerField()),
-                ('finish_reason', models.CharField(blank=True, max_length=255)),
-                ('error_type', models.CharField(blank=True, max_length=100)),
-                ('latency_ms', models.FloatField()),
-                ('time_to_first_token_ms', models.FloatField(blank=True, null=True)),
-                ('user', models.CharField(blank=True, help_text="The request's OpenAI “user” field.", max_length=256)),
-                ('created_at', models.DateTimeField(db_index=True, default=django.utils.timezone.now)),
-                ('api_key', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='usage_records', to='keys.apikey')),
-                ('owner', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='usage_records', to=settings.AUTH_USER_MODEL)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("model", models.CharField(max_length=200)),
+                ("request_id", models.CharField(max_length=100, unique=True)),
+                ("endpoint", models.CharField(default="/v1/completions", max_length=100)),
+                ("prompt_tokens", models.PositiveIntegerField(default=0)),
+                ("completion_tokens", models.PositiveIntegerField(default=0)),
+                ("total_tokens", models.PositiveIntegerField(default=0)),
+                ("stream", models.BooleanField(default=False)),
+                ("status_code", models.PositiveSmallIntegerField()),
+                ("finish_reason", models.CharField(blank=True, max_length=255)),
+                ("error_type", models.CharField(blank=True, max_length=100)),
+                ("latency_ms", models.FloatField()),
+                ("time_to_first_token_ms", models.FloatField(blank=True, null=True)),
+                ("user", models.CharField(blank=True, help_text="The request's OpenAI “user” field.", max_length=256)),
+                ("created_at", models.DateTimeField(db_index=True, default=django.utils.timezone.now)),
+                (
+                    "api_key",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="usage_records",
+                        to="keys.apikey",
+                    ),
+                ),
+                (
+                    "owner",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="usage_records",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created_at'],
-                'indexes': [models.Index(fields=['api_key', 'created_at'], name='keys_usage_key_time'), models.Index(fields=['owner', 'created_at'], name='keys_usage_owner_time')],
+                "ordering": ["-created_at"],
+                "indexes": [
+                    models.Index(fields=["api_key", "created_at"], name="keys_usage_key_time"),
+                    models.Index(fields=["owner", "created_at"], name="keys_usage_owner_time"),
+                ],
             },
         ),
     ]

@@ -6,58 +6,97 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('keys', '0001_initial'),
+        ("keys", "0001_initial"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='apikey',
-            name='allowed_models',
-            field=models.CharField(blank=True, help_text='Comma-separated model ids this key may use, e.g. “smollm2-135m-instruct”. Empty: all models.', max_length=1000, validators=[keys.models.validate_model_list]),
+            model_name="apikey",
+            name="allowed_models",
+            field=models.CharField(
+                blank=True,
+                help_text="Comma-separated model ids this key may use, e.g. “smollm2-135m-instruct”. Empty: all models.",
+                max_length=1000,
+                validators=[keys.models.validate_model_list],
+            ),
         ),
         migrations.AddField(
-            model_name='apikey',
-            name='max_concurrent',
-            field=models.PositiveIntegerField(blank=True, help_text='Requests in flight at once. Empty: the default (API_DEFAULT_MAX_CONCURRENT). 0: no limit.', null=True, verbose_name='concurrent requests'),
+            model_name="apikey",
+            name="max_concurrent",
+            field=models.PositiveIntegerField(
+                blank=True,
+                help_text="Requests in flight at once. Empty: the default (API_DEFAULT_MAX_CONCURRENT). 0: no limit.",
+                null=True,
+                verbose_name="concurrent requests",
+            ),
         ),
         migrations.AddField(
-            model_name='apikey',
-            name='monthly_token_quota',
-            field=models.PositiveBigIntegerField(blank=True, help_text='Empty: the default (API_DEFAULT_MONTHLY_TOKENS). 0: no limit.', null=True, verbose_name='tokens per calendar month'),
+            model_name="apikey",
+            name="monthly_token_quota",
+            field=models.PositiveBigIntegerField(
+                blank=True,
+                help_text="Empty: the default (API_DEFAULT_MONTHLY_TOKENS). 0: no limit.",
+                null=True,
+                verbose_name="tokens per calendar month",
+            ),
         ),
         migrations.AddField(
-            model_name='apikey',
-            name='rpm_limit',
-            field=models.PositiveIntegerField(blank=True, help_text='Empty: the default (API_DEFAULT_RPM). 0: no limit.', null=True, verbose_name='requests per minute'),
+            model_name="apikey",
+            name="rpm_limit",
+            field=models.PositiveIntegerField(
+                blank=True,
+                help_text="Empty: the default (API_DEFAULT_RPM). 0: no limit.",
+                null=True,
+                verbose_name="requests per minute",
+            ),
         ),
         migrations.AddField(
-            model_name='apikey',
-            name='tpm_limit',
-            field=models.PositiveBigIntegerField(blank=True, help_text='Prompt plus completion tokens. Empty: the default (API_DEFAULT_TPM). 0: no limit.', null=True, verbose_name='tokens per minute'),
+            model_name="apikey",
+            name="tpm_limit",
+            field=models.PositiveBigIntegerField(
+                blank=True,
+                help_text="Prompt plus completion tokens. Empty: the default (API_DEFAULT_TPM). 0: no limit.",
+                null=True,
+                verbose_name="tokens per minute",
+            ),
         ),
         migrations.CreateModel(
-            name='DailyUsage',
+            name="DailyUsage",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('model', models.CharField(max_length=200)),
-                ('day', models.DateField(help_text='The UTC date of the records.')),
-                ('requests', models.PositiveBigIntegerField(default=0)),
-                ('errors', models.PositiveBigIntegerField(default=0, help_text='Status 400 and above, 429 excepted.')),
-                ('rate_limited', models.PositiveBigIntegerField(default=0, help_text='Status 429: limits and quota.')),
-                ('prompt_tokens', models.PositiveBigIntegerField(default=0)),
-                ('completion_tokens', models.PositiveBigIntegerField(default=0)),
-                ('latency_ms_sum', models.PositiveBigIntegerField(default=0, help_text='Sum of whole milliseconds.')),
-                ('first_token_requests', models.PositiveBigIntegerField(default=0, help_text='Requests with a time to first token (those that produced a token).')),
-                ('time_to_first_token_ms_sum', models.PositiveBigIntegerField(default=0, help_text='Sum of whole milliseconds.')),
-                ('api_key', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='daily_usage', to='keys.apikey')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("model", models.CharField(max_length=200)),
+                ("day", models.DateField(help_text="The UTC date of the records.")),
+                ("requests", models.PositiveBigIntegerField(default=0)),
+                ("errors", models.PositiveBigIntegerField(default=0, help_text="Status 400 and above, 429 excepted.")),
+                ("rate_limited", models.PositiveBigIntegerField(default=0, help_text="Status 429: limits and quota.")),
+                ("prompt_tokens", models.PositiveBigIntegerField(default=0)),
+                ("completion_tokens", models.PositiveBigIntegerField(default=0)),
+                ("latency_ms_sum", models.PositiveBigIntegerField(default=0, help_text="Sum of whole milliseconds.")),
+                (
+                    "first_token_requests",
+                    models.PositiveBigIntegerField(
+                        default=0, help_text="Requests with a time to first token (those that produced a token)."
+                    ),
+                ),
+                (
+                    "time_to_first_token_ms_sum",
+                    models.PositiveBigIntegerField(default=0, help_text="Sum of whole milliseconds."),
+                ),
+                (
+                    "api_key",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="daily_usage", to="keys.apikey"
+                    ),
+                ),
             ],
             options={
-                'verbose_name': 'daily usage',
-                'verbose_name_plural': 'daily usage',
-                'ordering': ['-day', 'api_key', 'model'],
-                'constraints': [models.UniqueConstraint(fields=('api_key', 'model', 'day'), name='keys_dailyusage_unique_day')],
+                "verbose_name": "daily usage",
+                "verbose_name_plural": "daily usage",
+                "ordering": ["-day", "api_key", "model"],
+                "constraints": [
+                    models.UniqueConstraint(fields=("api_key", "model", "day"), name="keys_dailyusage_unique_day")
+                ],
             },
         ),
     ]

@@ -1,4 +1,5 @@
 """In a real browser, as a plain user: log in, create and revoke a key, see only one's own usage."""
+
 from __future__ import annotations
 
 import time

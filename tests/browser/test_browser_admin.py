@@ -1,4 +1,5 @@
 """In a real browser, as staff: the admin's key creation, the dashboard's charts and its live figures."""
+
 from __future__ import annotations
 
 import threading
@@ -45,12 +46,17 @@ def test_staff_create_a_key_in_the_admin_and_see_it_exactly_once(admin_page, ser
 
 def test_the_dashboard_draws_charts_with_the_real_completions(admin_page, server):
     for max_tokens in (3, 4):
-        assert server.post({"model": MODEL, "prompt": "Hello", "max_tokens": max_tokens, "logit_bias": NO_EOS}).status_code == 200
+        assert (
+            server.post({"model": MODEL, "prompt": "Hello", "max_tokens": max_tokens, "logit_bias": NO_EOS}).status_code
+            == 200
+        )
     server.post({"model": MODEL, "prompt": "Hello", "temperature": 9})  # a 400, counted as an error
 
     admin_page.goto(server.base_url + "/admin/")
     admin_page.click("text=Usage dashboard")
-    admin_page.wait_for_function("() => window.Chart && Chart.getChart('chart-hourly') && Chart.getChart('chart-daily')")
+    admin_page.wait_for_function(
+        "() => window.Chart && Chart.getChart('chart-hourly') && Chart.getChart('chart-daily')"
+    )
 
     for chart in ("chart-hourly", "chart-daily"):
         sums = admin_page.evaluate(
@@ -79,19 +85,27 @@ def test_a_live_figure_changes_over_the_websocket_while_a_completion_runs(admin_
     worker = threading.Thread(target=_stream_until, args=(server, body, seen))
     worker.start()
     try:
-        admin_page.wait_for_function("() => Number(document.getElementById('live-running').textContent) >= 1", timeout=120_000)
-        admin_page.wait_for_function("() => Number(document.getElementById('live-tps').textContent) > 0", timeout=120_000)
+        admin_page.wait_for_function(
+            "() => Number(document.getElementById('live-running').textContent) >= 1", timeout=120_000
+        )
+        admin_page.wait_for_function(
+            "() => Number(document.getElementById('live-tps').textContent) > 0", timeout=120_000
+        )
     finally:
         seen.set()
         worker.join(timeout=120)
     # The ended request arrives as a usage event, and the engine goes back to idle.
-    admin_page.wait_for_function("() => Number(document.getElementById('live-requests').textContent) >= 1", timeout=60_000)
+    admin_page.wait_for_function(
+        "() => Number(document.getElementById('live-requests').textContent) >= 1", timeout=60_000
+    )
     assert int(admin_page.inner_text("#live-tokens")) >= 1
     admin_page.wait_for_function("() => document.getElementById('live-running').textContent === '0'", timeout=60_000)
 
 
 def _stream_until(server, body: dict, stop: threading.Event) -> None:
-    with httpx.stream("POST", server.api_url + "/completions", json=body, headers=server.headers(), timeout=300) as response:
+    with httpx.stream(
+        "POST", server.api_url + "/completions", json=body, headers=server.headers(), timeout=300
+    ) as response:
         for _ in response.iter_lines():
             if stop.is_set():
                 return

@@ -1,4 +1,5 @@
 """The API's paths skip the browser middleware; the admin keeps all of it (api/handlers.py)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -13,9 +14,20 @@ from testing.live_server import MODEL
 
 @pytest.mark.parametrize(
     ("path", "api"),
-    [("/v1/completions", True), ("/v1/models/x", True), ("/v1/", True), ("/healthz", True),
-     ("/v1", False), ("/healthz/", False), ("/healthzadmin", False), ("/admin/", False),
-     ("/v1completions", False), ("/account/", False), ("/static/x.css", False), ("/", False)],
+    [
+        ("/v1/completions", True),
+        ("/v1/models/x", True),
+        ("/v1/", True),
+        ("/healthz", True),
+        ("/v1", False),
+        ("/healthz/", False),
+        ("/healthzadmin", False),
+        ("/admin/", False),
+        ("/v1completions", False),
+        ("/account/", False),
+        ("/static/x.css", False),
+        ("/", False),
+    ],
 )
 def test_which_paths_the_api_handler_serves(path, api):
     assert is_api_path(path) is api
@@ -23,9 +35,14 @@ def test_which_paths_the_api_handler_serves(path, api):
 
 @pytest.mark.parametrize(
     ("path", "root_path", "served_by"),
-    [("/v1/completions", "", "api"), ("/api/v1/completions", "/api", "api"),
-     # A script prefix (daphne takes it from a Daphne-Root-Path header) is not part of the routed path.
-     ("/v1/admin/", "/v1", "site"), ("/healthz/admin/login/", "/healthz", "site"), ("/admin/", "", "site")],
+    [
+        ("/v1/completions", "", "api"),
+        ("/api/v1/completions", "/api", "api"),
+        # A script prefix (daphne takes it from a Daphne-Root-Path header) is not part of the routed path.
+        ("/v1/admin/", "/v1", "site"),
+        ("/healthz/admin/login/", "/healthz", "site"),
+        ("/admin/", "", "site"),
+    ],
 )
 def test_route_decides_on_the_path_django_routes_on(path, root_path, served_by):
     calls = []
@@ -68,8 +85,9 @@ def test_a_script_prefix_header_cannot_take_a_site_page_through_the_api_handler(
 def test_a_host_outside_allowed_hosts_gets_a_json_400_on_the_api(server):
     response = httpx.get(server.api_url + "/models", headers={**server.headers(), "Host": "evil.example"})
     assert response.status_code == 400
-    assert response.json() == {"error": {"message": "Invalid Host header.", "type": "invalid_request_error",
-                                         "param": None, "code": None}}
+    assert response.json() == {
+        "error": {"message": "Invalid Host header.", "type": "invalid_request_error", "param": None, "code": None}
+    }
     assert httpx.get(server.base_url + "/healthz", headers={"Host": "evil.example"}).status_code == 400
 
 
@@ -88,8 +106,11 @@ def test_django_refusals_before_any_view_are_openai_json_on_api_paths(path, api)
     assert (refused.status_code, failed.status_code) == (400, 500)
     if api:
         assert json.loads(refused.content)["error"] == {
-            "message": "The number of GET/POST parameters exceeded 1000.", "type": "invalid_request_error",
-            "param": None, "code": None}
+            "message": "The number of GET/POST parameters exceeded 1000.",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": None,
+        }
         assert json.loads(failed.content)["error"]["type"] == "server_error"
     else:
         assert refused["Content-Type"].startswith("text/html") and failed["Content-Type"].startswith("text/html")

@@ -6,6 +6,7 @@ so the same request with ``n = best_of`` and ``logprobs`` shows every candidate 
 the ``best_of`` answer must be the top ``n`` of them, best first.  ``best_of < n`` and
 ``best_of`` with ``stream`` are 400s.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -63,8 +64,10 @@ def test_best_of_with_several_prompts_keeps_prompt_major_order(server, candidate
 
 @pytest.mark.parametrize(
     ("fields", "code", "message"),
-    [({"best_of": 1, "n": 2}, "integer_below_min_value", "best_of must be greater than or equal to n"),
-     ({"best_of": 2, "stream": True}, "invalid_value", "best_of > 1 cannot be used with stream")],
+    [
+        ({"best_of": 1, "n": 2}, "integer_below_min_value", "best_of must be greater than or equal to n"),
+        ({"best_of": 2, "stream": True}, "invalid_value", "best_of > 1 cannot be used with stream"),
+    ],
     ids=["below_n", "with_stream"],
 )
 def test_best_of_below_n_or_with_stream_is_a_400_naming_best_of(server, fields, code, message):

@@ -18,6 +18,7 @@ Relaxed copies, for the places where OpenAI's real API departs from its own spec
 Each relaxation is used only where it applies, and the tests pin down that the nulls appear exactly
 there and nowhere else.
 """
+
 from __future__ import annotations
 
 import copy
@@ -107,30 +108,49 @@ def validate(name: str, instance: Any, *relaxations: str) -> None:
 
 
 def test_the_closed_schemas_still_accept_openais_documented_example():
-    validate("CreateCompletionResponse", {
-        "id": "cmpl-uqkvlQyYK7bGYrRHQ0eXlWi7", "object": "text_completion", "created": 1589478378,
-        "model": "gpt-3.5-turbo-instruct",
-        "choices": [{"text": "\n\nThis is indeed a test", "index": 0, "logprobs": None, "finish_reason": "length"}],
-        "usage": {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12},
-    })
+    validate(
+        "CreateCompletionResponse",
+        {
+            "id": "cmpl-uqkvlQyYK7bGYrRHQ0eXlWi7",
+            "object": "text_completion",
+            "created": 1589478378,
+            "model": "gpt-3.5-turbo-instruct",
+            "choices": [{"text": "\n\nThis is indeed a test", "index": 0, "logprobs": None, "finish_reason": "length"}],
+            "usage": {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12},
+        },
+    )
 
 
 def test_the_relaxations_are_narrow():
-    chunk = {"id": "cmpl-x", "object": "text_completion", "created": 1, "model": MODEL, "usage": None,
-             "choices": [{"text": "", "index": 0, "logprobs": None, "finish_reason": None}]}
+    chunk = {
+        "id": "cmpl-x",
+        "object": "text_completion",
+        "created": 1,
+        "model": MODEL,
+        "usage": None,
+        "choices": [{"text": "", "index": 0, "logprobs": None, "finish_reason": None}],
+    }
     validate("CreateCompletionResponse", chunk, "stream")
     with pytest.raises(AssertionError):
         validate("CreateCompletionResponse", chunk)
     with pytest.raises(AssertionError):
         validate("CreateCompletionResponse", {**chunk, "surprise": 1}, "stream")
     echoed = {"tokens": ["A"], "token_logprobs": [None], "top_logprobs": [None], "text_offset": [0]}
-    response = {**chunk, "usage": {"prompt_tokens": 1, "completion_tokens": 0, "total_tokens": 1},
-                "choices": [{"text": "A", "index": 0, "logprobs": echoed, "finish_reason": "length"}]}
+    response = {
+        **chunk,
+        "usage": {"prompt_tokens": 1, "completion_tokens": 0, "total_tokens": 1},
+        "choices": [{"text": "A", "index": 0, "logprobs": echoed, "finish_reason": "length"}],
+    }
     validate("CreateCompletionResponse", response, "echo")
     with pytest.raises(AssertionError):
         validate("CreateCompletionResponse", response)
-    model = {"id": MODEL, "object": "model", "created": 1, "owned_by": "me",
-             "runner": {"name": "llama", "reason": "the llama family"}}
+    model = {
+        "id": MODEL,
+        "object": "model",
+        "created": 1,
+        "owned_by": "me",
+        "runner": {"name": "llama", "reason": "the llama family"},
+    }
     validate("Model", model, "runner")
     with pytest.raises(AssertionError):
         validate("Model", model)
@@ -147,17 +167,42 @@ MATRIX: list[tuple[str, dict[str, Any], bool]] = [
     ("greedy_with_stop", {"prompt": PROMPT, "max_tokens": 8, "temperature": 0, "stop": [".", "\n"]}, True),
     ("array_of_strings_with_n", {"prompt": [PROMPT, OTHER], "n": 2, "max_tokens": 2, "seed": 3}, True),
     ("token_ids", {"prompt": [504, 3575, 282, 4649, 314], "max_tokens": 3, "temperature": 0}, True),
-    ("arrays_of_token_ids_echoed", {"prompt": [[504, 3575], [282]], "echo": True, "max_tokens": 2,
-                                    "temperature": 0}, True),
+    (
+        "arrays_of_token_ids_echoed",
+        {"prompt": [[504, 3575], [282]], "echo": True, "max_tokens": 2, "temperature": 0},
+        True,
+    ),
     ("logprobs", {"prompt": PROMPT, "logprobs": 3, "max_tokens": 3, "temperature": 0}, True),
     ("echo_with_logprobs", {"prompt": PROMPT, "echo": True, "logprobs": 2, "max_tokens": 3, "temperature": 0}, True),
     ("echo_scoring", {"prompt": PROMPT, "echo": True, "logprobs": 1, "max_tokens": 0}, True),
     ("best_of", {"prompt": PROMPT, "best_of": 3, "n": 2, "max_tokens": 3, "seed": 5, "logprobs": 1}, False),
-    ("penalties_and_bias", {"prompt": PROMPT, "presence_penalty": 1.5, "frequency_penalty": -0.5,
-                            "logit_bias": {**NO_EOS, "17": 5}, "max_tokens": 3, "temperature": 0}, True),
+    (
+        "penalties_and_bias",
+        {
+            "prompt": PROMPT,
+            "presence_penalty": 1.5,
+            "frequency_penalty": -0.5,
+            "logit_bias": {**NO_EOS, "17": 5},
+            "max_tokens": 3,
+            "temperature": 0,
+        },
+        True,
+    ),
     ("nucleus_sampling", {"prompt": PROMPT, "temperature": 0.7, "top_p": 0.9, "seed": 42, "max_tokens": 3}, True),
-    ("user_and_nulls", {"prompt": PROMPT, "user": "conformance-user", "suffix": None, "stop": None,
-                        "logprobs": None, "seed": None, "best_of": None, "max_tokens": 2}, True),
+    (
+        "user_and_nulls",
+        {
+            "prompt": PROMPT,
+            "user": "conformance-user",
+            "suffix": None,
+            "stop": None,
+            "logprobs": None,
+            "seed": None,
+            "best_of": None,
+            "max_tokens": 2,
+        },
+        True,
+    ),
     ("empty_suffix", {"prompt": PROMPT, "suffix": "", "max_tokens": 2, "temperature": 0}, True),
     ("non_latin", {"prompt": "Emoji: 😀 and 中文", "max_tokens": 3, "temperature": 0, "logprobs": 1}, True),
 ]
@@ -215,7 +260,9 @@ def test_user_is_stored_with_the_usage_record(server, answers):
     record = server.usage(answer["id"])
     assert record["user"] == "conformance-user"
     assert (record["prompt_tokens"], record["completion_tokens"]) == (
-        answer["usage"]["prompt_tokens"], answer["usage"]["completion_tokens"])
+        answer["usage"]["prompt_tokens"],
+        answer["usage"]["completion_tokens"],
+    )
 
 
 @pytest.mark.parametrize(
@@ -270,9 +317,22 @@ def test_every_stream_chunk_is_a_create_completion_response_with_openais_stream_
 
 def test_openai_client_reads_every_field_of_a_response(openai_client):
     raw = openai_client.completions.with_raw_response.create(
-        model=MODEL, prompt=[PROMPT, OTHER], n=2, best_of=2, echo=True, logprobs=2, max_tokens=3,
-        temperature=0.8, top_p=0.95, seed=9, stop=["\n\n"], presence_penalty=0.5, frequency_penalty=0.5,
-        logit_bias=NO_EOS, user="client-user", suffix=None,
+        model=MODEL,
+        prompt=[PROMPT, OTHER],
+        n=2,
+        best_of=2,
+        echo=True,
+        logprobs=2,
+        max_tokens=3,
+        temperature=0.8,
+        top_p=0.95,
+        seed=9,
+        stop=["\n\n"],
+        presence_penalty=0.5,
+        frequency_penalty=0.5,
+        logit_bias=NO_EOS,
+        user="client-user",
+        suffix=None,
     )
     body = raw.http_response.json()
     validate("CreateCompletionResponse", body, "echo")
@@ -289,10 +349,19 @@ def test_openai_client_reads_every_field_of_a_response(openai_client):
 
 
 def test_openai_client_stream_chunks_conform_and_end_with_the_usage_chunk(openai_client):
-    chunks = list(openai_client.completions.create(
-        model=MODEL, prompt=PROMPT, n=2, max_tokens=3, seed=4, logprobs=1, logit_bias=NO_EOS,
-        stream=True, stream_options={"include_usage": True},
-    ))
+    chunks = list(
+        openai_client.completions.create(
+            model=MODEL,
+            prompt=PROMPT,
+            n=2,
+            max_tokens=3,
+            seed=4,
+            logprobs=1,
+            logit_bias=NO_EOS,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     for chunk in chunks:
         validate("CreateCompletionResponse", chunk.to_dict(), "stream")
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 6
@@ -315,7 +384,9 @@ def test_openai_client_raises_bad_request_with_an_error_response(openai_client):
     validate("ErrorResponse", raised.value.response.json())
     assert raised.value.body == {
         "message": "Invalid 'temperature': decimal above maximum value. Expected a value <= 2, but got 2.5 instead.",
-        "type": "invalid_request_error", "param": "temperature", "code": "decimal_above_max_value",
+        "type": "invalid_request_error",
+        "param": "temperature",
+        "code": "decimal_above_max_value",
     }
 
 
@@ -350,64 +421,148 @@ ERRORS: list[tuple[str, dict[str, Any] | bytes, int, str | None, str | None, str
     ("not_json", b"{not json", 400, None, None, None),
     ("not_an_object", b"[1, 2]", 400, None, "invalid_type", None),
     ("unknown_field", {"temprature": 1}, 400, None, None, "Unrecognized request argument supplied: temprature"),
-    ("missing_model", {"model": ...}, 400, "model", "missing_required_parameter",
-     "Missing required parameter: 'model'."),
-    ("missing_prompt", {"prompt": ...}, 400, "prompt", "missing_required_parameter",
-     "Missing required parameter: 'prompt'."),
+    (
+        "missing_model",
+        {"model": ...},
+        400,
+        "model",
+        "missing_required_parameter",
+        "Missing required parameter: 'model'.",
+    ),
+    (
+        "missing_prompt",
+        {"prompt": ...},
+        400,
+        "prompt",
+        "missing_required_parameter",
+        "Missing required parameter: 'prompt'.",
+    ),
     ("model_type", {"model": 1}, 400, "model", "invalid_type", None),
     ("prompt_type", {"prompt": {"text": "x"}}, 400, "prompt", "invalid_type", None),
     ("prompt_mixed_forms", {"prompt": ["a", 1]}, 400, "prompt[1]", "invalid_type", None),
     ("prompt_empty_list", {"prompt": []}, 400, "prompt", "empty_array", None),
     ("prompt_empty_token_list", {"prompt": [[]]}, 400, "prompt[0]", "empty_array", None),
-    ("prompt_negative_token", {"prompt": [1, -1]}, 400, "prompt[1]", "integer_below_min_value",
-     "Invalid 'prompt[1]': integer below minimum value. Expected a value >= 0, but got -1 instead."),
+    (
+        "prompt_negative_token",
+        {"prompt": [1, -1]},
+        400,
+        "prompt[1]",
+        "integer_below_min_value",
+        "Invalid 'prompt[1]': integer below minimum value. Expected a value >= 0, but got -1 instead.",
+    ),
     ("prompt_token_beyond_vocabulary", {"prompt": [10**9]}, 400, "prompt[0]", "integer_above_max_value", None),
     ("prompt_fractional_token", {"prompt": [1.5]}, 400, "prompt[0]", "invalid_type", None),
     ("prompt_boolean_token", {"prompt": [True]}, 400, "prompt[0]", "invalid_type", None),
     ("best_of_type", {"best_of": "3"}, 400, "best_of", "invalid_type", None),
     ("best_of_below_n", {"best_of": 1, "n": 2}, 400, "best_of", "integer_below_min_value", None),
     ("best_of_with_stream", {"best_of": 2, "stream": True}, 400, "best_of", "invalid_value", None),
-    ("best_of_above_cap", {"best_of": 21}, 400, "best_of", "integer_above_max_value",
-     "Invalid 'best_of': integer above maximum value. Expected a value <= 20, but got 21 instead."),
+    (
+        "best_of_above_cap",
+        {"best_of": 21},
+        400,
+        "best_of",
+        "integer_above_max_value",
+        "Invalid 'best_of': integer above maximum value. Expected a value <= 20, but got 21 instead.",
+    ),
     ("echo_type", {"echo": "yes"}, 400, "echo", "invalid_type", None),
-    ("frequency_penalty_range", {"frequency_penalty": 2.5}, 400, "frequency_penalty", "decimal_above_max_value",
-     "Invalid 'frequency_penalty': decimal above maximum value. Expected a value <= 2, but got 2.5 instead."),
+    (
+        "frequency_penalty_range",
+        {"frequency_penalty": 2.5},
+        400,
+        "frequency_penalty",
+        "decimal_above_max_value",
+        "Invalid 'frequency_penalty': decimal above maximum value. Expected a value <= 2, but got 2.5 instead.",
+    ),
     ("logit_bias_type", {"logit_bias": [1]}, 400, "logit_bias", "invalid_type", None),
     ("logit_bias_key", {"logit_bias": {"one": 1}}, 400, "logit_bias", "invalid_value", None),
-    ("logit_bias_value", {"logit_bias": {"1": 101}}, 400, "logit_bias.1", "integer_above_max_value",
-     "Invalid 'logit_bias.1': integer above maximum value. Expected a value <= 100, but got 101 instead."),
+    (
+        "logit_bias_value",
+        {"logit_bias": {"1": 101}},
+        400,
+        "logit_bias.1",
+        "integer_above_max_value",
+        "Invalid 'logit_bias.1': integer above maximum value. Expected a value <= 100, but got 101 instead.",
+    ),
     ("logit_bias_fraction", {"logit_bias": {"1": 0.5}}, 400, "logit_bias.1", "invalid_type", None),
     ("logit_bias_beyond_vocabulary", {"logit_bias": {"99999999": 1}}, 400, "logit_bias", "invalid_value", None),
-    ("logprobs_range", {"logprobs": 6}, 400, "logprobs", "integer_above_max_value",
-     "Invalid 'logprobs': integer above maximum value. Expected a value <= 5, but got 6 instead."),
-    ("logprobs_negative", {"logprobs": -1}, 400, "logprobs", "integer_below_min_value",
-     "Invalid 'logprobs': integer below minimum value. Expected a value >= 0, but got -1 instead."),
+    (
+        "logprobs_range",
+        {"logprobs": 6},
+        400,
+        "logprobs",
+        "integer_above_max_value",
+        "Invalid 'logprobs': integer above maximum value. Expected a value <= 5, but got 6 instead.",
+    ),
+    (
+        "logprobs_negative",
+        {"logprobs": -1},
+        400,
+        "logprobs",
+        "integer_below_min_value",
+        "Invalid 'logprobs': integer below minimum value. Expected a value >= 0, but got -1 instead.",
+    ),
     ("max_tokens_type", {"max_tokens": "ten"}, 400, "max_tokens", "invalid_type", None),
     ("max_tokens_negative", {"max_tokens": -1}, 400, "max_tokens", "integer_below_min_value", None),
     ("max_tokens_zero_without_echo", {"max_tokens": 0}, 400, "max_tokens", "integer_below_min_value", None),
-    ("n_range", {"n": 0}, 400, "n", "integer_below_min_value",
-     "Invalid 'n': integer below minimum value. Expected a value >= 1, but got 0 instead."),
-    ("presence_penalty_range", {"presence_penalty": -2.5}, 400, "presence_penalty", "decimal_below_min_value",
-     "Invalid 'presence_penalty': decimal below minimum value. Expected a value >= -2, but got -2.5 instead."),
+    (
+        "n_range",
+        {"n": 0},
+        400,
+        "n",
+        "integer_below_min_value",
+        "Invalid 'n': integer below minimum value. Expected a value >= 1, but got 0 instead.",
+    ),
+    (
+        "presence_penalty_range",
+        {"presence_penalty": -2.5},
+        400,
+        "presence_penalty",
+        "decimal_below_min_value",
+        "Invalid 'presence_penalty': decimal below minimum value. Expected a value >= -2, but got -2.5 instead.",
+    ),
     ("seed_type", {"seed": "42"}, 400, "seed", "invalid_type", None),
     ("seed_range", {"seed": 2**64}, 400, "seed", "integer_above_max_value", None),
     ("stop_type", {"stop": 5}, 400, "stop", "invalid_type", None),
     ("stop_too_many", {"stop": ["a", "b", "c", "d", "e"]}, 400, "stop", "array_above_max_length", None),
     ("stream_type", {"stream": "true"}, 400, "stream", "invalid_type", None),
     ("stream_options_without_stream", {"stream_options": {"include_usage": True}}, 400, "stream_options", None, None),
-    ("stream_options_type", {"stream": True, "stream_options": {"include_usage": "yes"}}, 400,
-     "stream_options.include_usage", "invalid_type", None),
+    (
+        "stream_options_type",
+        {"stream": True, "stream_options": {"include_usage": "yes"}},
+        400,
+        "stream_options.include_usage",
+        "invalid_type",
+        None,
+    ),
     ("suffix_type", {"suffix": 5}, 400, "suffix", "invalid_type", None),
     ("suffix_without_fim_tokens", {"suffix": "return x"}, 400, "suffix", "unsupported_parameter", None),
-    ("temperature_range", {"temperature": 2.5}, 400, "temperature", "decimal_above_max_value",
-     "Invalid 'temperature': decimal above maximum value. Expected a value <= 2, but got 2.5 instead."),
+    (
+        "temperature_range",
+        {"temperature": 2.5},
+        400,
+        "temperature",
+        "decimal_above_max_value",
+        "Invalid 'temperature': decimal above maximum value. Expected a value <= 2, but got 2.5 instead.",
+    ),
     ("temperature_boolean", {"temperature": True}, 400, "temperature", "invalid_type", None),
-    ("top_p_range", {"top_p": 1.5}, 400, "top_p", "decimal_above_max_value",
-     "Invalid 'top_p': decimal above maximum value. Expected a value <= 1, but got 1.5 instead."),
+    (
+        "top_p_range",
+        {"top_p": 1.5},
+        400,
+        "top_p",
+        "decimal_above_max_value",
+        "Invalid 'top_p': decimal above maximum value. Expected a value <= 1, but got 1.5 instead.",
+    ),
     ("user_type", {"user": 5}, 400, "user", "invalid_type", None),
     ("context_overflow", {"prompt": "hello " * 9000}, 400, "prompt", "context_length_exceeded", None),
-    ("context_overflow_streamed", {"prompt": "hello " * 9000, "stream": True}, 400, "prompt",
-     "context_length_exceeded", None),
+    (
+        "context_overflow_streamed",
+        {"prompt": "hello " * 9000, "stream": True},
+        400,
+        "prompt",
+        "context_length_exceeded",
+        None,
+    ),
     ("unknown_model", {"model": "gpt-4-nonexistent"}, 404, "model", "model_not_found", None),
 ]
 

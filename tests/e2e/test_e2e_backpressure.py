@@ -1,4 +1,5 @@
 """End to end: past the queue limit a request gets an immediate 503 with Retry-After; the server stays healthy."""
+
 from __future__ import annotations
 
 import threading
@@ -20,8 +21,13 @@ def small_server(tmp_path_factory):
 
 def _hold(server, ready: threading.Event, stop: threading.Event) -> None:
     """Stream a long completion until told to stop, keeping the engine busy."""
-    body = {"model": MODEL, "prompt": "Count to a thousand:", "max_tokens": 2000, "stream": True,
-            "logit_bias": {"2": -100}}
+    body = {
+        "model": MODEL,
+        "prompt": "Count to a thousand:",
+        "max_tokens": 2000,
+        "stream": True,
+        "logit_bias": {"2": -100},
+    }
     with httpx.stream("POST", server.api_url + "/completions", json=body, headers=server.headers(), timeout=120) as r:
         for _ in r.iter_lines():
             ready.set()

@@ -3,6 +3,7 @@
 In bfloat16 a greedy token in a near-tie can flip when the batch around a request changes (see
 docs/configuration.md); in float32 every request gets the text it gets alone.
 """
+
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
@@ -11,8 +12,16 @@ import pytest
 
 from testing.live_server import MODEL, start_server, stop_server
 
-PROMPTS = ["The weather is very nice today", "def fibonacci(n):", "The capital of France is", "Once upon a time",
-           "My favourite colour is", "import numpy as np\n", "Dear Sir or Madam,", "1, 2, 3, 4,"]
+PROMPTS = [
+    "The weather is very nice today",
+    "def fibonacci(n):",
+    "The capital of France is",
+    "Once upon a time",
+    "My favourite colour is",
+    "import numpy as np\n",
+    "Dear Sir or Madam,",
+    "1, 2, 3, 4,",
+]
 
 
 @pytest.fixture(scope="module")

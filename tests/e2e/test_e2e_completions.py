@@ -1,4 +1,5 @@
 """End to end: the real daphne server and embedded model, called with the openai client and raw HTTP."""
+
 from __future__ import annotations
 
 import httpx
@@ -7,7 +8,6 @@ from testing.live_server import MODEL
 from testing.sse_client import stream, stream_text
 
 PROMPT = "The weather is very nice today"
-
 
 
 def test_openai_client_gets_a_real_text_completion(openai_client):
@@ -35,8 +35,16 @@ def test_openai_client_stream_equals_the_non_streamed_text(openai_client):
 
 
 def test_raw_stream_ends_with_done_and_carries_usage_when_asked(server):
-    response, events = stream(server, {"model": MODEL, "prompt": PROMPT, "max_tokens": 8, "temperature": 0,
-                                       "stream_options": {"include_usage": True}})
+    response, events = stream(
+        server,
+        {
+            "model": MODEL,
+            "prompt": PROMPT,
+            "max_tokens": 8,
+            "temperature": 0,
+            "stream_options": {"include_usage": True},
+        },
+    )
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/event-stream")
     assert events[-1] == "[DONE]"
@@ -61,7 +69,9 @@ def test_greedy_text_with_a_stop_string_is_the_greedy_text_cut_before_it(server)
     cut = server.post({"model": MODEL, "prompt": PROMPT, "max_tokens": 32, "temperature": 0, "stop": stop}).json()
     assert cut["choices"][0]["text"] == text[: text.index(stop)]
     assert cut["choices"][0]["finish_reason"] == "stop"
-    _, events = stream(server, {"model": MODEL, "prompt": PROMPT, "max_tokens": 32, "temperature": 0, "stop": [stop, "zzz"]})
+    _, events = stream(
+        server, {"model": MODEL, "prompt": PROMPT, "max_tokens": 32, "temperature": 0, "stop": [stop, "zzz"]}
+    )
     streamed = stream_text(events)
     assert streamed == text[: text.index(stop)]
     assert stop not in streamed

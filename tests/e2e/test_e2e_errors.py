@@ -1,4 +1,5 @@
 """End to end: bad input gets OpenAI's error shape before any byte of a stream, and no 5xx."""
+
 from __future__ import annotations
 
 import httpx
@@ -40,8 +41,15 @@ def test_wrong_type_is_a_400_naming_the_param(server):
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_five_stop_words_get_openais_code_before_the_stream(server, stream):
-    response = server.post({"model": MODEL, "prompt": "One, two, three,", "max_tokens": 16,
-                            "stop": ["\n", "x", "y", "z", "w"], "stream": stream})
+    response = server.post(
+        {
+            "model": MODEL,
+            "prompt": "One, two, three,",
+            "max_tokens": 16,
+            "stop": ["\n", "x", "y", "z", "w"],
+            "stream": stream,
+        }
+    )
     error = assert_error(response, 400, param="stop", code="array_above_max_length")
     assert error["message"] == (
         "Invalid 'stop': array too long. Expected an array with maximum length 4, but got an array with length 5 "
@@ -85,7 +93,14 @@ def test_openai_client_raises_bad_request_with_the_param(openai_client):
 
 
 def test_server_stays_healthy_after_bad_input(server):
-    for body in (b"", b"[]", b"null", b'{"model": 1}', b"\xff\xfe", b'{"model": "' + MODEL.encode() + b'", "prompt": [[-1]]}'):
+    for body in (
+        b"",
+        b"[]",
+        b"null",
+        b'{"model": 1}',
+        b"\xff\xfe",
+        b'{"model": "' + MODEL.encode() + b'", "prompt": [[-1]]}',
+    ):
         assert 400 <= server.post(body).status_code < 500
     assert server.post({"model": MODEL, "prompt": "Hello", "max_tokens": 2}).status_code == 200
     assert server.alive()
@@ -97,8 +112,10 @@ def test_suffix_on_a_model_without_fill_in_the_middle_tokens_is_a_400_that_says_
     assert "fill-in-the-middle" in error["message"]
 
 
-@pytest.mark.parametrize(("method", "path"), [("GET", "/completions"), ("PUT", "/completions"),
-                                              ("DELETE", "/completions"), ("POST", "/models")])
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [("GET", "/completions"), ("PUT", "/completions"), ("DELETE", "/completions"), ("POST", "/models")],
+)
 def test_a_wrong_method_is_a_json_405(server, method, path):
     response = httpx.request(method, server.api_url + path, headers=server.headers(), json={})
     assert_error(response, 405)

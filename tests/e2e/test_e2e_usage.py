@@ -1,4 +1,5 @@
 """End to end: one usage record per request, streamed, failed and interrupted ones too."""
+
 from __future__ import annotations
 
 import time
@@ -28,12 +29,23 @@ def test_a_completion_leaves_a_record_with_its_usage(server):
 
 
 def test_a_stream_leaves_a_record_equal_to_its_usage_chunk(server):
-    _, events = stream(server, {"model": MODEL, "prompt": PROMPT, "max_tokens": 7, "logit_bias": NO_EOS,
-                                "stream_options": {"include_usage": True}})
+    _, events = stream(
+        server,
+        {
+            "model": MODEL,
+            "prompt": PROMPT,
+            "max_tokens": 7,
+            "logit_bias": NO_EOS,
+            "stream_options": {"include_usage": True},
+        },
+    )
     usage = events[-2]["usage"]
     record = server.usage(events[-2]["id"])
     assert record["stream"] == 1 and record["status_code"] == 200
-    assert (record["prompt_tokens"], record["completion_tokens"]) == (usage["prompt_tokens"], usage["completion_tokens"])
+    assert (record["prompt_tokens"], record["completion_tokens"]) == (
+        usage["prompt_tokens"],
+        usage["completion_tokens"],
+    )
 
 
 def test_a_rejected_request_leaves_a_record_with_its_status(server):
@@ -52,7 +64,9 @@ def test_an_unauthenticated_request_leaves_no_record(server):
 
 def test_a_client_that_disconnects_mid_stream_leaves_a_record_of_the_tokens_so_far(server):
     body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 400, "logit_bias": NO_EOS, "stream": True}
-    with httpx.stream("POST", server.api_url + "/completions", json=body, headers=server.headers(), timeout=60) as response:
+    with httpx.stream(
+        "POST", server.api_url + "/completions", json=body, headers=server.headers(), timeout=60
+    ) as response:
         request_id = response.headers["x-request-id"]
         received = 0
         for line in response.iter_lines():

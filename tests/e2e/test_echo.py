@@ -6,6 +6,7 @@ token.  ``text_offset`` counts from the start of the prompt: 0 for the first pro
 prompt's length for the first completion token.  ``echo`` with ``max_tokens: 0`` is a scoring
 request: the prompt and its log-probabilities, nothing generated.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -65,8 +66,9 @@ def test_text_offsets_start_at_zero_and_the_completion_starts_at_the_prompts_len
 
 @pytest.mark.parametrize("prompt", [CHAT_PROMPT, EMOJI_PROMPT], ids=["special_tokens", "split_characters"])
 def test_every_echoed_token_sits_at_its_text_offset(server, prompt):
-    choice = complete(server, prompt=prompt, echo=True, logprobs=0, max_tokens=3, temperature=0,
-                      logit_bias=NO_EOS)["choices"][0]
+    choice = complete(server, prompt=prompt, echo=True, logprobs=0, max_tokens=3, temperature=0, logit_bias=NO_EOS)[
+        "choices"
+    ][0]
     text, tokens, offsets = choice["text"], choice["logprobs"]["tokens"], choice["logprobs"]["text_offset"]
     assert text.startswith(prompt)
     assert offsets == sorted(offsets) and offsets[0] == 0

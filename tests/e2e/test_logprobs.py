@@ -7,6 +7,7 @@ first token sits at ``len(prompt)``); a token that is not whole UTF-8 is written
 The log-probabilities are those of the distribution the token was drawn from: after temperature
 (and ``logit_bias`` and penalties, see ``test_penalties_and_bias.py``), before top-p truncation.
 """
+
 from __future__ import annotations
 
 import math
@@ -121,8 +122,9 @@ def test_logprobs_are_taken_after_temperature_and_before_top_p(server):
     """At temperature T log-probability differences are those at 1 divided by T; top-p changes none."""
     unscaled = complete(server, prompt=PROMPT, max_tokens=1, temperature=0, logprobs=5)["choices"][0]["logprobs"]
     # top_p=0 keeps only the most likely token: the draw is the greedy token, whatever the seed.
-    scaled = complete(server, prompt=PROMPT, max_tokens=1, temperature=0.5, top_p=0, seed=1,
-                      logprobs=5)["choices"][0]["logprobs"]
+    scaled = complete(server, prompt=PROMPT, max_tokens=1, temperature=0.5, top_p=0, seed=1, logprobs=5)["choices"][0][
+        "logprobs"
+    ]
     assert scaled["tokens"] == unscaled["tokens"]
     before, after = unscaled["top_logprobs"][0], scaled["top_logprobs"][0]
     assert list(after) == list(before)  # the same five tokens, in the same order

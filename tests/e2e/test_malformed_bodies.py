@@ -3,6 +3,7 @@
 Each one is answered with a 4xx ``ErrorResponse`` (OpenAI's shape, every key present), quickly;
 afterwards the engine has nothing left running and serves the next request.
 """
+
 from __future__ import annotations
 
 import json
@@ -69,7 +70,9 @@ def test_a_malformed_body_gets_a_4xx_error_response(server, name):
     assert time.monotonic() - started < 30
 
 
-@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", "application/json; charset=utf-8"])
+@pytest.mark.parametrize(
+    "content_type", ["text/plain", "application/x-www-form-urlencoded", "application/json; charset=utf-8"]
+)
 def test_the_content_type_does_not_matter_to_the_json_body(server, content_type):
     body = json.dumps({"model": MODEL, "prompt": "x", "max_tokens": 1}).encode()
     response = server.post(body, headers={"Content-Type": content_type})

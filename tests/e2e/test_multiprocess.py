@@ -8,6 +8,7 @@ one usage record each.  The servers get a PostgreSQL database of their own (crea
 ``test`` database and dropped afterwards) and a Redis key prefix of their own; without PostgreSQL
 or Redis the module is skipped.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -40,7 +41,9 @@ class Cluster:
     redis_prefix: str
 
     def create_key(self, name: str, *options: str) -> str:
-        return self.servers[0].manage("create_api_key", "--name", name, "--user", "e2e", *options).strip().splitlines()[-1]
+        return (
+            self.servers[0].manage("create_api_key", "--name", name, "--user", "e2e", *options).strip().splitlines()[-1]
+        )
 
     def query(self, sql: str, *params) -> list[tuple]:
         import psycopg
@@ -55,12 +58,14 @@ class Cluster:
     def post(self, index: int, key: str, body: dict, **kwargs) -> httpx.Response:
         return self.servers[index % 2].post({"model": MODEL, **body}, key=key, **kwargs)
 
-    def organization(self, index: int, method: str, path: str, key: str, body: dict | None = None,
-                     **params: str) -> httpx.Response:
+    def organization(
+        self, index: int, method: str, path: str, key: str, body: dict | None = None, **params: str
+    ) -> httpx.Response:
         """``method /v1/organization{path}`` on server ``index`` with an admin key."""
         url = self.servers[index % 2].api_url + "/organization" + path
-        return httpx.request(method, url, json=body, params=params, headers={"Authorization": f"Bearer {key}"},
-                             timeout=30)
+        return httpx.request(
+            method, url, json=body, params=params, headers={"Authorization": f"Bearer {key}"}, timeout=30
+        )
 
 
 @pytest.fixture(scope="module")
@@ -85,10 +90,17 @@ def _cluster(tmp_path_factory, database_url: str) -> Iterator[Cluster]:
     try:
         servers.append(start_server(tmp_path_factory.mktemp("first"), database_url=database_url, **settings))
         # Started once the first is up: it has migrated the database and converted the model.
-        servers.append(start_server(tmp_path_factory.mktemp("second"), database_url=database_url,
-                                    key=servers[0].key, **settings))
-        _manage(servers[0].env, "shell", "-v", "0", "-c",
-                "from django.contrib.auth.models import User; User.objects.create_superuser('ops', '', 'ops-password-1')")
+        servers.append(
+            start_server(tmp_path_factory.mktemp("second"), database_url=database_url, key=servers[0].key, **settings)
+        )
+        _manage(
+            servers[0].env,
+            "shell",
+            "-v",
+            "0",
+            "-c",
+            "from django.contrib.auth.models import User; User.objects.create_superuser('ops', '', 'ops-password-1')",
+        )
         yield Cluster(servers, database_url, prefix)
     finally:
         for server in servers:
@@ -158,12 +170,17 @@ def test_a_key_revoked_through_one_process_is_refused_by_the_other_on_its_next_r
     with httpx.Client(base_url=admin, timeout=30) as browser:
         login = browser.get("login/")
         token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', login.text)[1]
-        browser.post("login/", data={"username": "ops", "password": "ops-password-1", "csrfmiddlewaretoken": token,
-                                     "next": "/admin/"})
+        browser.post(
+            "login/",
+            data={"username": "ops", "password": "ops-password-1", "csrfmiddlewaretoken": token, "next": "/admin/"},
+        )
         changelist = browser.get("keys/apikey/")
         token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', changelist.text)[1]
-        done = browser.post("keys/apikey/", data={"action": "revoke_selected", "_selected_action": cluster.key_id(key),
-                                                  "csrfmiddlewaretoken": token}, follow_redirects=True)
+        done = browser.post(
+            "keys/apikey/",
+            data={"action": "revoke_selected", "_selected_action": cluster.key_id(key), "csrfmiddlewaretoken": token},
+            follow_redirects=True,
+        )
         assert "Revoked 1 of 1 selected keys." in done.text
 
     refused = cluster.post(1, key, {"prompt": "Hi", "max_tokens": 1})
@@ -171,11 +188,17 @@ def test_a_key_revoked_through_one_process_is_refused_by_the_other_on_its_next_r
 
 
 def test_limits_changed_through_one_process_administration_api_apply_to_the_next_request_on_the_other(
-        cluster, operator):
+    cluster, operator
+):
     admin, keys = operator.admin_key, f"/projects/{operator.customer_id}"
     body = {"prompt": "Hi", "max_tokens": 1, "logit_bias": NO_EOS}  # uses exactly what it reserves
-    created = cluster.organization(0, "POST", keys + "/api_keys", admin, {
-        "name": "limited", "max_requests_per_1_minute": 3, "max_tokens_per_1_minute": 1000})
+    created = cluster.organization(
+        0,
+        "POST",
+        keys + "/api_keys",
+        admin,
+        {"name": "limited", "max_requests_per_1_minute": 3, "max_tokens_per_1_minute": 1000},
+    )
     assert created.status_code == 200, created.text
     key, key_id = created.json()["value"], created.json()["id"]
     rate_limit = "/rate_limits/" + key_id.replace("key_", "rl_", 1)
@@ -219,17 +242,24 @@ def test_limits_changed_through_one_process_administration_api_apply_to_the_next
 
 
 def test_a_concurrency_limit_set_through_one_process_administration_api_counts_the_other_process_requests(
-        cluster, operator):
+    cluster, operator
+):
     admin, keys = operator.admin_key, f"/projects/{operator.customer_id}"
     created = cluster.organization(0, "POST", keys + "/api_keys", admin, {"name": "one at a time"})
     key, key_id = created.json()["value"], created.json()["id"]
-    changed = cluster.organization(0, "POST", keys + "/rate_limits/" + key_id.replace("key_", "rl_", 1), admin,
-                                   {"max_concurrent_requests": 1})
+    changed = cluster.organization(
+        0, "POST", keys + "/rate_limits/" + key_id.replace("key_", "rl_", 1), admin, {"max_concurrent_requests": 1}
+    )
     assert changed.json()["max_concurrent_requests"] == 1
 
     body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 1000, "logit_bias": NO_EOS, "stream": True}
-    with httpx.stream("POST", cluster.servers[1].api_url + "/completions", json=body, timeout=60,
-                      headers={"Authorization": f"Bearer {key}"}) as streaming:
+    with httpx.stream(
+        "POST",
+        cluster.servers[1].api_url + "/completions",
+        json=body,
+        timeout=60,
+        headers={"Authorization": f"Bearer {key}"},
+    ) as streaming:
         assert streaming.status_code == 200
         lines = streaming.iter_lines()  # held: a dropped line iterator would close the connection
         next(line for line in lines if line.startswith("data: {"))  # under way on B
@@ -247,7 +277,8 @@ def test_a_concurrency_limit_set_through_one_process_administration_api_counts_t
 
 
 def test_a_key_created_through_one_process_administration_api_works_at_once_and_deleted_through_the_other_is_refused(
-        cluster, operator):
+    cluster, operator
+):
     admin, keys = operator.admin_key, f"/projects/{operator.customer_id}/api_keys"
     created = cluster.organization(0, "POST", keys, admin, {"name": "short-lived"})
     assert created.status_code == 200, created.text
@@ -265,7 +296,8 @@ def test_a_key_created_through_one_process_administration_api_works_at_once_and_
 
 
 def test_a_user_deleted_through_one_process_administration_api_has_their_keys_refused_by_the_other_at_once(
-        cluster, operator):
+    cluster, operator
+):
     admin = operator.admin_key
     user = cluster.organization(1, "POST", "/users", admin, {"username": "dave", "role": "reader"}).json()["id"]
     created = cluster.organization(1, "POST", f"/projects/{user}/api_keys", admin, {"name": "dave's"})
@@ -281,7 +313,8 @@ def test_a_user_deleted_through_one_process_administration_api_has_their_keys_re
 
 
 def test_an_admin_key_created_through_one_process_works_on_the_other_and_deleted_through_it_is_refused_by_the_first(
-        cluster, operator):
+    cluster, operator
+):
     created = cluster.organization(0, "POST", "/admin_api_keys", operator.admin_key, {"name": "rotated"})
     assert created.status_code == 200, created.text
     admin_key, admin_key_id = created.json()["value"], created.json()["id"]
@@ -317,8 +350,11 @@ def test_200_concurrent_requests_leave_200_records_whose_tokens_are_what_the_res
         time.sleep(0.2)
     time.sleep(1)  # and no more come
 
-    rows = cluster.query("SELECT request_id, prompt_tokens, completion_tokens, stream, finish_reason, status_code "
-                         "FROM keys_usagerecord WHERE api_key_id = %s", key_id)
+    rows = cluster.query(
+        "SELECT request_id, prompt_tokens, completion_tokens, stream, finish_reason, status_code "
+        "FROM keys_usagerecord WHERE api_key_id = %s",
+        key_id,
+    )
     records = {row[0]: row for row in rows}
     assert len(rows) == 200 and set(records) == {o["id"] for o in outcomes}
     reported = [o for o in outcomes if o["usage"] is not None]
@@ -327,7 +363,8 @@ def test_200_concurrent_requests_leave_200_records_whose_tokens_are_what_the_res
         record = records[outcome["id"]]
         assert (record[1], record[2]) == (outcome["usage"]["prompt_tokens"], outcome["usage"]["completion_tokens"])
     assert sum(records[o["id"]][1] + records[o["id"]][2] for o in reported) == sum(
-        o["usage"]["total_tokens"] for o in reported)
+        o["usage"]["total_tokens"] for o in reported
+    )
     for outcome in (o for o in outcomes if o["usage"] is None):  # cut off by the client after one event
         record = records[outcome["id"]]
         assert record[3] and record[5] == 200 and 1 <= record[2] <= 6
@@ -335,8 +372,10 @@ def test_200_concurrent_requests_leave_200_records_whose_tokens_are_what_the_res
 
     # The daily rollup and the shared counters agree with the records, token for token.
     prompt, completion = (sum(row[i] for row in rows) for i in (1, 2))
-    rollup = cluster.query("SELECT sum(requests), sum(prompt_tokens), sum(completion_tokens) FROM keys_dailyusage "
-                           "WHERE api_key_id = %s", key_id)[0]
+    rollup = cluster.query(
+        "SELECT sum(requests), sum(prompt_tokens), sum(completion_tokens) FROM keys_dailyusage WHERE api_key_id = %s",
+        key_id,
+    )[0]
     assert tuple(map(int, rollup)) == (200, prompt, completion)
     import redis
 
@@ -371,7 +410,7 @@ async def _two_hundred_requests(cluster: Cluster, key: str) -> list[dict]:
                     continue
                 if kind == 2:
                     break  # the client goes after the first event
-                event = __import__("json").loads(line[len("data: "):])
+                event = __import__("json").loads(line[len("data: ") :])
                 usage = event.get("usage") or usage
             if kind == 1:
                 assert usage is not None

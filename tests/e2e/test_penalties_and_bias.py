@@ -7,6 +7,7 @@ log-probabilities are of the distribution after all three, so the formula itself
 from ``top_logprobs``: forcing one token with +100 makes every step's context the same with and
 without penalties, and only that token's logit moves.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -21,8 +22,14 @@ STEPS = 4
 @pytest.fixture(scope="module")
 def forced(server) -> dict:
     """``FORCED`` at +100 after a prompt made of that token: no penalty."""
-    return complete(server, prompt=[FORCED] * 6, max_tokens=STEPS, temperature=0, logprobs=5,
-                    logit_bias={**NO_EOS, str(FORCED): 100})["choices"][0]
+    return complete(
+        server,
+        prompt=[FORCED] * 6,
+        max_tokens=STEPS,
+        temperature=0,
+        logprobs=5,
+        logit_bias={**NO_EOS, str(FORCED): 100},
+    )["choices"][0]
 
 
 def test_a_plus_100_bias_forces_the_token_every_step(forced):
@@ -35,8 +42,9 @@ def test_a_minus_100_bias_bans_the_token(server):
     greedy = complete(server, prompt=PROMPT, max_tokens=1, temperature=0, logprobs=5)["choices"][0]["logprobs"]
     favourite = greedy["tokens"][0]
     (banned,) = served_tokenizer(server).encode(favourite, add_special_tokens=False)
-    again = complete(server, prompt=PROMPT, max_tokens=6, temperature=0, logprobs=5,
-                     logit_bias={**NO_EOS, str(banned): -100})["choices"][0]["logprobs"]
+    again = complete(
+        server, prompt=PROMPT, max_tokens=6, temperature=0, logprobs=5, logit_bias={**NO_EOS, str(banned): -100}
+    )["choices"][0]["logprobs"]
     assert favourite not in again["tokens"]
     assert all(favourite not in top for top in again["top_logprobs"])  # ~100 nats below the others
 
@@ -45,9 +53,16 @@ def test_a_minus_100_bias_bans_the_token(server):
 def test_penalties_lower_a_generated_tokens_logit_by_count_times_frequency_plus_presence(
     server, forced, frequency, presence
 ):
-    penalised = complete(server, prompt=[FORCED] * 6, max_tokens=STEPS, temperature=0, logprobs=5,
-                         frequency_penalty=frequency, presence_penalty=presence,
-                         logit_bias={**NO_EOS, str(FORCED): 100})["choices"][0]
+    penalised = complete(
+        server,
+        prompt=[FORCED] * 6,
+        max_tokens=STEPS,
+        temperature=0,
+        logprobs=5,
+        frequency_penalty=frequency,
+        presence_penalty=presence,
+        logit_bias={**NO_EOS, str(FORCED): 100},
+    )["choices"][0]
     token = forced["logprobs"]["tokens"][0]
     assert penalised["logprobs"]["tokens"] == forced["logprobs"]["tokens"]
     for step in range(STEPS):
@@ -64,8 +79,13 @@ def test_penalties_lower_a_generated_tokens_logit_by_count_times_frequency_plus_
                 assert after[other] - after[third] == pytest.approx(before[other] - before[third], abs=2e-3)
 
 
-REPETITIVE = {"prompt": "apple apple apple apple apple apple apple", "max_tokens": 10, "temperature": 0,
-              "logprobs": 0, "logit_bias": NO_EOS}
+REPETITIVE = {
+    "prompt": "apple apple apple apple apple apple apple",
+    "max_tokens": 10,
+    "temperature": 0,
+    "logprobs": 0,
+    "logit_bias": NO_EOS,
+}
 
 
 def _repeats(answer: dict) -> int:
@@ -85,13 +105,25 @@ def test_a_penalty_of_2_reduces_repetition_on_a_repetitive_greedy_prompt(server,
 
 @pytest.mark.parametrize(
     ("logit_bias", "param", "code", "message"),
-    [({"1": 101}, "logit_bias.1", "integer_above_max_value",
-      "Invalid 'logit_bias.1': integer above maximum value. Expected a value <= 100, but got 101 instead."),
-     ({"1": -101}, "logit_bias.1", "integer_below_min_value",
-      "Invalid 'logit_bias.1': integer below minimum value. Expected a value >= -100, but got -101 instead."),
-     ({"-1": 1}, "logit_bias", "invalid_value", None), ({"one": 1}, "logit_bias", "invalid_value", None),
-     ({"1": 1.5}, "logit_bias.1", "invalid_type", None), ({"1": "1"}, "logit_bias.1", "invalid_type", None),
-     ({"999999999": 1}, "logit_bias", "invalid_value", None)],
+    [
+        (
+            {"1": 101},
+            "logit_bias.1",
+            "integer_above_max_value",
+            "Invalid 'logit_bias.1': integer above maximum value. Expected a value <= 100, but got 101 instead.",
+        ),
+        (
+            {"1": -101},
+            "logit_bias.1",
+            "integer_below_min_value",
+            "Invalid 'logit_bias.1': integer below minimum value. Expected a value >= -100, but got -101 instead.",
+        ),
+        ({"-1": 1}, "logit_bias", "invalid_value", None),
+        ({"one": 1}, "logit_bias", "invalid_value", None),
+        ({"1": 1.5}, "logit_bias.1", "invalid_type", None),
+        ({"1": "1"}, "logit_bias.1", "invalid_type", None),
+        ({"999999999": 1}, "logit_bias", "invalid_value", None),
+    ],
     ids=["above_100", "below_minus_100", "negative_id", "not_an_id", "fraction", "string_value", "beyond_vocabulary"],
 )
 def test_a_bad_logit_bias_is_a_400_naming_logit_bias(server, logit_bias, param, code, message):

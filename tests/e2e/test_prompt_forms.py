@@ -4,6 +4,7 @@ A token-id prompt is the same prompt as the text it decodes to; an array of prom
 prompt-major (choice ``index = prompt_index * n + j``); an empty prompt generates from the start
 of a document; token ids the vocabulary does not have are 400s naming ``prompt``, never 5xx.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -83,8 +84,18 @@ def test_the_empty_prompt_forms_agree(server):
         ([[]], "prompt[0]", "empty_array"),
         ([[1], []], "prompt[1]", "empty_array"),
     ],
-    ids=["negative", "negative_in_array", "beyond_vocabulary", "beyond_vocabulary_in_array", "fraction",
-         "boolean", "mixed", "empty_array", "empty_token_array", "one_empty_token_array"],
+    ids=[
+        "negative",
+        "negative_in_array",
+        "beyond_vocabulary",
+        "beyond_vocabulary_in_array",
+        "fraction",
+        "boolean",
+        "mixed",
+        "empty_array",
+        "empty_token_array",
+        "one_empty_token_array",
+    ],
 )
 def test_a_token_id_the_vocabulary_lacks_is_a_400_naming_its_place_in_prompt(server, prompt, param, code):
     response = server.post({"model": MODEL, "prompt": prompt, "max_tokens": 1})
@@ -96,7 +107,10 @@ def test_a_token_id_the_vocabulary_lacks_is_a_400_naming_its_place_in_prompt(ser
 
 def test_a_negative_token_id_reads_like_openai(server):
     error = server.post({"model": MODEL, "prompt": [[5], [3, -7]], "max_tokens": 1}).json()["error"]
-    assert error["message"] == "Invalid 'prompt[1][1]': integer below minimum value. Expected a value >= 0, but got -7 instead."
+    assert (
+        error["message"]
+        == "Invalid 'prompt[1][1]': integer below minimum value. Expected a value >= 0, but got -7 instead."
+    )
 
 
 def test_the_largest_token_id_is_accepted_and_one_more_is_not(server, tokenizer):

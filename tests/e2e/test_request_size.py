@@ -3,6 +3,7 @@
 Checked on the default server at its real limit, and on a second server started with a 2 KiB limit
 (where a body sent in chunks, without ``Content-Length``, is measured too).
 """
+
 from __future__ import annotations
 
 import json
@@ -26,10 +27,14 @@ def padded(size: int, **fields) -> bytes:
 def assert_too_large(response: httpx.Response, limit: int) -> None:
     assert response.status_code == 413, response.text[:500]
     assert response.headers["content-type"].startswith("application/json")
-    assert response.json() == {"error": {
-        "message": f"The request body is too large: the limit is {limit} bytes.",
-        "type": "invalid_request_error", "param": None, "code": "request_too_large",
-    }}
+    assert response.json() == {
+        "error": {
+            "message": f"The request body is too large: the limit is {limit} bytes.",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "request_too_large",
+        }
+    }
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +69,11 @@ def test_a_smaller_configured_limit_is_the_one_enforced(small_server):
 def test_a_body_sent_in_chunks_without_a_length_is_measured_too(small_server):
     body = padded(SMALL_LIMIT + 1)
     pieces = (body[i : i + 512] for i in range(0, len(body), 512))
-    response = httpx.post(small_server.api_url + "/completions", content=pieces, timeout=60,
-                          headers={**small_server.headers(), "Content-Type": "application/json"})
+    response = httpx.post(
+        small_server.api_url + "/completions",
+        content=pieces,
+        timeout=60,
+        headers={**small_server.headers(), "Content-Type": "application/json"},
+    )
     assert "content-length" not in response.request.headers
     assert_too_large(response, SMALL_LIMIT)

@@ -6,6 +6,7 @@ default configuration runs bfloat16 and, for small batches, int4 weights, where 
 logits can move with the batch, so these tests run the deterministic mode, ``MODEL_DTYPE=float32
 MODEL_WEIGHTS=float32``, as docs/api.md's guarantee says.)
 """
+
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
@@ -15,8 +16,16 @@ import pytest
 from testing.live_server import MODEL, start_server, stop_server
 from tests.completion_helpers import NO_EOS, complete
 
-SEEDED = {"prompt": "Once upon a time", "max_tokens": 8, "temperature": 1.0, "top_p": 0.95, "seed": 2024,
-          "n": 2, "logprobs": 1, "logit_bias": NO_EOS}
+SEEDED = {
+    "prompt": "Once upon a time",
+    "max_tokens": 8,
+    "temperature": 1.0,
+    "top_p": 0.95,
+    "seed": 2024,
+    "n": 2,
+    "logprobs": 1,
+    "logit_bias": NO_EOS,
+}
 OTHERS = ["The weather is", "def add(a, b):", "1, 2, 3,"]
 
 
@@ -39,8 +48,10 @@ def test_the_same_seed_gives_the_same_choices_again(server, alone):
 
 def test_the_same_seed_gives_the_same_choices_while_other_requests_run(server, alone):
     with ThreadPoolExecutor(len(OTHERS) + 1) as pool:
-        others = [pool.submit(server.post, {"model": MODEL, "prompt": p, "max_tokens": 10, "temperature": 1.0})
-                  for p in OTHERS]
+        others = [
+            pool.submit(server.post, {"model": MODEL, "prompt": p, "max_tokens": 10, "temperature": 1.0})
+            for p in OTHERS
+        ]
         busy = pool.submit(complete, server, **SEEDED)
         assert all(other.result().status_code == 200 for other in others)
     assert [c["text"] for c in busy.result()["choices"]] == [c["text"] for c in alone["choices"]]

@@ -4,6 +4,7 @@ So ``logprobs.tokens`` spell the text, ``text_offset`` points at them, and a sto
 ``"<|im_start|>"`` matches.  (The end-of-sequence token is the exception: it ends a choice and is
 not returned.)  The prompt is a chat turn, after which this instruct model opens the next turn.
 """
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """Self-service accounts under /account/: a user's own keys and usage, created and revoked by them."""
+
 from __future__ import annotations
 
 from datetime import timedelta

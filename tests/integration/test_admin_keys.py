@@ -3,6 +3,7 @@
 The project's root URLconf belongs to the API; these tests mount the admin alone so that they
 test the admin and nothing else.
 """
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -65,7 +66,12 @@ def test_a_key_added_with_limits_keeps_them(staff_client, user):
     add_key(staff_client, user, rpm_limit="10", tpm_limit="5000", monthly_token_quota="0", allowed_models="a, b")
 
     api_key = APIKey.objects.get(name="from the admin")
-    assert (api_key.rpm_limit, api_key.tpm_limit, api_key.max_concurrent, api_key.monthly_token_quota) == (10, 5000, None, 0)
+    assert (api_key.rpm_limit, api_key.tpm_limit, api_key.max_concurrent, api_key.monthly_token_quota) == (
+        10,
+        5000,
+        None,
+        0,
+    )
     assert api_key.models == ["a", "b"]
 
 
@@ -104,14 +110,27 @@ def test_changing_a_key_never_reveals_its_secret_or_hash(staff_client, valid_key
 
 def test_limits_models_and_expiry_are_editable_on_an_existing_key(staff_client, valid_key):
     url = reverse("admin:keys_apikey_change", args=[valid_key.api_key.pk])
-    edit = {"name": "alice laptop", "expires_at_0": "2031-01-02", "expires_at_1": "03:04:05", "rpm_limit": "60",
-            "tpm_limit": "", "max_concurrent": "2", "monthly_token_quota": "100000", "allowed_models": "m1,m2",
-            "_save": "Save"}
+    edit = {
+        "name": "alice laptop",
+        "expires_at_0": "2031-01-02",
+        "expires_at_1": "03:04:05",
+        "rpm_limit": "60",
+        "tpm_limit": "",
+        "max_concurrent": "2",
+        "monthly_token_quota": "100000",
+        "allowed_models": "m1,m2",
+        "_save": "Save",
+    }
 
     staff_client.post(url, edit, follow=True)
 
     stored = APIKey.objects.get(pk=valid_key.api_key.pk)
-    assert (stored.rpm_limit, stored.tpm_limit, stored.max_concurrent, stored.monthly_token_quota) == (60, None, 2, 100000)
+    assert (stored.rpm_limit, stored.tpm_limit, stored.max_concurrent, stored.monthly_token_quota) == (
+        60,
+        None,
+        2,
+        100000,
+    )
     assert stored.models == ["m1", "m2"]
     assert stored.expires_at.year == 2031
 
@@ -221,7 +240,11 @@ def test_usage_records_offer_no_bulk_delete_action(staff_client, usage_record):
 
 def test_usage_records_can_be_searched_by_request_id(staff_client, usage_record, valid_key):
     UsageRecord.objects.create(
-        api_key=valid_key.api_key, model="m", request_id="cmpl-other", status_code=200, latency_ms=1.0,
+        api_key=valid_key.api_key,
+        model="m",
+        request_id="cmpl-other",
+        status_code=200,
+        latency_ms=1.0,
         created_at=timezone.now() - timedelta(hours=1),
     )
 

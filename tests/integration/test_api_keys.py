@@ -1,4 +1,5 @@
 """API keys: how they are made, stored, revoked and expire, and the commands that issue them."""
+
 from __future__ import annotations
 
 import hashlib

@@ -3,6 +3,7 @@
 ``authenticate`` is async; the tests drive it with ``async_to_sync`` (pytest-asyncio is not
 installed) in transactional tests, so the ORM's worker thread sees the personas' rows.
 """
+
 from __future__ import annotations
 
 import json

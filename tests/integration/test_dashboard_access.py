@@ -1,4 +1,5 @@
 """The staff dashboard and its CSV export: staff only, the same filters, and CSRF on every form."""
+
 from __future__ import annotations
 
 import csv
@@ -89,7 +90,9 @@ def test_the_export_is_the_filtered_records_as_csv(staff, valid_key, other_users
     response = staff.get(EXPORT, {"user": "alice"})
 
     assert response.status_code == 200 and response["Content-Type"].startswith("text/csv")
-    assert re.match(r'attachment; filename="usage-\d{4}-\d\d-\d\d-\d{4}-\d\d-\d\d\.csv"', response["Content-Disposition"])
+    assert re.match(
+        r'attachment; filename="usage-\d{4}-\d\d-\d\d-\d{4}-\d\d-\d\d\.csv"', response["Content-Disposition"]
+    )
     rows = export_rows(response)
     assert [(row["username"], row["api_key_prefix"], row["total_tokens"]) for row in rows] == [
         ("alice", valid_key.api_key.prefix, "120")

@@ -1,4 +1,5 @@
 """The dashboard's figures (``keys.stats``): buckets, rates, rankings and percentiles."""
+
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone

@@ -1,4 +1,5 @@
 """The dashboard's WebSocket: staff get the engine's live state every second and each new usage record."""
+
 from __future__ import annotations
 
 import pytest
@@ -91,7 +92,10 @@ def test_a_failing_channel_layer_never_breaks_accounting(valid_key, monkeypatch)
 
 @pytest.mark.parametrize(
     ("redis_url", "backend"),
-    [("", "channels.layers.InMemoryChannelLayer"), ("redis://127.0.0.1:6399/0", "channels_redis.core.RedisChannelLayer")],
+    [
+        ("", "channels.layers.InMemoryChannelLayer"),
+        ("redis://127.0.0.1:6399/0", "channels_redis.core.RedisChannelLayer"),
+    ],
 )
 def test_the_channel_layer_is_in_memory_unless_redis_url_is_set(redis_url, backend):
     import os
@@ -104,7 +108,12 @@ def test_the_channel_layer_is_in_memory_unless_redis_url_is_set(redis_url, backe
     env = {**os.environ, "REDIS_URL": redis_url, "DJANGO_SETTINGS_MODULE": "completions_site.settings"}
     result = subprocess.run(
         [sys.executable, "-c", f"import django; django.setup(); {code}"],
-        env=env, cwd=root, capture_output=True, text=True, timeout=60, check=True,
+        env=env,
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
     )
 
     assert result.stdout.strip() == backend

@@ -1,4 +1,5 @@
 """Model access: a key limited to some models gets, for any other, the very 404 of an unknown model."""
+
 from __future__ import annotations
 
 import pytest
@@ -71,7 +72,8 @@ def test_a_key_sent_as_the_model_never_reaches_the_usage_record(tiny_api, valid_
 
 
 @pytest.mark.parametrize(
-    "persona", ["revoked_key", "expired_key"],
+    "persona",
+    ["revoked_key", "expired_key"],
 )
 def test_a_revoked_or_expired_key_gets_the_same_401_as_an_unknown_one(tiny_api, persona, request):
     key = request.getfixturevalue(persona)

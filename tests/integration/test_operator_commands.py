@@ -1,4 +1,5 @@
 """The operator's commands: keys with limits (create_api_key), revocation (revoke_api_key), the rollup rebuild."""
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -33,7 +34,11 @@ def test_create_api_key_sets_every_limit_given(user):
     api_key, _ = created("--rpm", "10", "--tpm", "20000", "--max-concurrent", "2", "--monthly-tokens", "1000000")
 
     assert (api_key.rpm_limit, api_key.tpm_limit, api_key.max_concurrent, api_key.monthly_token_quota) == (
-        10, 20000, 2, 1000000)
+        10,
+        20000,
+        2,
+        1000000,
+    )
 
 
 def test_a_key_created_without_limits_follows_the_defaults(user, settings):
@@ -41,7 +46,11 @@ def test_a_key_created_without_limits_follows_the_defaults(user, settings):
     settings.API_DEFAULT_RPM = 42
 
     assert (api_key.rpm_limit, api_key.tpm_limit, api_key.max_concurrent, api_key.monthly_token_quota) == (
-        None, None, None, None)
+        None,
+        None,
+        None,
+        None,
+    )
     assert Limits.of(api_key).rpm == 42
 
 
@@ -58,26 +67,36 @@ def test_models_restricts_the_key_to_those_models(user):
     assert api_key.allows_model("other") and not api_key.allows_model("third")
 
 
-@pytest.mark.parametrize("text, expected", [("30d", timedelta(days=30)), ("12h", timedelta(hours=12)),
-                                            ("90m", timedelta(minutes=90)), ("2w", timedelta(weeks=2)),
-                                            ("45s", timedelta(seconds=45))])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("30d", timedelta(days=30)),
+        ("12h", timedelta(hours=12)),
+        ("90m", timedelta(minutes=90)),
+        ("2w", timedelta(weeks=2)),
+        ("45s", timedelta(seconds=45)),
+    ],
+)
 def test_expires_in_sets_the_expiry_from_now(user, text, expected):
     api_key, _ = created("--expires-in", text)
 
     assert abs(api_key.expires_at - (timezone.now() + expected)) < timedelta(seconds=10)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--expires-in", "30"], "not a duration"),
-    (["--expires-in", "0d"], "not a duration"),
-    (["--expires-in", "3y"], "not a duration"),
-    (["--rpm", "-1"], "not a whole number"),
-    (["--tpm", "ten"], "not a whole number"),
-    (["--models", "a b"], "separate model ids with commas"),
-    (["--models", "m" * 1001], "at most 1000 characters"),
-    (["--expires-in", "3000000d"], "before the year 10000"),
-    (["--expires-in", "99999999999d"], "before the year 10000"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--expires-in", "30"], "not a duration"),
+        (["--expires-in", "0d"], "not a duration"),
+        (["--expires-in", "3y"], "not a duration"),
+        (["--rpm", "-1"], "not a whole number"),
+        (["--tpm", "ten"], "not a whole number"),
+        (["--models", "a b"], "separate model ids with commas"),
+        (["--models", "m" * 1001], "at most 1000 characters"),
+        (["--expires-in", "3000000d"], "before the year 10000"),
+        (["--expires-in", "99999999999d"], "before the year 10000"),
+    ],
+)
 def test_bad_settings_are_refused_and_create_nothing(user, args, message):
     with pytest.raises(CommandError, match=message):
         created(*args)

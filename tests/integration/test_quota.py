@@ -4,6 +4,7 @@ A quota counts the prompt and completion tokens of the key's usage records in th
 (UTC).  Requests here cost 5 prompt tokens plus ``max_tokens`` (4 unless said otherwise) on the
 tiny model; ``quota_key`` may use 30 tokens a month.
 """
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -22,8 +23,14 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def used_before(api_key, tokens: int, when=None) -> None:
     """A usage record of ``tokens`` prompt tokens for ``api_key``, as an earlier request left it."""
-    fields = dict(request_id=f"cmpl-earlier-{tokens}-{when}", api_key=api_key, model=MODEL, status_code=200,
-                  latency_ms=1.0, prompt_tokens=tokens)
+    fields = dict(
+        request_id=f"cmpl-earlier-{tokens}-{when}",
+        api_key=api_key,
+        model=MODEL,
+        status_code=200,
+        latency_ms=1.0,
+        prompt_tokens=tokens,
+    )
     if when is not None:
         fields["created_at"] = when
     async_to_sync(record_usage)(**fields)
@@ -49,7 +56,9 @@ def test_a_key_over_its_quota_gets_insufficient_quota_and_is_told_not_to_retry(t
     assert "retry-after" not in reply.headers
 
 
-def test_the_reservation_not_the_use_decides_so_a_request_that_might_overrun_is_refused(tiny_api, quota_key, limits_store):
+def test_the_reservation_not_the_use_decides_so_a_request_that_might_overrun_is_refused(
+    tiny_api, quota_key, limits_store
+):
     fits = post(quota_key.plaintext, body(max_tokens=25))  # 5 + 25 = 30: exactly the quota
     over = post(quota_key.plaintext, body(max_tokens=1))
 

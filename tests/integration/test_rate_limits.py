@@ -3,6 +3,7 @@
 The counting rules are one specification run against both counter stores (``limits_store``: this
 process's memory, then Redis); the view-level tests drive the real views with the tiny model.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -154,8 +155,18 @@ def test_the_reset_is_the_time_until_every_counted_request_has_left_the_window(l
 @pytest.mark.django_db(transaction=False)  # pure: the module's mark would flush the database after it
 @pytest.mark.parametrize(
     "ms, text",
-    [(0, "0s"), (17, "17ms"), (999, "999ms"), (1000, "1s"), (1500, "1.5s"), (7660, "7.66s"), (60_000, "1m0s"),
-     (360_000, "6m0s"), (61_250, "1m1.25s"), (3_600_000, "1h0m0s")],
+    [
+        (0, "0s"),
+        (17, "17ms"),
+        (999, "999ms"),
+        (1000, "1s"),
+        (1500, "1.5s"),
+        (7660, "7.66s"),
+        (60_000, "1m0s"),
+        (360_000, "6m0s"),
+        (61_250, "1m1.25s"),
+        (3_600_000, "1h0m0s"),
+    ],
 )
 def test_durations_are_written_as_openai_writes_them(ms, text):
     assert format_duration(ms) == text

@@ -1,4 +1,5 @@
 """The daily rollup: per key, model and UTC day, written with each record, and rebuilt exactly from them."""
+
 from __future__ import annotations
 
 import subprocess
@@ -44,8 +45,14 @@ def test_each_record_adds_to_its_days_row(valid_key):
 
     assert rollup() == {
         (key.pk, "m", DAY.date()): {
-            "requests": 4, "errors": 2, "rate_limited": 1, "prompt_tokens": 8, "completion_tokens": 8,
-            "latency_ms_sum": 10 + 2 + 0 + 3, "first_token_requests": 1, "time_to_first_token_ms_sum": 3,
+            "requests": 4,
+            "errors": 2,
+            "rate_limited": 1,
+            "prompt_tokens": 8,
+            "completion_tokens": 8,
+            "latency_ms_sum": 10 + 2 + 0 + 3,
+            "first_token_requests": 1,
+            "time_to_first_token_ms_sum": 3,
         }
     }
 
@@ -56,12 +63,14 @@ def test_rows_are_per_key_model_and_utc_day(valid_key, other_users_key):
     record(valid_key.api_key, "c", created_at=DAY.replace(hour=23, minute=59) + timedelta(minutes=2))
     record(other_users_key.api_key, "d")
 
-    assert sorted((k[0], k[1], k[2].isoformat()) for k in rollup()) == sorted([
-        (valid_key.api_key.pk, "m", "2026-11-03"),
-        (valid_key.api_key.pk, "n", "2026-11-03"),
-        (valid_key.api_key.pk, "m", "2026-11-04"),
-        (other_users_key.api_key.pk, "m", "2026-11-03"),
-    ])
+    assert sorted((k[0], k[1], k[2].isoformat()) for k in rollup()) == sorted(
+        [
+            (valid_key.api_key.pk, "m", "2026-11-03"),
+            (valid_key.api_key.pk, "n", "2026-11-03"),
+            (valid_key.api_key.pk, "m", "2026-11-04"),
+            (other_users_key.api_key.pk, "m", "2026-11-03"),
+        ]
+    )
 
 
 def test_a_record_written_twice_is_counted_once(valid_key):
@@ -83,9 +92,17 @@ def test_a_record_without_a_key_is_not_rolled_up():
 def test_the_rebuild_reproduces_the_rollup_exactly(valid_key, other_users_key):
     for i in range(30):
         key = (valid_key, other_users_key)[i % 2].api_key
-        record(key, f"r{i}", model="mn"[i % 3 == 0], status_code=(200, 400, 429, 499)[i % 4],
-               prompt_tokens=i, completion_tokens=i * 2 % 7, latency_ms=i * 1.37 + 0.5,
-               time_to_first_token_ms=None if i % 5 == 0 else i * 0.71, created_at=DAY + timedelta(hours=i))
+        record(
+            key,
+            f"r{i}",
+            model="mn"[i % 3 == 0],
+            status_code=(200, 400, 429, 499)[i % 4],
+            prompt_tokens=i,
+            completion_tokens=i * 2 % 7,
+            latency_ms=i * 1.37 + 0.5,
+            time_to_first_token_ms=None if i % 5 == 0 else i * 0.71,
+            created_at=DAY + timedelta(hours=i),
+        )
     written = rollup()
     DailyUsage.objects.all().delete()
 
@@ -152,13 +169,23 @@ def test_concurrent_writers_in_several_processes_lose_no_record_and_no_increment
     run("create_api_key", "--name", "w", "--user", "w")
 
     writers = [
-        subprocess.Popen([*MANAGE, "shell", "-v", "0", "-c", WRITER.replace("{worker}", str(n))], env=env, cwd=ROOT,
-                         stderr=subprocess.PIPE)
+        subprocess.Popen(
+            [*MANAGE, "shell", "-v", "0", "-c", WRITER.replace("{worker}", str(n))],
+            env=env,
+            cwd=ROOT,
+            stderr=subprocess.PIPE,
+        )
         for n in range(4)
     ]
     errors = [w.communicate(timeout=120)[1].decode() for w in writers]
 
     assert [w.returncode for w in writers] == [0] * 4, errors
-    counts = run("shell", "-v", "0", "-c", "from keys.models import DailyUsage as D, UsageRecord as U; "
-                 "r = D.objects.get(); print(U.objects.count(), r.requests, r.prompt_tokens, r.completion_tokens)")
+    counts = run(
+        "shell",
+        "-v",
+        "0",
+        "-c",
+        "from keys.models import DailyUsage as D, UsageRecord as U; "
+        "r = D.objects.get(); print(U.objects.count(), r.requests, r.prompt_tokens, r.completion_tokens)",
+    )
     assert counts.stdout.decode().split() == ["100", "100", "100", "200"]

@@ -3,6 +3,7 @@
 Driven through the real views in this process (tiny model); the end-to-end versions against a
 live server are in ``test_e2e_usage.py`` and ``test_multiprocess.py``.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -22,7 +23,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def open_stream(key: str, request: dict):
     return AsyncClient().post(
-        "/v1/completions", data=json.dumps({**request, "stream": True}), content_type="application/json",
+        "/v1/completions",
+        data=json.dumps({**request, "stream": True}),
+        content_type="application/json",
         headers={"Authorization": f"Bearer {key}"},
     )
 
@@ -60,11 +63,16 @@ def test_a_record_holds_the_usage_the_response_reported(tiny_api, valid_key):
     answered = post(valid_key.plaintext, body(n=2, user="end-user"))
     streamed = post(valid_key.plaintext, body(stream=True, stream_options={"include_usage": True}))
 
-    for request_id, usage in ((answered.request_id, answered.body["usage"]),
-                              (streamed.request_id, streamed.events[-2]["usage"])):
+    for request_id, usage in (
+        (answered.request_id, answered.body["usage"]),
+        (streamed.request_id, streamed.events[-2]["usage"]),
+    ):
         stored = UsageRecord.objects.get(request_id=request_id)
         assert (stored.prompt_tokens, stored.completion_tokens, stored.total_tokens) == (
-            usage["prompt_tokens"], usage["completion_tokens"], usage["total_tokens"])
+            usage["prompt_tokens"],
+            usage["completion_tokens"],
+            usage["total_tokens"],
+        )
     assert UsageRecord.objects.get(request_id=answered.request_id).completion_tokens == 8
 
 

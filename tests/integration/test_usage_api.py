@@ -1,4 +1,5 @@
 """``GET /v1/usage/completions``: OpenAI's usage API shape, scoped to the calling key's owner."""
+
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
@@ -100,7 +101,9 @@ def test_pages_follow_next_page_until_the_end(client, valid_key, usage):
 
 def test_models_and_api_key_ids_filter(client, valid_key, usage):
     only_model = get(client, valid_key, start_time=T0, end_time=T0 + 86400, models="other-model").json()
-    only_key = get(client, valid_key, start_time=T0, end_time=T0 + 86400, api_key_ids=f"key_{valid_key.api_key.prefix}").json()
+    only_key = get(
+        client, valid_key, start_time=T0, end_time=T0 + 86400, api_key_ids=f"key_{valid_key.api_key.prefix}"
+    ).json()
 
     assert only_model["data"][0]["results"][0]["input_tokens"] == 5
     assert only_key["data"][0]["results"][0]["input_tokens"] == 30

@@ -1,4 +1,5 @@
 """Usage records: what ``record_usage`` writes for one request."""
+
 from __future__ import annotations
 
 from datetime import timedelta

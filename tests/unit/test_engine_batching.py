@@ -1,4 +1,5 @@
 """The engine's batch: rows never influence each other; aborts and limits behave."""
+
 from __future__ import annotations
 
 import asyncio
@@ -47,13 +48,16 @@ def test_a_biased_request_beside_a_plain_one_changes_only_itself(engine):
 def test_a_banned_token_never_appears(engine):
     text = run_one(engine, PROMPTS[0], max_tokens=30, temperature=0, ignore_eos=True).text
     banned = text[0]
-    again = run_one(engine, PROMPTS[0], max_tokens=30, temperature=0, ignore_eos=True,
-                    logit_bias={engine.encode(banned)[0]: -100.0}).text
+    again = run_one(
+        engine, PROMPTS[0], max_tokens=30, temperature=0, ignore_eos=True, logit_bias={engine.encode(banned)[0]: -100.0}
+    ).text
     assert banned not in again
 
 
 def test_n_candidates_share_the_prompt_and_sample_independently(engine):
-    results = asyncio.run(run(engine, PROMPTS[2], SamplingParams(max_tokens=12, temperature=1.0, n=3, best_of=3, seed=1, ignore_eos=True)))
+    results = asyncio.run(
+        run(engine, PROMPTS[2], SamplingParams(max_tokens=12, temperature=1.0, n=3, best_of=3, seed=1, ignore_eos=True))
+    )
     assert sorted(results) == [0, 1, 2]
     assert len({r.text for r in results.values()}) > 1
     assert all(r.num_tokens == 12 for r in results.values())
@@ -73,7 +77,9 @@ def test_long_prompts_are_prefilled_in_chunks_with_the_same_result(engine):
 
 def test_an_aborted_request_leaves_the_batch_before_the_next_step(engine):
     async def main():
-        stream = engine.submit("abort-me", engine.encode("abc"), SamplingParams(max_tokens=200, temperature=0, ignore_eos=True))
+        stream = engine.submit(
+            "abort-me", engine.encode("abc"), SamplingParams(max_tokens=200, temperature=0, ignore_eos=True)
+        )
         await stream.__anext__()
         stream.abort()
         for _ in range(100):
@@ -88,6 +94,7 @@ def test_an_aborted_request_leaves_the_batch_before_the_next_step(engine):
 def test_a_full_queue_refuses_new_requests_at_once():
     small = start_tiny_engine(max_batch_size=1, max_queue=2)
     try:
+
         async def main():
             params = SamplingParams(max_tokens=50, temperature=0, ignore_eos=True)
             streams = [small.submit(f"q{i}", small.encode("abc"), params) for i in range(2)]
@@ -129,7 +136,12 @@ def test_max_tokens_zero_scores_the_prompt_without_generating(engine):
 
 def test_a_vanishing_temperature_is_greedy_and_harms_no_neighbour(engine):
     greedy = run_one(engine, PROMPTS[0], max_tokens=12, temperature=0, ignore_eos=True).text
-    results = run_many(engine, [(PROMPTS[0], {"max_tokens": 12, "temperature": 1e-40, "ignore_eos": True}),
-                                (PROMPTS[1], {"max_tokens": 12, "temperature": 0, "ignore_eos": True})])
+    results = run_many(
+        engine,
+        [
+            (PROMPTS[0], {"max_tokens": 12, "temperature": 1e-40, "ignore_eos": True}),
+            (PROMPTS[1], {"max_tokens": 12, "temperature": 0, "ignore_eos": True}),
+        ],
+    )
     assert results[0].text == greedy
     assert results[1].finish_reason == "length"

@@ -1,4 +1,5 @@
 """suffix: fill-in-the-middle prompts for tokenizers with FIM tokens, a 400 for the others."""
+
 from __future__ import annotations
 
 from transformers import AddedToken
@@ -10,7 +11,11 @@ from testing.tiny_model import tiny_model, tiny_tokenizer
 def test_fim_prompt_is_prefix_suffix_middle_in_psm_order():
     tokenizer = tiny_tokenizer()
     tokenizer.add_special_tokens(
-        {"additional_special_tokens": [AddedToken(t, special=True) for t in ("<fim_prefix>", "<fim_suffix>", "<fim_middle>")]}
+        {
+            "additional_special_tokens": [
+                AddedToken(t, special=True) for t in ("<fim_prefix>", "<fim_suffix>", "<fim_middle>")
+            ]
+        }
     )
     from inference.engine import Engine, EngineConfig
     from inference.model_loader import ModelConfig

@@ -1,4 +1,4 @@
-"""The layers import one way (README, "Layout"): the engine knows no Django, the domain no HTTP.
+"""The layers import one way (docs/architecture.md, "Import rules"): the engine knows no Django, the domain no HTTP.
 
 The first test imports every module of ``inference`` in a fresh interpreter and looks for Django
 in ``sys.modules``.  The others read every module's imports from its source (``ast``), those inside

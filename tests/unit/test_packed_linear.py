@@ -1,4 +1,5 @@
 """oneDNN-prepacked linear layers (inference.packed) compute what nn.Linear does."""
+
 from __future__ import annotations
 
 import pytest
@@ -56,8 +57,18 @@ def test_fused_projections_equal_their_linears_in_any_order(bias):
     with torch.inference_mode():
         expected = {(id(x), i): linears[i](x) for x in (first, second) for i in range(3)}
         # In order; out of order; interleaved inputs; one slice twice on the same input.
-        for x, i in [(first, 0), (first, 1), (first, 2), (second, 2), (second, 0), (first, 1), (second, 1),
-                     (first, 0), (first, 0), (first, 2)]:
+        for x, i in [
+            (first, 0),
+            (first, 1),
+            (first, 2),
+            (second, 2),
+            (second, 0),
+            (first, 1),
+            (second, 1),
+            (first, 0),
+            (first, 0),
+            (first, 2),
+        ]:
             got = slices[i](x)
             assert got.shape == (2, 3, linears[i].out_features)
             torch.testing.assert_close(got, expected[(id(x), i)], rtol=1e-2, atol=1e-2)

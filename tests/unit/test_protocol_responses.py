@@ -5,6 +5,7 @@ Each builder's output is checked against the vendored spec (``tests.openai_schem
 places where OpenAI's real stream departs from its own spec (``finish_reason: null`` mid-stream,
 ``usage: null`` on every chunk with ``include_usage``) are pinned separately.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,14 +37,16 @@ def test_completion_response_is_a_valid_create_completion_response_in_openai_key
     response = completion_response("cmpl-uqkvlQyYK7bGYrRHQ0eXlWi7", CREATED, MODEL, [choice], usage_dict(5, 7))
     validate("CreateCompletionResponse", response)
     # OpenAI's documented example, byte for byte apart from the model.
-    assert json.dumps(response) == json.dumps({
-        "id": "cmpl-uqkvlQyYK7bGYrRHQ0eXlWi7",
-        "object": "text_completion",
-        "created": CREATED,
-        "model": MODEL,
-        "choices": [{"text": "\n\nThis is indeed a test", "index": 0, "logprobs": None, "finish_reason": "length"}],
-        "usage": {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12},
-    })
+    assert json.dumps(response) == json.dumps(
+        {
+            "id": "cmpl-uqkvlQyYK7bGYrRHQ0eXlWi7",
+            "object": "text_completion",
+            "created": CREATED,
+            "model": MODEL,
+            "choices": [{"text": "\n\nThis is indeed a test", "index": 0, "logprobs": None, "finish_reason": "length"}],
+            "usage": {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12},
+        }
+    )
 
 
 def test_usage_totals_prompt_and_completion_tokens() -> None:
@@ -104,7 +107,10 @@ def test_model_object_is_a_valid_model() -> None:
     model = model_object(MODEL, CREATED, "completions-site")
     validate("Model", model)
     assert list(model.items()) == [
-        ("id", MODEL), ("object", "model"), ("created", CREATED), ("owned_by", "completions-site")
+        ("id", MODEL),
+        ("object", "model"),
+        ("created", CREATED),
+        ("owned_by", "completions-site"),
     ]
 
 

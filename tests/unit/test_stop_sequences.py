@@ -1,4 +1,5 @@
 """Stop strings: matched on decoded text across token boundaries, never shown, never taken back."""
+
 from __future__ import annotations
 
 import pytest
@@ -43,8 +44,13 @@ def test_the_first_stop_to_complete_is_found_whatever_the_piece_boundaries(piece
 
 @pytest.mark.parametrize(
     ("text", "stops", "expected"),
-    [("hello wor", ["world"], 3), ("hello", ["world"], 0), ("xyab", ["abc"], 2), ("xa", ["ab", "a"], 0),
-     ("aaa", ["aab"], 2)],
+    [
+        ("hello wor", ["world"], 3),
+        ("hello", ["world"], 0),
+        ("xyab", ["abc"], 2),
+        ("xa", ["ab", "a"], 0),
+        ("aaa", ["aab"], 2),
+    ],
 )
 def test_holdback_is_the_longest_tail_that_could_still_become_a_stop(text, stops, expected):
     found, holdback = feed_pieces(stops, list(text))

@@ -4,6 +4,7 @@ On an empty user table it creates the superuser ``admin`` (random password) and 
 ``default`` and prints both once; Django stores only the password hash and we only the key hash.
 When users exist it creates nothing and says how to make more keys, so it is safe on every start.
 """
+
 from __future__ import annotations
 
 import os

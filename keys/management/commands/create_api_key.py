@@ -5,20 +5,23 @@ limit): ``--rpm``, ``--tpm``, ``--max-concurrent``, ``--monthly-tokens``; ``--mo
 the key to those models; ``--expires-in 30d`` (``s``, ``m``, ``h``, ``d`` or ``w``) sets an expiry.
 The new key is printed alone on the last line of the output, so scripts can take ``tail -n 1``.
 """
+
 from __future__ import annotations
 
 import argparse
 import re
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.contrib.auth import get_user_model
-from django.contrib.auth.base_user import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
 from keys.models import APIKey, parse_model_list
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
 
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
 _DURATION = re.compile(r"(\d+)([smhdw])")
@@ -50,7 +53,9 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--name", required=True, help="What the key is for, e.g. “laptop”.")
         parser.add_argument("--user", help="The owner's username (default: the first superuser).")
-        limits = parser.add_argument_group("limits", "Without one, the key uses the API_DEFAULT_* setting; 0 means no limit.")
+        limits = parser.add_argument_group(
+            "limits", "Without one, the key uses the API_DEFAULT_* setting; 0 means no limit."
+        )
         limits.add_argument("--rpm", type=limit, help="Requests per minute.")
         limits.add_argument("--tpm", type=limit, help="Tokens (prompt plus completion) per minute.")
         limits.add_argument("--max-concurrent", type=limit, help="Requests in flight at once.")
@@ -83,7 +88,7 @@ class Command(BaseCommand):
         self.stdout.write(plaintext)
 
 
-def find_owner(username: str | None) -> AbstractBaseUser:
+def find_owner(username: str | None) -> User:
     """The user called ``username``, or the first superuser; ``CommandError`` if there is none."""
     users = get_user_model()._default_manager
     if username is not None:
@@ -93,7 +98,5 @@ def find_owner(username: str | None) -> AbstractBaseUser:
             raise CommandError(f"No user named {username!r}.") from None
     first_superuser = users.filter(is_superuser=True).order_by("pk").first()
     if first_superuser is None:
-        raise CommandError(
-            "There is no superuser to own the key; pass --user USERNAME (or run `manage.py bootstrap`)."
-        )
+        raise CommandError("There is no superuser to own the key; pass --user USERNAME (or run `manage.py bootstrap`).")
     return first_superuser

@@ -4,6 +4,7 @@
 The next request with the key is refused on every process: keys are read from the database on
 each request.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -26,9 +27,13 @@ class Command(BaseCommand):
         except APIKey.DoesNotExist:
             raise CommandError(f"No API key has the prefix {prefix!r}.") from None
         if not api_key.revoke():
-            self.stdout.write(f"API key “{api_key.name}” ({prefix}) was already revoked at {api_key.revoked_at:%Y-%m-%d %H:%M:%S} UTC.")
+            self.stdout.write(
+                f"API key “{api_key.name}” ({prefix}) was already revoked at {api_key.revoked_at:%Y-%m-%d %H:%M:%S} UTC."
+            )
             return
-        self.stdout.write(self.style.SUCCESS(
-            f"Revoked API key “{api_key.name}” of {api_key.owner.get_username()} ({prefix}); "
-            "its next request is refused on every server."
-        ))
+        self.stdout.write(
+            self.style.SUCCESS(
+                f"Revoked API key “{api_key.name}” of {api_key.owner.get_username()} ({prefix}); "
+                "its next request is refused on every server."
+            )
+        )
