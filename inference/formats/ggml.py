@@ -219,7 +219,8 @@ class GGMLLinear(_BlockLinear):
         if not hasattr(self.kernels, "ggml_gemm"):
             raise NotImplementedError("this build of our kernels has no ggml block products")
         self.raw, self.kind = raw, kind
-        self._make_many, self._many = many, None
+        self._make_many = many
+        self._many: _BlockLinear | None = None
         self.format = type_name(kind).lower()
         self.out_features, self.in_features = raw.shape[0], width
         self.bias = None if bias is None else bias.detach().float()
