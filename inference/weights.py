@@ -1170,6 +1170,31 @@ def plan_from_timings(
     return Plan.single(min(fitting, key=slowdown))
 
 
+# The share of the machine's CPU time that other programs may take while the autotune times formats
+# for its choice to be cached: a choice timed beside a build or a test run is not one to keep.
+BUSY_SHARE = 0.2
+
+
+def _cpu_seconds() -> tuple[float, float] | None:
+    """(CPU seconds every CPU spent busy, CPU seconds of this process) since boot; None where
+    /proc/stat cannot be read."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = [int(value) for value in stat.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle and iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK"), time.process_time()
+
+
+def _others_share(before: tuple[float, float] | None, after: tuple[float, float] | None, seconds: float) -> float:
+    """The share of all CPUs' time over ``seconds`` that went to other processes (0 where unknown)."""
+    if before is None or after is None or seconds <= 0:
+        return 0.0
+    others = (after[0] - before[0]) - (after[1] - before[1])
+    return max(others, 0.0) / (seconds * (os.cpu_count() or 1))
+
+
 def choose_formats(
     requested: str = "auto",
     *,
@@ -1196,7 +1221,9 @@ def choose_formats(
     after a warm-up; past ``time_limit`` seconds no more repeats, batch sizes or formats are timed,
     the formats timed so far deciding), then :func:`plan_from_timings` per role; the output layer
     chooses among ``output_candidates`` (default: ``candidates``).
-    The choice is logged and written to ``cache_dir`` as JSON (a failed write is logged, not raised).
+    The choice is logged and written to ``cache_dir`` as JSON (a failed write is logged, not raised),
+    unless the timing was cut short or other programs took more than :data:`BUSY_SHARE` of the CPUs
+    meanwhile (the next start times again).
     """
     if requested != "auto":
         check_format(requested)
@@ -1230,9 +1257,10 @@ def choose_formats(
                 return choice
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    started = time.perf_counter()
+    started, machine_before = time.perf_counter(), _cpu_seconds()
     with torch.inference_mode():
         timings = _time_sweeps(formats, layer_shapes, layers, output_shape, batch_sizes, act_dtype, repeats, time_limit)
+    others = _others_share(machine_before, _cpu_seconds(), time.perf_counter() - started)
     layer_sizes = {name: _weight_bytes(name, layer_shapes, layers) for name in formats}
     output_sizes = {name: _weight_bytes(name, [output_shape], 1) for name in formats}
     # The two roles share the budget: the output layer gets what the layers' plan leaves.
@@ -1267,6 +1295,13 @@ def choose_formats(
     if not complete:
         logger.warning(
             "Weight formats not cached: the autotune ran out of time (a busy machine?); the next start times again"
+        )
+        return choice
+    if others > BUSY_SHARE:
+        logger.warning(
+            "Weight formats not cached: other programs used %.0f%% of the CPUs while they were timed; "
+            "the next start times again",
+            100 * others,
         )
         return choice
     try:

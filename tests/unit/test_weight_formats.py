@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pytest
 import torch
@@ -136,6 +137,31 @@ def test_make_linear_with_a_plan_of_two_formats_holds_both():
     if "int8" in supported_formats():
         layer = make_linear(torch.randn(16, 64), None, Plan(((2, "int8"), (None, "float32"))))
         assert isinstance(layer, PlannedLinear) and set(layer.layers) == {"int8", "float32"}
+
+
+OTHERS_SHARE = weights._others_share  # the function itself, before the fixture below replaces it
+
+
+@pytest.fixture(autouse=True)
+def quiet_machine(monkeypatch):
+    """Other programs took none of the CPUs while the autotune timed (the caching tests need it)."""
+    monkeypatch.setattr(weights, "_others_share", lambda *args: 0.0)
+
+
+def test_a_choice_timed_on_a_busy_machine_is_not_cached(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(weights, "_others_share", lambda *args: 0.5)
+    assert choose_formats(cache_dir=tmp_path, **TINY).source == "autotune"
+    assert not list(tmp_path.glob("*.json"))
+    assert "other programs used 50% of the CPUs" in caplog.text
+
+
+def test_the_share_of_other_programs_comes_from_the_machines_and_the_process_cpu_time():
+    # 3 CPU seconds busy in all over 1 s on the machine's CPUs, 1 of them this process's.
+    cpus = os.cpu_count() or 1
+    assert OTHERS_SHARE((10.0, 5.0), (13.0, 6.0), 1.0) == pytest.approx(2.0 / cpus)
+    assert OTHERS_SHARE((10.0, 5.0), (10.5, 6.0), 1.0) == 0.0  # never below zero
+    assert OTHERS_SHARE(None, (1.0, 1.0), 1.0) == 0.0  # unknown: not busy
+    assert weights._cpu_seconds() is None or weights._cpu_seconds()[0] > 0
 
 
 def test_the_autotunes_choice_is_cached_and_honoured_on_the_next_call(tmp_path, monkeypatch):
