@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from django.http import HttpRequest
 
-from keys import auth, limits
+from keys import auth, journal, limits
 from keys.errors import AuthFailed, LimiterUnavailable, LimitRefused
 from keys.models import APIKey
 
+from . import metrics
 from .access import note
-from .translate import auth_error, limit_error, limiter_error, rate_limit_headers
+from .translate import auth_error, journal_error, limit_error, limiter_error, rate_limit_headers
 
 
 async def authenticate(request: HttpRequest) -> APIKey:
@@ -39,6 +40,14 @@ async def admit(api_key: APIKey, request_id: str, tokens: int) -> limits.Admissi
         raise limit_error(refused) from None
     except LimiterUnavailable as error:
         raise limiter_error(error) from None
+
+
+def require_journal() -> None:
+    """Raise ``APIError`` 503 ``usage_journal_unavailable`` (with ``Retry-After``) while the usage
+    journal cannot be written: a request whose usage cannot be recorded is not served."""
+    if not journal.accepting():
+        metrics.unavailable.labels(cause="journal").inc()
+        raise journal_error()
 
 
 def admission_headers(admission: limits.Admission) -> dict[str, str]:

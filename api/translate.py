@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+from keys import journal
 from keys.errors import AuthFailed, LimiterUnavailable, LimitRefused
 from keys.limits import CONCURRENCY, QUOTA, REQUESTS, TOO_LARGE, Decision, Limits
 from keys.periods import month_bounds
@@ -52,6 +53,17 @@ def limiter_error(error: LimiterUnavailable) -> APIError:
         status=503,
         type="server_error",
         headers={"Retry-After": str(error.retry_after_seconds)},
+    )
+
+
+def journal_error() -> APIError:
+    """The 503 while the usage journal cannot be written (a full disk): nothing could be accounted for."""
+    return APIError(
+        "The server cannot record usage right now; retry the request shortly.",
+        status=503,
+        type="server_error",
+        code="usage_journal_unavailable",
+        headers={"Retry-After": str(journal.RETRY_AFTER_SECONDS)},
     )
 
 

@@ -26,7 +26,7 @@ from inference.outputs import EngineShuttingDown
 from . import draining, sse
 from .access import notes_of
 from .accounting import RequestUsage
-from .auth import authenticate
+from .auth import authenticate, require_journal
 from .chat.protocol import new_chat_completion_id, parse_chat_request
 from .chat.serving import ChatRun
 from .completions.protocol import new_completion_id, parse_completion_request
@@ -101,6 +101,7 @@ async def _serve(request: HttpRequest, endpoint: _Endpoint) -> HttpResponseBase:
     response: HttpResponseBase
     try:
         api_key = await authenticate(request)
+        require_journal()  # a request whose usage could not be recorded is not served
     except APIError as error:
         response = error_response(error)
         response["x-request-id"] = completion_id

@@ -204,6 +204,14 @@ API_SSE_KEEPALIVE_SECONDS = env.float("API_SSE_KEEPALIVE_SECONDS", default=15.0)
 # compose's stop_grace_period) must be this + 10 s + a margin.
 SHUTDOWN_GRACE_SECONDS = env.float("SHUTDOWN_GRACE_SECONDS", default=30.0)
 
+# --- The usage journal (keys/journal.py) ------------------------------------------------------
+# Every usage record is on this machine's disk before the database sees it: one SQLite journal per
+# process in this folder (keep it on a persistent disk, shared by the machine's processes so that
+# a process that died has its records written by another).  The id names this process's journal;
+# empty: "<hostname>-<pid>".
+USAGE_JOURNAL_DIR = env.path("USAGE_JOURNAL_DIR", default=BASE_DIR / "var" / "journal")
+USAGE_JOURNAL_ID = env.str("USAGE_JOURNAL_ID", default="")
+
 # --- Per-key limits (keys/limits/) --------------------------------------------------------------
 # Defaults for keys without their own; 0 means no limit.  A dimension without a limit sends no
 # x-ratelimit-* headers, so the defaults are generous rather than absent.

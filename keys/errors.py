@@ -55,3 +55,7 @@ class LimiterUnavailable(Exception):
         super().__init__("limiter unavailable" if closed else "limiter could not count")
         self.closed = closed
         self.retry_after_seconds = retry_after_seconds
+
+
+class JournalUnavailable(Exception):
+    """The usage journal cannot be written (a full disk, a read-only folder): see :mod:`keys.journal`."""
