@@ -1,7 +1,7 @@
 """The domain's errors and decisions in HTTP: statuses, OpenAI's errors and ``x-ratelimit-*`` headers.
 
-``keys`` raises :class:`~keys.errors.AuthFailed`, :class:`~keys.errors.LimitRefused` and
-:class:`~keys.errors.LimiterUnavailable` and reports :class:`~keys.limits.Decision` values; this
+``keys`` raises :class:`~keys.errors.AuthFailed`, :class:`~keys.errors.LimitRefused`,
+:class:`~keys.errors.LimiterUnavailable` and :class:`~keys.errors.DatabaseUnavailable` and reports :class:`~keys.limits.Decision` values; this
 module is the one place that says what OpenAI's API answers for each (the messages, types and
 codes of OpenAI's own 401s and 429s, and its rate-limit headers).
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from keys import journal
-from keys.errors import AuthFailed, LimiterUnavailable, LimitRefused
+from keys.errors import AuthFailed, DatabaseUnavailable, LimiterUnavailable, LimitRefused
 from keys.limits import CONCURRENCY, QUOTA, REQUESTS, TOO_LARGE, Decision, Limits
 from keys.periods import month_bounds
 
@@ -52,6 +52,17 @@ def limiter_error(error: LimiterUnavailable) -> APIError:
         "The rate limiter could not count this request; try again.",
         status=503,
         type="server_error",
+        headers={"Retry-After": str(error.retry_after_seconds)},
+    )
+
+
+def database_error(error: DatabaseUnavailable) -> APIError:
+    """The 503 while the database does not answer: nothing was served or charged; retry."""
+    return APIError(
+        "The server cannot reach its database right now; retry the request shortly.",
+        status=503,
+        type="server_error",
+        code="database_unavailable",
         headers={"Retry-After": str(error.retry_after_seconds)},
     )
 

@@ -96,6 +96,10 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
 elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     # Every request runs its queries in a thread of its own; a pool (psycopg_pool) caps the
     # connections a process opens, however many requests are in flight.  0 turns it off.
+    # A connection is checked before use (Django passes psycopg_pool's check_connection to the
+    # pool; without the pool it checks a persistent one), so that one a database restart closed is
+    # replaced instead of failing a request.
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
     _pool_size = env.int("DATABASE_POOL_MAX_SIZE", default=10)
     if _pool_size:
         DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {

@@ -41,8 +41,8 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 
 from keys import metrics, periods
-from keys.db import db_call
-from keys.errors import LimiterUnavailable, LimitRefused
+from keys.db import DATABASE_DOWN, db_call
+from keys.errors import DatabaseUnavailable, LimiterUnavailable, LimitRefused
 from keys.models import APIKey
 from keys.usage import month_tokens
 
@@ -103,9 +103,11 @@ class Admission:
 async def admit(api_key: APIKey, request_id: str, tokens: int) -> Admission:
     """Count and reserve one request of up to ``tokens`` tokens, or refuse it.
 
-    Raises :class:`~keys.errors.LimitRefused` when a limit or the quota refuses it, and
+    Raises :class:`~keys.errors.LimitRefused` when a limit or the quota refuses it,
     :class:`~keys.errors.LimiterUnavailable` when Redis is down and ``API_LIMITS_FAIL_MODE`` is
-    ``closed``.  A client that disconnects while the store answers leaves nothing reserved.
+    ``closed``, and :class:`~keys.errors.DatabaseUnavailable` when the month's quota counter must be
+    read from a database that does not answer.  A client that disconnects while the store answers
+    leaves nothing reserved.
     """
     task = asyncio.ensure_future(_admit(api_key, request_id, tokens))
     try:
@@ -140,7 +142,10 @@ async def _admit(api_key: APIKey, request_id: str, tokens: int) -> Admission:
         try:
             store, decision = await proc.acquire(api_key.pk, request_id, limits, tokens, month, False)
         except MonthUnknown:
-            used = await db_call(month_tokens_in_database, api_key.pk, month)
+            try:
+                used = await db_call(month_tokens_in_database, api_key.pk, month)
+            except DATABASE_DOWN as error:
+                raise DatabaseUnavailable(error) from error
             await proc.seed_month(api_key.pk, month, used)
             continue
         if proc.serving_locally(store):
