@@ -230,8 +230,9 @@ API_LIMITS_REDIS_TIMEOUT = env.float("API_LIMITS_REDIS_TIMEOUT", default=0.5)
 API_LIMITS_REDIS_RETRY_SECONDS = env.float("API_LIMITS_REDIS_RETRY_SECONDS", default=5.0)
 # When Redis is unreachable: "open" (serve, each process counting alone) or "closed" (503).
 API_LIMITS_FAIL_MODE = env.str("API_LIMITS_FAIL_MODE", default="open")
-# A crashed process cannot free its requests' concurrency slots; they expire after this long.
-API_LIMITS_CONCURRENCY_LEASE_SECONDS = env.int("API_LIMITS_CONCURRENCY_LEASE_SECONDS", default=900)
+# A running request's concurrency slot is leased for this long and renewed every third of it; a
+# process killed without freeing its requests' slots has them expire within one lease.
+API_LIMITS_CONCURRENCY_LEASE_SECONDS = env.float("API_LIMITS_CONCURRENCY_LEASE_SECONDS", default=30.0)
 
 # --- Dashboard, accounts and the live WebSocket (the dashboard app) ----------------------------
 LOGIN_URL = "account:login"
