@@ -7,9 +7,9 @@ first, as soon as the database answers (:meth:`Journal.flush`).  The database wr
 on ``request_id`` (:func:`keys.usage.write_record`), so a record delivered twice counts once and
 the daily rollup stays exact.
 
-The journal is an SQLite file in WAL mode with ``synchronous=FULL``: an append has reached the disk
-when it returns (one fsync, a fraction of a millisecond on an SSD).  Files, in ``USAGE_JOURNAL_DIR``:
-``<id>-<db>.sqlite3`` and ``<id>-<db>.lock``, where ``id`` is ``USAGE_JOURNAL_ID`` or
+The journal is an SQLite file in WAL mode with ``synchronous=FULL``: an append has reached the
+disk when it returns (one fsync per record; its cost is in docs/operations.md).  Files, in
+``USAGE_JOURNAL_DIR``: ``<id>-<db>.sqlite3`` and ``<id>-<db>.lock``, where ``id`` is ``USAGE_JOURNAL_ID`` or
 ``<hostname>-<pid>`` and ``db`` a digest of the database's settings (a journal is replayed only
 into the database it was written for).  The process holds the lock (``flock``) for its life.  A
 journal whose lock is free belongs to a process that is gone (killed, crashed): at start-up and
