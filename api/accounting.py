@@ -2,8 +2,9 @@
 
 :class:`RequestUsage` is made once a request is authenticated and finished exactly once, in every
 path (answered, refused, failed, streamed, interrupted, or dropped before its first byte), writing one
-:class:`keys.models.UsageRecord` with the tokens the run generated so far and settling the tokens
-it reserved with :mod:`keys.limits`.  A draining process waits for every open one (:mod:`api.draining`).
+:class:`keys.models.UsageRecord` with the tokens the run generated so far (through the usage journal,
+:mod:`keys.journal`, so that a database outage loses none) and settling the tokens it reserved with
+:mod:`keys.limits`.  A draining process waits for every open one (:mod:`api.draining`).
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ import logging
 import time
 from typing import Any
 
-from keys import limits
+from django.utils import timezone
+
+from keys import journal, limits
 from keys.auth import touch_last_used
 from keys.models import APIKey
-from keys.usage import record_usage
 
-from . import draining, metrics
+from . import draining
 from .auth import admission_headers, admit, current_headers
 from .errors import APIError
 from .generation import Generation
@@ -100,6 +102,7 @@ class RequestUsage:
             latency_ms=(time.monotonic() - self.started) * 1000,
             time_to_first_token_ms=None if first is None else (first - self.started) * 1000,
             user=self.user,
+            created_at=timezone.now(),
         )
         self.notes["usage_record"] = fields  # what the access-log line reads
         draining.state.closed(self)
@@ -130,11 +133,15 @@ def _keep_running(finish, status: int) -> None:
 
 async def _write_usage(api_key: APIKey, fields: dict, admission: limits.Admission | None) -> None:
     try:
-        await record_usage(**fields)
-        await touch_last_used(api_key)
+        written = await journal.record(**fields)  # False: it waits in the journal for the database
     except Exception:
-        metrics.usage_record_failures.inc()
+        written = False
         logger.exception("Could not record usage for %s", fields.get("request_id"))
+    try:
+        if written:
+            await touch_last_used(api_key)  # for humans ("is this key in use?"): skipped while the database is away
+    except Exception as error:  # noqa: BLE001 - never a reason to fail the request's accounting
+        logger.warning("Could not note the use of key %s: %s", api_key.prefix, error)
     finally:
         if admission is not None:
             await admission.settle(fields["prompt_tokens"] + fields["completion_tokens"])

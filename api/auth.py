@@ -8,37 +8,53 @@ from __future__ import annotations
 
 from django.http import HttpRequest
 
-from keys import auth, limits
-from keys.errors import AuthFailed, LimiterUnavailable, LimitRefused
+from keys import auth, journal, limits
+from keys.errors import AuthFailed, DatabaseUnavailable, LimiterUnavailable, LimitRefused
 from keys.models import APIKey
 
+from . import metrics
 from .access import note
-from .translate import auth_error, limit_error, limiter_error, rate_limit_headers
+from .translate import auth_error, database_error, journal_error, limit_error, limiter_error, rate_limit_headers
 
 
 async def authenticate(request: HttpRequest) -> APIKey:
     """The active key of the request's ``Authorization: Bearer`` header (one query).
 
-    Raises ``APIError`` 401 (OpenAI's ``invalid_api_key``, or ``code: null`` when no key is sent).
+    Raises ``APIError`` 401 (OpenAI's ``invalid_api_key``, or ``code: null`` when no key is sent),
+    or 503 ``database_unavailable`` with ``Retry-After`` when the database does not answer.
     The key's public prefix and owner go to the request's access-log line (:mod:`api.access`).
     """
     try:
         api_key = await auth.authenticate(request.headers.get("Authorization"))
     except AuthFailed as error:
         raise auth_error(error) from None
+    except DatabaseUnavailable as error:
+        metrics.unavailable.labels(cause="database").inc()
+        raise database_error(error) from None
     note(request, key_prefix=api_key.prefix, owner=api_key.owner.get_username())
     return api_key
 
 
 async def admit(api_key: APIKey, request_id: str, tokens: int) -> limits.Admission:
     """:func:`keys.limits.admit`, refusals as HTTP: ``LimitExceeded`` (429, with OpenAI's headers)
-    or ``APIError`` 503 when the limits cannot be checked."""
+    or ``APIError`` 503 when the limits cannot be checked (Redis, or the database for the quota)."""
     try:
         return await limits.admit(api_key, request_id, tokens)
     except LimitRefused as refused:
         raise limit_error(refused) from None
     except LimiterUnavailable as error:
         raise limiter_error(error) from None
+    except DatabaseUnavailable as error:
+        metrics.unavailable.labels(cause="database").inc()
+        raise database_error(error) from None
+
+
+def require_journal() -> None:
+    """Raise ``APIError`` 503 ``usage_journal_unavailable`` (with ``Retry-After``) while the usage
+    journal cannot be written: a request whose usage cannot be recorded is not served."""
+    if not journal.accepting():
+        metrics.unavailable.labels(cause="journal").inc()
+        raise journal_error()
 
 
 def admission_headers(admission: limits.Admission) -> dict[str, str]:

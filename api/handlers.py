@@ -35,7 +35,10 @@ from django.http.response import HttpResponseBase
 from api import draining, metrics
 from api.errors import APIError, error_response
 from audit.context import acting_for_request
+from keys.db import DATABASE_DOWN, database_health
+from keys.errors import DatabaseUnavailable
 
+logger = logging.getLogger(__name__)
 security_logger = logging.getLogger("django.security.DisallowedHost")
 
 # Threads for the requests' synchronous calls: requests on one thread wait for each other's calls
@@ -82,7 +85,8 @@ class APIHandler(LanedHandler):
     """``ASGIHandler`` with an empty middleware chain (what ``MIDDLEWARE = []`` would build).
 
     The views still get Django's request, URL routing, exception handling and the request
-    signals (which close stale database connections).  Of the middleware's work the API keeps
+    signals (which close stale database connections); a database that does not answer is a 503
+    (:meth:`_view_response`).  Of the middleware's work the API keeps
     two parts: the ``Host`` header must be in ``ALLOWED_HOSTS`` (``CommonMiddleware`` checked it;
     here a refusal is OpenAI's JSON 400), and responses carry ``X-Content-Type-Options: nosniff``
     (``SecurityMiddleware``).  And the audit log's actor is the request's, as
@@ -96,7 +100,20 @@ class APIHandler(LanedHandler):
         self._exception_middleware: list[Any] = []
         # BaseHandler._get_response_async is the innermost step every middleware chain wraps;
         # django-stubs does not declare this private method.
-        self._middleware_chain = convert_exception_to_response(self._get_response_async)  # type: ignore[attr-defined]
+        self._middleware_chain = convert_exception_to_response(self._view_response)
+
+    async def _view_response(self, request: HttpRequest) -> HttpResponseBase:
+        """The view's response; a database that does not answer is a 503 with ``Retry-After`` (for
+        any API view: authentication says so itself), not a 500."""
+        try:
+            return await self._get_response_async(request)  # type: ignore[attr-defined]
+        except DATABASE_DOWN as error:
+            from api.translate import database_error  # imports the models: not before django.setup() (asgi.py)
+
+            database_health.failed(error)
+            logger.warning("%s %s: 503, the database does not answer (%s)", request.method, request.path, error)
+            metrics.unavailable.labels(cause="database").inc()
+            return error_response(database_error(DatabaseUnavailable(error)))
 
     async def get_response_async(self, request: HttpRequest) -> HttpResponseBase:
         response: HttpResponseBase

@@ -1,8 +1,8 @@
-"""The gateway's Prometheus metrics: requests by endpoint and status class, 401s, usage-record failures.
+"""The gateway's Prometheus metrics: requests by endpoint and status class, 401s, 503s by cause.
 
 Counted by :class:`api.access.AccessLog` (one count per HTTP request, when its response has been
-sent) and by the usage-record writer in :mod:`api.views`.  The limiter's own metrics (429s by
-limit, store errors, fail-open periods) are in :mod:`keys.metrics`; the engine's in
+sent) and where the API refuses.  The domain's own metrics (429s by limit, store errors, fail-open
+periods, the usage journal's) are in :mod:`keys.metrics`; the engine's in
 :mod:`inference.metrics`; ``completions_site/metrics.py`` serves them all on ``GET /metrics``.
 """
 
@@ -42,9 +42,12 @@ draining_refused = Counter(
     "API requests refused with 503 server_shutting_down because the process was draining (SIGTERM): "
     "a deploy or restart, not a fault; they are in completions_http_requests_total's 5xx too.",
 )
-usage_record_failures = Counter(
-    "completions_usage_record_write_failures",
-    "Usage records that could not be written (the request's tokens are then missing from the database).",
+
+unavailable = Counter(
+    "completions_http_unavailable",
+    "API requests refused with 503 because a store they need failed, by cause: database (it does not "
+    "answer) or journal (the usage journal cannot be written).",
+    ["cause"],
 )
 
 

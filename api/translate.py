@@ -1,7 +1,7 @@
 """The domain's errors and decisions in HTTP: statuses, OpenAI's errors and ``x-ratelimit-*`` headers.
 
-``keys`` raises :class:`~keys.errors.AuthFailed`, :class:`~keys.errors.LimitRefused` and
-:class:`~keys.errors.LimiterUnavailable` and reports :class:`~keys.limits.Decision` values; this
+``keys`` raises :class:`~keys.errors.AuthFailed`, :class:`~keys.errors.LimitRefused`,
+:class:`~keys.errors.LimiterUnavailable` and :class:`~keys.errors.DatabaseUnavailable` and reports :class:`~keys.limits.Decision` values; this
 module is the one place that says what OpenAI's API answers for each (the messages, types and
 codes of OpenAI's own 401s and 429s, and its rate-limit headers).
 """
@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import math
 
-from keys.errors import AuthFailed, LimiterUnavailable, LimitRefused
+from keys import journal
+from keys.errors import AuthFailed, DatabaseUnavailable, LimiterUnavailable, LimitRefused
 from keys.limits import CONCURRENCY, QUOTA, REQUESTS, TOO_LARGE, Decision, Limits
 from keys.periods import month_bounds
 
@@ -52,6 +53,28 @@ def limiter_error(error: LimiterUnavailable) -> APIError:
         status=503,
         type="server_error",
         headers={"Retry-After": str(error.retry_after_seconds)},
+    )
+
+
+def database_error(error: DatabaseUnavailable) -> APIError:
+    """The 503 while the database does not answer: nothing was served or charged; retry."""
+    return APIError(
+        "The server cannot reach its database right now; retry the request shortly.",
+        status=503,
+        type="server_error",
+        code="database_unavailable",
+        headers={"Retry-After": str(error.retry_after_seconds)},
+    )
+
+
+def journal_error() -> APIError:
+    """The 503 while the usage journal cannot be written (a full disk): nothing could be accounted for."""
+    return APIError(
+        "The server cannot record usage right now; retry the request shortly.",
+        status=503,
+        type="server_error",
+        code="usage_journal_unavailable",
+        headers={"Retry-After": str(journal.RETRY_AFTER_SECONDS)},
     )
 
 

@@ -23,11 +23,12 @@ from django.views import defaults
 from django.views.decorators.csrf import csrf_exempt
 
 from inference.outputs import EngineShuttingDown
+from keys.db import database_health
 
 from . import draining, sse
 from .access import notes_of
 from .accounting import RequestUsage
-from .auth import authenticate
+from .auth import authenticate, require_journal
 from .chat.protocol import new_chat_completion_id, parse_chat_request
 from .chat.serving import ChatRun
 from .completions.protocol import new_completion_id, parse_completion_request
@@ -102,6 +103,7 @@ async def _serve(request: HttpRequest, endpoint: _Endpoint) -> HttpResponseBase:
     response: HttpResponseBase
     try:
         api_key = await authenticate(request)
+        require_journal()  # a request whose usage could not be recorded is not served
     except APIError as error:
         response = error_response(error)
         response["x-request-id"] = completion_id
@@ -287,10 +289,14 @@ def server_error(request: HttpRequest) -> HttpResponse:
 
 
 async def healthz(request: HttpRequest) -> HttpResponse:
-    """``GET /healthz``: 200 once the model is loaded, 503 while loading (or if loading failed) and
-    while the process drains after SIGTERM (``"status": "draining"``)."""
+    """``GET /healthz``: 200 once the model is loaded, 503 while loading (or if loading failed),
+    while the process drains after SIGTERM (``"status": "draining"``) and while the database does
+    not answer (``"database": "unreachable"``, as the process's last query or probe found it:
+    ``keys/db.py``)."""
     engine = get_engine()
+    reachable = database_health.reachable
     body = {"status": "ok" if engine.ready else "loading", "model": engine.model_id, **engine.stats()}
+    body["database"] = "ok" if reachable else "unreachable"
     if engine.ready and engine.runner is not None:  # what serves: the forward pass and weight formats
         body["runner"] = engine.runner.description
         body["weights"] = engine.runner.weight_formats
@@ -300,7 +306,10 @@ async def healthz(request: HttpRequest) -> HttpResponse:
     if draining.state.draining:
         body["status"] = "draining"
         body["open_requests"] = draining.state.open_requests
-    response = JsonResponse(body, status=200 if engine.ready and not draining.state.draining else 503)
+    healthy = engine.ready and not draining.state.draining and reachable
+    if engine.ready and not reachable and body["status"] == "ok":
+        body["status"] = "unavailable"
+    response = JsonResponse(body, status=200 if healthy else 503)
     # A 503 while loading is expected: Django's private flag keeps it out of the error log.
     response._has_been_logged = True  # type: ignore[attr-defined]
     return response

@@ -98,6 +98,10 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
 elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     # Every request runs its queries in a thread of its own; a pool (psycopg_pool) caps the
     # connections a process opens, however many requests are in flight.  0 turns it off.
+    # A connection is checked before use (Django passes psycopg_pool's check_connection to the
+    # pool; without the pool it checks a persistent one), so that one a database restart closed is
+    # replaced instead of failing a request.
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
     _pool_size = env.int("DATABASE_POOL_MAX_SIZE", default=10)
     if _pool_size:
         DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
@@ -211,6 +215,14 @@ API_SSE_KEEPALIVE_SECONDS = env.float("API_SSE_KEEPALIVE_SECONDS", default=15.0)
 # compose's stop_grace_period) must be this + 10 s + a margin.
 SHUTDOWN_GRACE_SECONDS = env.float("SHUTDOWN_GRACE_SECONDS", default=30.0)
 
+# --- The usage journal (keys/journal.py) ------------------------------------------------------
+# Every usage record is on this machine's disk before the database sees it: one SQLite journal per
+# process in this folder (keep it on a persistent disk, shared by the machine's processes so that
+# a process that died has its records written by another).  The id names this process's journal;
+# empty: "<hostname>-<pid>".
+USAGE_JOURNAL_DIR = env.path("USAGE_JOURNAL_DIR", default=BASE_DIR / "var" / "journal")
+USAGE_JOURNAL_ID = env.str("USAGE_JOURNAL_ID", default="")
+
 # --- Per-key limits (keys/limits/) --------------------------------------------------------------
 # Defaults for keys without their own; 0 means no limit.  A dimension without a limit sends no
 # x-ratelimit-* headers, so the defaults are generous rather than absent.
@@ -225,8 +237,9 @@ API_LIMITS_REDIS_TIMEOUT = env.float("API_LIMITS_REDIS_TIMEOUT", default=0.5)
 API_LIMITS_REDIS_RETRY_SECONDS = env.float("API_LIMITS_REDIS_RETRY_SECONDS", default=5.0)
 # When Redis is unreachable: "open" (serve, each process counting alone) or "closed" (503).
 API_LIMITS_FAIL_MODE = env.str("API_LIMITS_FAIL_MODE", default="open")
-# A crashed process cannot free its requests' concurrency slots; they expire after this long.
-API_LIMITS_CONCURRENCY_LEASE_SECONDS = env.int("API_LIMITS_CONCURRENCY_LEASE_SECONDS", default=900)
+# A running request's concurrency slot is leased for this long and renewed every third of it; a
+# process killed without freeing its requests' slots has them expire within one lease.
+API_LIMITS_CONCURRENCY_LEASE_SECONDS = env.float("API_LIMITS_CONCURRENCY_LEASE_SECONDS", default=30.0)
 
 # --- Dashboard, accounts and the live WebSocket (the dashboard app) ----------------------------
 LOGIN_URL = "account:login"

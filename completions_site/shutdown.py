@@ -66,6 +66,16 @@ def _install(reactor: Any) -> None:
     reactor.addSystemEventTrigger("before", "shutdown", drainer.before_shutdown)
 
 
+async def _flush_journal(timeout: float) -> None:
+    """Give the records waiting in the usage journal a last chance; what stays is written by the
+    next process to start (``keys/journal.py``)."""
+    from keys.journal import get_journal
+
+    journal = get_journal()
+    if journal.backlogged and not await asyncio.to_thread(journal.wait_flushed, timeout):
+        logger.warning("%d usage records wait in %s for the next process", journal.records, journal.path)
+
+
 class Drainer:
     """Drains the process on the first SIGTERM, hurries on the second; ``stop`` ends the reactor."""
 
@@ -115,6 +125,7 @@ class Drainer:
                 await state.wait_idle(self.left())
             if not await state.wait_written(self.left()):
                 logger.error("%d usage records were still being written at exit", state.pending_writes)
+            await _flush_journal(self.left())
         except Exception:
             logger.exception("Draining failed; stopping anyway")
         finally:

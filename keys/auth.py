@@ -15,8 +15,8 @@ from datetime import timedelta
 from django.db.models import Q
 from django.utils import timezone
 
-from .db import db_call
-from .errors import AuthFailed
+from .db import DATABASE_DOWN, db_call
+from .errors import AuthFailed, DatabaseUnavailable
 from .models import APIKey, parse_prefix
 
 logger = logging.getLogger(__name__)
@@ -42,7 +42,9 @@ async def authenticate(authorization: str | None) -> APIKey:
     """The active :class:`APIKey` (with ``owner`` loaded) named by an ``Authorization`` header value.
 
     Costs exactly one database query on success, none for a token not shaped like a key.
-    Raises :class:`~keys.errors.AuthFailed`: ``missing`` for no Bearer token, else incorrect.
+    Raises :class:`~keys.errors.AuthFailed`: ``missing`` for no Bearer token, else incorrect;
+    :class:`~keys.errors.DatabaseUnavailable` when the database does not answer (no key is served
+    from memory meanwhile: docs/operations.md, "Reliability").
     """
     token = bearer_token(authorization)
     prefix = parse_prefix(token)
@@ -51,7 +53,10 @@ async def authenticate(authorization: str | None) -> APIKey:
         raise AuthFailed(missing=False, reason="malformed token")
     # Read from the database on every request, never cached: a revocation, a new limit or a
     # new list of models applies to the next request on every process.
-    api_key = await db_call(_find_key, prefix)
+    try:
+        api_key = await db_call(_find_key, prefix)
+    except DATABASE_DOWN as error:
+        raise DatabaseUnavailable(error) from error
     if api_key is None:
         logger.info("API key rejected: unknown prefix %s", prefix)
         raise AuthFailed(missing=False, reason="unknown prefix")

@@ -55,3 +55,18 @@ class LimiterUnavailable(Exception):
         super().__init__("limiter unavailable" if closed else "limiter could not count")
         self.closed = closed
         self.retry_after_seconds = retry_after_seconds
+
+
+class DatabaseUnavailable(Exception):
+    """The database did not answer (down, restarting, no pooled connection to give in time).
+
+    Nothing was decided about the request: it may be retried after ``retry_after_seconds``.
+    """
+
+    def __init__(self, error: BaseException, retry_after_seconds: int = 5) -> None:
+        super().__init__(f"database unavailable: {type(error).__name__}: {error}")
+        self.retry_after_seconds = retry_after_seconds
+
+
+class JournalUnavailable(Exception):
+    """The usage journal cannot be written (a full disk, a read-only folder): see :mod:`keys.journal`."""

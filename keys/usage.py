@@ -1,4 +1,5 @@
-"""Usage accounting: one :class:`UsageRecord` per API request, written by the view in ``finally``.
+"""Usage accounting: one :class:`UsageRecord` per API request, written by the view in ``finally``
+through the usage journal (:mod:`keys.journal`), which makes the write survive a database outage.
 
 The record and its day's :class:`DailyUsage` row change in one transaction, so the rollup is
 always the sum of the records (``manage.py rebuild_usage_rollup`` recomputes it from them).
@@ -10,11 +11,13 @@ from collections.abc import Iterable
 from datetime import date, timedelta
 from typing import Any
 
+from django.contrib.auth import get_user_model
 from django.core.exceptions import FieldDoesNotExist
-from django.db import connection, models, transaction
+from django.db import IntegrityError, connection, models, transaction
+from django.utils import timezone
 
 from .db import db_call
-from .models import ROLLUP_FIELDS, DailyUsage, UsageRecord, rollup_increments
+from .models import ROLLUP_FIELDS, APIKey, DailyUsage, UsageRecord, rollup_increments
 from .periods import midnight, month_bounds, usage_day
 from .redaction import redact
 
@@ -45,28 +48,74 @@ async def record_usage(**fields: Any) -> UsageRecord:
     - ``error_type`` (str): the ``error.type`` returned, if any.
     - ``time_to_first_token_ms`` (float | None).
     - ``user`` (str): the request's OpenAI ``user`` field.
+    - ``created_at`` (datetime): defaults to now.
 
     Text is redacted (:func:`keys.redaction.redact`: no key secret is stored) and text longer than
-    its column is cut to fit, so that a long client-supplied ``user`` can never make accounting fail.  Raises ``TypeError`` for an unknown field and ``IntegrityError`` for a
-    reused ``request_id`` (and then neither the record nor the rollup changes).
+    its column is cut to fit, so that a long client-supplied ``user`` can never make accounting fail.
+    Idempotent on ``request_id`` (:func:`write_record`): a record already stored is returned as it
+    is.  Raises ``TypeError`` for an unknown field.  The API writes through the usage journal
+    (:func:`keys.journal.record`), which calls :func:`write_record` with :func:`prepare_fields`' form.
     """
-    return await db_call(_record, _complete(fields))
+    record, _ = await db_call(write_record, prepare_fields(fields))
+    return record
 
 
-def _record(fields: dict[str, Any]) -> UsageRecord:
+def write_record(fields: dict[str, Any]) -> tuple[UsageRecord, bool]:
+    """Insert one record (fields as :func:`prepare_fields` returns them) and add it to its day's
+    rollup row, in one transaction, unless its ``request_id`` is already stored.
+
+    Returns ``(record, created)``; when the request is already recorded, the stored record and
+    ``False``, and neither the records nor the rollup change, so a record written twice (a retry
+    after a lost acknowledgement) counts once.  A key or owner deleted since the request is
+    recorded as ``None``, as if deleted after (``SET_NULL``).  Raises ``IntegrityError`` or
+    ``DataError`` for a record the database refuses, ``OperationalError`` when it does not answer.
+    """
+    try:
+        return _insert(fields), True
+    except IntegrityError:
+        stored = UsageRecord.objects.filter(request_id=fields["request_id"]).first()
+        if stored is not None:
+            return stored, False
+        kept = _without_deleted_references(fields)
+        if kept == fields:
+            raise
+    return _insert(kept), True
+
+
+def _insert(fields: dict[str, Any]) -> UsageRecord:
     with transaction.atomic():
         record = UsageRecord.objects.create(**fields)
         DailyUsage.objects.add(record)
     return record
 
 
-def _complete(fields: dict[str, Any]) -> dict[str, Any]:
-    """``fields`` with the derived defaults filled in and text clipped to the column sizes."""
+def _without_deleted_references(fields: dict[str, Any]) -> dict[str, Any]:
+    """``fields`` with ``api_key_id`` and ``owner_id`` set to ``None`` where their rows are gone."""
     fields = dict(fields)
-    api_key = fields.get("api_key")
-    if api_key is not None and "owner" not in fields and "owner_id" not in fields:
-        # owner_id, not owner: reading api_key.owner could be a lazy query in async code.
-        fields["owner_id"] = api_key.owner_id
+    if fields.get("api_key_id") is not None and not APIKey.objects.filter(pk=fields["api_key_id"]).exists():
+        fields["api_key_id"] = None
+    if fields.get("owner_id") is not None and not get_user_model().objects.filter(pk=fields["owner_id"]).exists():
+        fields["owner_id"] = None
+    return fields
+
+
+def prepare_fields(fields: dict[str, Any]) -> dict[str, Any]:
+    """``fields`` as stored: references as ids (``api_key_id``, ``owner_id``), ``created_at``
+    fixed now if absent, the derived ``total_tokens``, text redacted and clipped to the columns.
+
+    The result holds only JSON values and one ``datetime``, so that the usage journal can keep it.
+    """
+    fields = dict(fields)
+    api_key = fields.pop("api_key", None)
+    if api_key is not None:
+        fields["api_key_id"] = api_key.pk
+        if "owner" not in fields and "owner_id" not in fields:
+            # owner_id, not owner: reading api_key.owner could be a lazy query in async code.
+            fields["owner_id"] = api_key.owner_id
+    if "owner" in fields:
+        owner = fields.pop("owner")
+        fields["owner_id"] = None if owner is None else owner.pk
+    fields.setdefault("created_at", timezone.now())
     fields.setdefault("total_tokens", fields.get("prompt_tokens", 0) + fields.get("completion_tokens", 0))
     # Every text field, not only the client's ``user``: a key pasted into any field a client can
     # reach (``model``, an error's text) is not kept.

@@ -116,6 +116,7 @@ def start_server(
         "DJANGO_SETTINGS_MODULE": "completions_site.settings",
         "DATABASE_URL": database_url or f"sqlite:///{database}",
         "API_LIMITS_REDIS_PREFIX": f"completions-site-e2e:{uuid.uuid4().hex[:12]}:",
+        "USAGE_JOURNAL_DIR": str(directory / "journal"),
         "PYTHONUNBUFFERED": "1",
         **settings,
     }

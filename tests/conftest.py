@@ -204,6 +204,21 @@ def limits_store(request, settings) -> str:
     return request.param
 
 
+@pytest.fixture(autouse=True)
+def separate_usage_journal(settings, tmp_path):
+    """Each test journals usage in a folder of its own (a fresh journal; no flusher thread: tests
+    call ``get_journal().flush()`` where they need what waits written), and starts with a database
+    that answers."""
+    from keys.db import database_health
+    from keys.journal import forget_journal
+
+    database_health.reachable = True
+    settings.USAGE_JOURNAL_DIR = tmp_path / "journal"
+    yield settings.USAGE_JOURNAL_DIR
+    forget_journal()
+    database_health.reachable = True
+
+
 # --- The API in this process, on the tiny model (fast view-level tests) ---------------------------
 
 

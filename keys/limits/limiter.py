@@ -33,6 +33,7 @@ import functools
 import logging
 import math
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -41,8 +42,8 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 
 from keys import metrics, periods
-from keys.db import db_call
-from keys.errors import LimiterUnavailable, LimitRefused
+from keys.db import DATABASE_DOWN, db_call
+from keys.errors import DatabaseUnavailable, LimiterUnavailable, LimitRefused
 from keys.models import APIKey
 from keys.usage import month_tokens
 
@@ -72,12 +73,20 @@ class CounterStore(Protocol):
         """Replace the reservation of ``reserved`` tokens with ``used`` and free the concurrency slot."""
         ...
 
+    async def renew(self, key_id: int, request_id: str) -> None:
+        """Extend the lease of a running request's concurrency slot to ``API_LIMITS_CONCURRENCY_LEASE_SECONDS``
+        from now (taking the slot again if it was lost)."""
+        ...
+
 
 @dataclass
 class Admission:
     """An admitted request's reservation; :meth:`settle` it exactly once, when the request ends.
 
-    ``limits`` and ``decision`` are what the headers of its response report.
+    ``limits`` and ``decision`` are what the headers of its response report.  While the request
+    runs, its concurrency slot's lease is renewed every third of
+    ``API_LIMITS_CONCURRENCY_LEASE_SECONDS`` (:meth:`keep_slot`), so that the slot of a process
+    killed without settling frees itself within one lease.
     """
 
     store: CounterStore
@@ -88,24 +97,51 @@ class Admission:
     limits: Limits
     decision: Decision
     settled: bool = field(default=False, init=False)
+    renewal: asyncio.Task | None = field(default=None, init=False, repr=False)
+
+    def keep_slot(self) -> None:
+        """Start renewing the concurrency slot's lease until :meth:`settle` (a key with a concurrency limit)."""
+        interval = settings.API_LIMITS_CONCURRENCY_LEASE_SECONDS / 3
+        self.renewal = asyncio.ensure_future(_renew_lease(weakref.ref(self), interval))
 
     async def settle(self, used_tokens: int) -> None:
         """Replace the reservation with ``used_tokens`` and free the concurrency slot; never raises."""
         if self.settled:
             return
         self.settled = True
+        if self.renewal is not None:
+            # Stopped before the slot is freed: a renewal sent after the settlement would take it again.
+            self.renewal.cancel()
+            if self.renewal.get_loop() is asyncio.get_running_loop():  # tests may settle on another loop
+                await asyncio.gather(self.renewal, return_exceptions=True)
         try:
             await self.store.settle(self.key_id, self.request_id, self.month, self.reserved, used_tokens)
         except Exception:
             logger.exception("Could not settle the reservation of %s", self.request_id)
 
 
+async def _renew_lease(ref: weakref.ref[Admission], interval: float) -> None:
+    """Renew the referenced admission's slot every ``interval`` seconds until it is settled or dropped."""
+    while True:
+        await asyncio.sleep(interval)
+        admission = ref()
+        if admission is None or admission.settled:
+            return
+        try:
+            await admission.store.renew(admission.key_id, admission.request_id)
+        except Exception as error:  # noqa: BLE001 - the next renewal tries again; the lease is three of them
+            logger.warning("Could not renew the concurrency slot of %s: %s", admission.request_id, error)
+        del admission  # only the reference at the top of the loop: a dropped request is not kept alive
+
+
 async def admit(api_key: APIKey, request_id: str, tokens: int) -> Admission:
     """Count and reserve one request of up to ``tokens`` tokens, or refuse it.
 
-    Raises :class:`~keys.errors.LimitRefused` when a limit or the quota refuses it, and
+    Raises :class:`~keys.errors.LimitRefused` when a limit or the quota refuses it,
     :class:`~keys.errors.LimiterUnavailable` when Redis is down and ``API_LIMITS_FAIL_MODE`` is
-    ``closed``.  A client that disconnects while the store answers leaves nothing reserved.
+    ``closed``, and :class:`~keys.errors.DatabaseUnavailable` when the month's quota counter must be
+    read from a database that does not answer.  A client that disconnects while the store answers
+    leaves nothing reserved.
     """
     task = asyncio.ensure_future(_admit(api_key, request_id, tokens))
     try:
@@ -140,7 +176,10 @@ async def _admit(api_key: APIKey, request_id: str, tokens: int) -> Admission:
         try:
             store, decision = await proc.acquire(api_key.pk, request_id, limits, tokens, month, False)
         except MonthUnknown:
-            used = await db_call(month_tokens_in_database, api_key.pk, month)
+            try:
+                used = await db_call(month_tokens_in_database, api_key.pk, month)
+            except DATABASE_DOWN as error:
+                raise DatabaseUnavailable(error) from error
             await proc.seed_month(api_key.pk, month, used)
             continue
         if proc.serving_locally(store):
@@ -148,7 +187,10 @@ async def _admit(api_key: APIKey, request_id: str, tokens: int) -> Admission:
         if decision.refusal is not None:
             metrics.refused(decision.refusal)
             raise LimitRefused(decision, limits, tokens, month)
-        return Admission(store, api_key.pk, request_id, month, tokens, limits, decision)
+        admission = Admission(store, api_key.pk, request_id, month, tokens, limits, decision)
+        if limits.max_concurrent:
+            admission.keep_slot()
+        return admission
     raise LimiterUnavailable(closed=False, retry_after_seconds=1)
 
 

@@ -93,7 +93,7 @@ class LocalStore:
             counters.tokens[request_id] = [now, tokens]
             counters.token_sum += tokens
         if limits.max_concurrent:
-            counters.in_flight[request_id] = now + settings.API_LIMITS_CONCURRENCY_LEASE_SECONDS * 1000
+            counters.in_flight[request_id] = now + _lease_ms()
 
     @staticmethod
     def _refusal(
@@ -122,6 +122,11 @@ class LocalStore:
         with self._lock:
             self._months.setdefault((key_id, month), tokens)
 
+    async def renew(self, key_id: int, request_id: str) -> None:
+        """See :meth:`keys.limits.limiter.CounterStore.renew`."""
+        with self._lock:
+            self._keys[key_id].in_flight[request_id] = self._now() + _lease_ms()
+
     async def settle(self, key_id: int, request_id: str, month: str, reserved: int, used: int) -> None:
         """See :meth:`keys.limits.limiter.CounterStore.settle`."""
         with self._lock:
@@ -133,3 +138,7 @@ class LocalStore:
                 held[1] = used
             if (key_id, month) in self._months:
                 self._months[(key_id, month)] += used - reserved
+
+
+def _lease_ms() -> int:
+    return int(settings.API_LIMITS_CONCURRENCY_LEASE_SECONDS * 1000)

@@ -1,6 +1,6 @@
 """Counters in Redis, shared by every process and machine: one Lua script per check.
 
-``acquire.lua`` and ``settle.lua`` beside this module are the rules (the same as ``local.py``'s);
+``acquire.lua``, ``settle.lua`` and ``renew.lua`` beside this module are the rules (the same as ``local.py``'s);
 each runs atomically in one round trip, timed by the Redis server's clock, so the machines'
 clocks do not matter.  A key's counters share the hash tag ``{<key id>}`` so that they stay on one
 Redis Cluster node.
@@ -20,12 +20,12 @@ from . import decision
 from .decision import REFUSALS, Decision, Limits, MonthUnknown, StoreUnavailable
 
 MONTH_TTL_SECONDS: Final = 40 * 24 * 3600  # a month counter outlives its month, then goes
-_ACQUIRE, _SETTLE = 1, 2  # indexes of the registered scripts in a client entry
+_ACQUIRE, _SETTLE, _RENEW = 1, 2, 3  # indexes of the registered scripts in a client entry
 
 
 @cache
 def lua(name: str) -> str:
-    """The source of the Lua script ``name`` (``"acquire"`` or ``"settle"``) beside this module."""
+    """The source of the Lua script ``name`` (``"acquire"``, ``"settle"``, ``"renew"``) beside this module."""
     return Path(__file__).with_name(f"{name}.lua").read_text()
 
 
@@ -41,7 +41,7 @@ class RedisStore:
         self.prefix = prefix
         self.timeout = timeout
         # redis.asyncio connections belong to the event loop that opened them.
-        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[Any, Any, Any]] = (
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[Any, ...]] = (
             weakref.WeakKeyDictionary()
         )
 
@@ -57,7 +57,7 @@ class RedisStore:
             "month": f"{base}:month:{month}",
         }
 
-    def _client(self) -> tuple[Any, Any, Any]:
+    def _client(self) -> tuple[Any, ...]:
         loop = asyncio.get_running_loop()
         entry = self._clients.get(loop)
         if entry is None:
@@ -73,7 +73,7 @@ class RedisStore:
                 socket_connect_timeout=self.timeout,
                 retry=Retry(NoBackoff(), 1),
             )
-            entry = (client, client.register_script(lua("acquire")), client.register_script(lua("settle")))
+            entry = (client, *(client.register_script(lua(name)) for name in ("acquire", "settle", "renew")))
             self._clients[loop] = entry
         return entry
 
@@ -90,7 +90,7 @@ class RedisStore:
     ) -> Decision:
         """See :meth:`keys.limits.limiter.CounterStore.acquire`."""
         names = self.key_names(key_id, month)
-        lease_ms = int(settings.API_LIMITS_CONCURRENCY_LEASE_SECONDS * 1000)
+        lease_ms = _lease_ms()
         reply = await self._run(
             _ACQUIRE,
             [names[n] for n in ("requests", "tokens", "token_amounts", "token_sum", "in_flight", "month")],
@@ -128,3 +128,12 @@ class RedisStore:
             [names[n] for n in ("token_amounts", "token_sum", "in_flight", "month")],
             [request_id, used, reserved],
         )
+
+    async def renew(self, key_id: int, request_id: str) -> None:
+        """See :meth:`keys.limits.limiter.CounterStore.renew`."""
+        in_flight = self.key_names(key_id, "")["in_flight"]
+        await self._run(_RENEW, [in_flight], [request_id, _lease_ms()])
+
+
+def _lease_ms() -> int:
+    return int(settings.API_LIMITS_CONCURRENCY_LEASE_SECONDS * 1000)

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 from asgiref.sync import async_to_sync
 from django.core.management import call_command
-from django.db import IntegrityError
 
 from keys.models import ROLLUP_FIELDS, DailyUsage, UsageRecord
 from keys.usage import record_usage
@@ -76,9 +75,9 @@ def test_rows_are_per_key_model_and_utc_day(valid_key, other_users_key):
 def test_a_record_written_twice_is_counted_once(valid_key):
     record(valid_key.api_key, "cmpl-once", prompt_tokens=5)
 
-    with pytest.raises(IntegrityError):
-        record(valid_key.api_key, "cmpl-once", prompt_tokens=5)
+    record(valid_key.api_key, "cmpl-once", prompt_tokens=5)  # delivered again (a lost acknowledgement)
 
+    assert UsageRecord.objects.count() == 1
     assert DailyUsage.objects.get().requests == 1
     assert DailyUsage.objects.get().prompt_tokens == 5
 

@@ -6,10 +6,9 @@ from datetime import timedelta
 
 import pytest
 from asgiref.sync import async_to_sync
-from django.db import IntegrityError
 from django.utils import timezone
 
-from keys.models import UsageRecord
+from keys.models import DailyUsage, UsageRecord
 from keys.usage import record_usage
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -64,11 +63,13 @@ def test_no_text_field_keeps_a_key_secret():
     assert stored.model == stored.user == stored.error_type == "sk-cs-AbCd1234.***"
 
 
-def test_a_request_id_is_recorded_once():
-    record()
+def test_a_request_id_is_recorded_once_and_a_second_write_changes_nothing(valid_key):
+    first = record(api_key=valid_key.api_key, prompt_tokens=5)
 
-    with pytest.raises(IntegrityError):
-        record()
+    again = record(api_key=valid_key.api_key, prompt_tokens=50)
+
+    assert again.pk == first.pk and UsageRecord.objects.get().prompt_tokens == 5
+    assert DailyUsage.objects.get().prompt_tokens == 5
 
 
 def test_records_survive_the_deletion_of_their_key(valid_key):

@@ -1,0 +1,437 @@
+"""Faults under load: no served request goes unrecorded, and no fault outside a process is a 500.
+
+    .venv/bin/python bench/faults.py                    # about 3 minutes
+    .venv/bin/python bench/faults.py --json faults.json --clients 6
+
+Two daphne processes (``testing/live_server.py``) share PostgreSQL, Redis and one usage-journal
+folder, with ``DATABASE_POOL_TIMEOUT`` shortened to 8 s so that an outage longer than the pool's
+wait takes seconds, not a minute.  By default the PostgreSQL cluster (``pg_createcluster``, port
+5440) and the Redis server (port 6390) are the run's own, created and removed by it, so that the
+machine's own services (and whoever uses them) are not restarted; ``--shared-services`` uses
+``pg_ctlcluster 15 main`` and the Redis at ``redis://127.0.0.1:6379`` instead (root only; Redis is
+restarted with ``redis-cli shutdown nosave`` and ``redis-server /etc/redis/redis.conf``).  There is
+no nginx: the clients balance over the two processes themselves, sending a request that found a
+process gone (connection refused) to the other one, as nginx's ``proxy_next_upstream`` would.
+
+``--clients`` clients send plain and streamed completions for the whole run while these faults
+come in turn: PostgreSQL stopped for 4 s (within the pool's wait) and for 14 s (past it), Redis
+restarted (3 s down, its data lost), process 2 killed with SIGKILL and started again, and process 2
+killed while PostgreSQL is stopped (so its journal holds records) and started again after.
+
+For each phase and in total it prints the requests sent, the answers by status, 5xx other than
+503 (must be 0), 503s without ``Retry-After`` (must be 0), the usage records of answered requests
+(a 200, or a stream that delivered tokens and ended) that are missing from the database once the
+journals are empty ("lost", must be 0), the streams cut by a SIGKILL (their records die with the
+process: the journal holds finished requests), and the seconds from a fault's end until both
+processes' ``/healthz`` answered 200.  Exit status 1 when a check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import httpx
+
+from testing.live_server import MODEL, LiveServer, start_server, stop_server
+
+NO_EOS = {"0": -100, "2": -100}  # every request generates exactly max_tokens
+POOL_TIMEOUT = 8
+
+
+@dataclass
+class Outcome:
+    """What one client saw of one request."""
+
+    phase: str
+    status: int | None  # None: no HTTP answer (the connection failed)
+    request_id: str = ""
+    stream: bool = False
+    tokens: int = 0  # content events received (streams)
+    finished: bool = False  # a 200 body, or a stream that ended with [DONE]
+    retry_after: bool = False
+    code: str = ""
+    failure: str = ""  # the transport error, if any
+    server: str = ""  # the process's URL
+
+    @property
+    def answered(self) -> bool:
+        """The client was served: its usage must be in the database."""
+        return self.status == 200 and self.finished and (not self.stream or self.tokens > 0)
+
+
+@dataclass
+class Services:
+    """PostgreSQL and Redis, with the commands that stop and start them."""
+
+    postgres_url: str
+    redis_url: str
+    cluster: str
+    redis_port: int
+    shared: bool
+    redis_process: subprocess.Popen | None = None
+
+    def stop_postgres(self) -> None:
+        subprocess.run(["pg_ctlcluster", "15", self.cluster, "stop", "-m", "fast"], check=True)
+
+    def start_postgres(self) -> None:
+        subprocess.run(["pg_ctlcluster", "15", self.cluster, "start"], check=True)
+
+    def stop_redis(self) -> None:
+        if self.shared:
+            subprocess.run(["redis-cli", "-p", str(self.redis_port), "shutdown", "nosave"], check=False)
+        elif self.redis_process is not None:
+            self.redis_process.terminate()
+            self.redis_process.wait(timeout=10)
+
+    def start_redis(self) -> None:
+        if self.shared:
+            subprocess.run(["redis-server", "/etc/redis/redis.conf", "--save", "", "--appendonly", "no"], check=True)
+        else:
+            self.redis_process = subprocess.Popen(
+                [
+                    "redis-server",
+                    "--port",
+                    str(self.redis_port),
+                    "--bind",
+                    "127.0.0.1",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                ],
+                stdout=subprocess.DEVNULL,
+            )
+        for _ in range(50):
+            if subprocess.run(["redis-cli", "-p", str(self.redis_port), "ping"], capture_output=True).returncode == 0:
+                return
+            time.sleep(0.1)
+        raise RuntimeError("Redis did not start again")
+
+
+def own_services(port: int, redis_port: int) -> Services:
+    """A PostgreSQL cluster ``faults`` on ``port`` (trust authentication, a ``root`` superuser, a
+    ``faults`` database) and a Redis server on ``redis_port``, both new."""
+    subprocess.run(["pg_createcluster", "15", "faults", "-p", str(port)], check=True, stdout=subprocess.DEVNULL)
+    Path("/etc/postgresql/15/faults/pg_hba.conf").write_text(
+        "local all all trust\nhost all all 127.0.0.1/32 trust\nhost all all ::1/128 trust\n"
+    )
+    subprocess.run(["pg_ctlcluster", "15", "faults", "start"], check=True)
+    psql = ["runuser", "-u", "postgres", "--", "psql", "-p", str(port), "-qc"]
+    subprocess.run([*psql, "CREATE ROLE root SUPERUSER LOGIN"], check=True)
+    subprocess.run([*psql, "CREATE DATABASE faults OWNER root"], check=True)
+    services = Services(
+        f"postgres://root@127.0.0.1:{port}/faults",
+        f"redis://127.0.0.1:{redis_port}/0",
+        "faults",
+        redis_port,
+        shared=False,
+    )
+    services.start_redis()
+    return services
+
+
+def remove_own_services(services: Services) -> None:
+    services.stop_redis()
+    subprocess.run(["pg_dropcluster", "15", "faults", "--stop"], check=False)
+
+
+@dataclass
+class Cluster:
+    """The two server processes and what they share."""
+
+    workdir: Path
+    database_url: str
+    settings: dict[str, str]
+    servers: list[LiveServer | None] = field(default_factory=list)
+    key: str = ""
+
+    def start(self, index: int) -> None:
+        starts = len(list(self.workdir.glob(f"process-{index + 1}-*")))
+        folder = self.workdir / f"process-{index + 1}-{starts + 1}"  # a log of its own for each start
+        folder.mkdir()
+        settings = {**self.settings, "USAGE_JOURNAL_ID": f"process-{index + 1}"}
+        server = start_server(folder, database_url=self.database_url, key=self.key or None, **settings)
+        self.key = server.key
+        while len(self.servers) <= index:
+            self.servers.append(None)
+        self.servers[index] = server
+
+    def kill(self, index: int) -> None:
+        server = self.servers[index]
+        assert server is not None
+        self.servers[index] = None
+        os.kill(server.process.pid, signal.SIGKILL)
+        server.process.wait()
+
+    def urls(self) -> list[str]:
+        return [server.base_url for server in self.servers if server is not None]
+
+
+async def one_request(client: httpx.AsyncClient, cluster: Cluster, phase: list[str], turn: int) -> Outcome:
+    """One completion, plain or streamed, to the next process; a refused connection goes to the other."""
+    stream = random.random() < 0.5
+    body = {
+        "model": MODEL,
+        "prompt": f"Fault {turn}: once upon a time",
+        "max_tokens": random.randint(8, 24),
+        "logit_bias": NO_EOS,
+        "stream": stream,
+    }
+    headers = {"Authorization": f"Bearer {cluster.key}"}
+    urls = cluster.urls()
+    outcome = Outcome(phase[0], None, stream=stream)
+    for attempt in range(2):
+        outcome.server = urls[(turn + attempt) % len(urls)]
+        url = outcome.server + "/v1/completions"
+        try:
+            async with client.stream("POST", url, json=body, headers=headers) as response:
+                outcome.status = response.status_code
+                outcome.request_id = response.headers.get("x-request-id", "")
+                outcome.retry_after = "retry-after" in response.headers
+                if not stream or response.status_code != 200:
+                    raw = await response.aread()
+                    if response.status_code == 200:
+                        outcome.finished = True
+                    else:
+                        outcome.code = str((json.loads(raw or b"{}").get("error") or {}).get("code") or "")
+                    return outcome
+                async for line in response.aiter_lines():
+                    if line == "data: [DONE]":
+                        outcome.finished = True
+                    elif line.startswith("data: ") and '"error"' not in line:
+                        outcome.tokens += 1
+                return outcome
+        except httpx.ConnectError as error:
+            outcome.failure = type(error).__name__
+            continue  # the balancer's next upstream
+        except httpx.HTTPError as error:
+            outcome.failure = type(error).__name__
+            return outcome
+    return outcome
+
+
+async def load(cluster: Cluster, clients: int, phase: list[str], stop: asyncio.Event, outcomes: list[Outcome]) -> None:
+    turns = iter(range(10**9))
+
+    async def client_loop(client: httpx.AsyncClient) -> None:
+        while not stop.is_set():
+            outcomes.append(await one_request(client, cluster, phase, next(turns)))
+
+    async with httpx.AsyncClient(timeout=120) as client:
+        await asyncio.gather(*(client_loop(client) for _ in range(clients)))
+
+
+async def wait_healthy(cluster: Cluster, timeout: float = 60) -> float:
+    """Seconds until every running process's ``/healthz`` answers 200."""
+    started = time.monotonic()
+    async with httpx.AsyncClient(timeout=2) as client:
+        while time.monotonic() - started < timeout:
+            try:
+                answers = [await client.get(url + "/healthz") for url in cluster.urls()]
+                if all(answer.status_code == 200 for answer in answers):
+                    return time.monotonic() - started
+            except httpx.HTTPError:
+                pass
+            await asyncio.sleep(0.2)
+    return float("inf")
+
+
+async def faults(cluster: Cluster, services: Services, phase: list[str], settle: float) -> dict[str, float]:
+    """Inject each fault in turn; returns the seconds to healthy after each one's end."""
+    recovery: dict[str, float] = {}
+
+    async def step(name: str, seconds: float) -> None:
+        phase[0] = name
+        print(f"  {name}", flush=True)
+        await asyncio.sleep(seconds)
+
+    async def run(command, *args) -> None:
+        await asyncio.to_thread(command, *args)
+
+    await step("baseline", settle)
+    for name, down in (("postgres stopped 4 s", 4), (f"postgres stopped 14 s (pool waits {POOL_TIMEOUT} s)", 14)):
+        await run(services.stop_postgres)
+        await step(name, down)
+        await run(services.start_postgres)
+        recovery[name] = await wait_healthy(cluster)
+        await step(name + ", after", settle)
+    await run(services.stop_redis)
+    await step("redis restarted", 3)
+    await run(services.start_redis)
+    recovery["redis restarted"] = await wait_healthy(cluster)
+    await step("redis restarted, after", settle)
+
+    await step("process 2 killed", 0)
+    await run(cluster.kill, 1)
+    await run(cluster.start, 1)
+    recovery["process 2 killed"] = await wait_healthy(cluster)
+    await step("process 2 killed, after", settle)
+
+    await run(services.stop_postgres)
+    await step("process 2 killed during a postgres outage", 6)
+    await run(cluster.kill, 1)
+    await asyncio.sleep(2)
+    await run(services.start_postgres)
+    await run(cluster.start, 1)
+    recovery["process 2 killed during a postgres outage"] = await wait_healthy(cluster)
+    await step("process 2 killed during a postgres outage, after", settle)
+    return recovery
+
+
+def journal_records(cluster: Cluster) -> float:
+    """Records waiting in the running processes' journals (their ``/metrics``)."""
+    total = 0.0
+    for url in cluster.urls():
+        for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+            if line.startswith("completions_usage_journal_records "):
+                total += float(line.split()[-1])
+    return total
+
+
+def recorded_ids(database_url: str) -> set[str]:
+    import psycopg
+
+    with psycopg.connect(database_url) as connection:
+        return {row[0] for row in connection.execute("SELECT request_id FROM keys_usagerecord")}
+
+
+def report(outcomes: list[Outcome], recorded: set[str], recovery: dict[str, float]) -> dict:
+    phases: dict[str, dict] = {}
+    for outcome in outcomes:
+        row = phases.setdefault(
+            outcome.phase,
+            {
+                "sent": 0,
+                "statuses": Counter(),
+                "lost": 0,
+                "cut": 0,
+                "5xx_not_503": 0,
+                "503_without_retry_after": 0,
+                "answered": 0,
+            },
+        )
+        row["sent"] += 1
+        row["statuses"][str(outcome.status) if outcome.status else outcome.failure or "none"] += 1
+        if outcome.status is not None and outcome.status >= 500 and outcome.status != 503:
+            row["5xx_not_503"] += 1
+        if outcome.status == 503 and not outcome.retry_after:
+            row["503_without_retry_after"] += 1
+        if outcome.stream and outcome.status == 200 and outcome.tokens and not outcome.finished:
+            row["cut"] += 1  # a stream on a process that was killed
+        if outcome.answered:
+            row["answered"] += 1
+            row["lost"] += outcome.request_id not in recorded
+    for row in phases.values():
+        row["statuses"] = dict(sorted(row["statuses"].items()))
+    failures = [
+        f"{o.phase}: {o.failure} from {o.server} (stream {o.stream}, {o.tokens} tokens)" for o in outcomes if o.failure
+    ]
+    totals = {
+        name: sum(row[name] for row in phases.values())
+        for name in ("sent", "answered", "lost", "cut", "5xx_not_503", "503_without_retry_after")
+    }
+    return {
+        "phases": phases,
+        "totals": totals,
+        "records_written": len(recorded),
+        "seconds_to_healthy": {name: round(seconds, 1) for name, seconds in recovery.items()},
+        "transport_failures": failures,
+    }
+
+
+async def drive(args: argparse.Namespace, cluster: Cluster, services: Services) -> tuple[list[Outcome], dict]:
+    phase = ["baseline"]
+    outcomes: list[Outcome] = []
+    stop = asyncio.Event()
+    clients = asyncio.create_task(load(cluster, args.clients, phase, stop, outcomes))
+    try:
+        recovery = await faults(cluster, services, phase, args.settle)
+    finally:
+        stop.set()
+        await clients
+    return outcomes, recovery
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--clients", type=int, default=4, help="concurrent clients (default 4)")
+    parser.add_argument("--settle", type=float, default=6, help="seconds of load between faults (default 6)")
+    parser.add_argument("--threads", type=int, default=1, help="ENGINE_NUM_THREADS of each process (default 1)")
+    parser.add_argument(
+        "--shared-services",
+        action="store_true",
+        help="restart the machine's own PostgreSQL cluster 15/main and Redis on 6379",
+    )
+    parser.add_argument("--json", type=Path, help="also write the report here")
+    args = parser.parse_args()
+
+    if args.shared_services:
+        services = Services("postgres://root@127.0.0.1:5432/test", "redis://127.0.0.1:6379/0", "main", 6379, True)
+        from testing.postgres import scratch_database
+
+        database = scratch_database("completions_faults", services.postgres_url)
+    else:
+        services = own_services(5440, 6390)
+        from contextlib import nullcontext
+
+        database = nullcontext(services.postgres_url)
+    workdir = Path(tempfile.mkdtemp(prefix="faults-"))
+    cluster: Cluster | None = None
+    try:
+        with database as database_url:
+            settings = {
+                "REDIS_URL": services.redis_url,
+                "API_LIMITS_REDIS_PREFIX": f"completions-site-faults:{uuid.uuid4().hex[:12]}:",
+                "API_DEFAULT_MAX_CONCURRENT": "8",  # concurrency slots are counted, leased and renewed
+                "DATABASE_POOL_TIMEOUT": str(POOL_TIMEOUT),
+                "USAGE_JOURNAL_DIR": str(workdir / "journal"),
+                "ENGINE_NUM_THREADS": str(args.threads),
+                "LOG_LEVEL": "WARNING",
+            }
+            cluster = Cluster(workdir, database_url, settings)
+            cluster.start(0)
+            cluster.start(1)
+            print(f"faults: {args.clients} clients on {', '.join(cluster.urls())}; logs in {workdir}", flush=True)
+            outcomes, recovery = asyncio.run(drive(args, cluster, services))
+            deadline = time.monotonic() + 30
+            while journal_records(cluster) and time.monotonic() < deadline:
+                time.sleep(0.5)
+            result = report(outcomes, recorded_ids(database_url), recovery)
+            result["journal_records_left"] = journal_records(cluster)
+            for server in cluster.servers:
+                if server is not None:
+                    stop_server(server)
+            cluster = None
+    finally:
+        if cluster is not None:
+            for server in cluster.servers:
+                if server is not None:
+                    stop_server(server)
+        if not args.shared_services:
+            remove_own_services(services)
+
+    print(json.dumps(result, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    totals = result["totals"]
+    failed = totals["lost"] or totals["5xx_not_503"] or totals["503_without_retry_after"]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
