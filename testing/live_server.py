@@ -152,7 +152,9 @@ def start_server(
 
 
 def wait_healthy(process: subprocess.Popen, base_url: str, log: Path, timeout: float = 600) -> None:
-    """Wait until ``base_url/healthz`` answers 200 (the first start converts the GGUF, about 20 s).
+    """Wait until ``base_url/healthz`` answers 200, long enough for a first start's GGUF conversion.
+
+    That conversion's time: docs/performance.md#the-autotunes-noise-and-the-ggufs-blocks.
 
     Raises ``RuntimeError`` with the log's tail if the process exits or ``timeout`` seconds pass.
     """

@@ -43,10 +43,8 @@ using kernels::horizontal_sum;
 
 // Output rows a product's loop asks the memory for ahead of the one it computes (prefetch_row).
 // At one to a few rows of x a product reads each weight once, straight from memory, and the
-// hardware prefetcher alone left the loops waiting on it, the AVX2 ones most (more instructions per
-// group leave it less room).  The embedded model's decode step, bench/runner_ab.py interleaved in
-// one process on a 2-core Xeon (Sapphire Rapids): 0.91-0.92 of the time without on the AVX2 code at
-// 1, 2 and 8 rows (17.8 -> 16.4 ms at 1), 0.93-0.95 on the AVX-512 code.
+// hardware prefetcher alone left the loops waiting on it, the AVX2 ones most, whose more instructions
+// per group leave it less room (docs/performance.md#the-block-products).
 constexpr int64_t PREFETCH_ROWS = 2;
 
 // Asks for the cache lines holding `bytes` bytes from `offset` bytes after `base`.  The address is integer arithmetic and a
@@ -134,12 +132,9 @@ inline void dot_rows(const W& w, const float* x, int64_t K, int64_t N, int64_t n
 // Rows of x in blocks of ROW_BLOCK (then the rest), each block against every output row of
 // [first, last) before the next block: a block of x (8 rows, 18-49 KB for the embedded model's
 // widths) stays in L1 while the chunk's weights come from L2, where taking every block for one output
-// row before the next read all of x for each row and spilled L1 from 16 rows on.  dot(n, r0, rows)
-// computes output row n against rows [r0, r0 + rows) of x (rows a std::integral_constant).
-// The embedded model's 120 layer products on a 2-core Zen 4 (ms, before / after; that order's outer-
-// product kernel for 12 rows and more, gone now): AVX2 code 16 rows 20.9 / 19.0 (outer product 23.5),
-// 32 rows 59.4 / 35.9 (39.2), 256 rows: 270 where the dense sgemm took 287; AVX-512 code 32 rows
-// 57.3 / 24.0 (29.7), 256 rows 174 where the dense sgemm took 304.
+// row before the next read all of x for each row and spilled L1 from 16 rows on
+// (docs/performance.md#the-block-products).  dot(n, r0, rows) computes output row n against rows
+// [r0, r0 + rows) of x (rows a std::integral_constant).
 template <typename Dot>
 inline void row_blocks(int64_t M, int64_t first, int64_t last, const Dot& dot) {
   int64_t r0 = 0;
@@ -176,9 +171,8 @@ inline void q4_1_row(const Q4_1& w, const float* sx, int64_t groups, int64_t n, 
   }
   if (g < groups) even = group(qs + g * 16, g, d[g], even);
   // The minimums' term, 8 groups at a time: summed one group after another it was a chain of
-  // dependent multiply-adds as long as the row had groups, 4 cycles each, which took as long as the
-  // nibbles' products (a one-row product of the embedded model's layers, one thread of a 2-core
-  // Xeon's AVX2 code: 3.0 ns a group with weights in L2).
+  // dependent multiply-adds as long as the row, as slow as the nibbles' products
+  // (docs/performance.md#the-block-products).
   __m256 terms = _mm256_setzero_ps();
   for (g = 0; g + 8 <= groups; g += 8) {
     const __m256 factor = _mm256_fmadd_ps(_mm256_loadu_ps(d + g), _mm256_set1_ps(8.0f), _mm256_loadu_ps(m + g));
@@ -197,9 +191,9 @@ inline void q4_1_row(const Q4_1& w, const float* sx, int64_t groups, int64_t n, 
 // group's mean weight, small where the weights are centred on zero, where m alone is about -7.5 d
 // (uncentred, a row of x with a mean of 10 lost two digits to the cancellation).  A group's 16
 // bytes are zero-extended 8 at a time (two shuffles, not six), their low nibbles being weights 0-7
-// and 8-15 and their high nibbles 16-23 and 24-31; five multiply-adds, not eight.
-// The embedded model's layers at one row, interleaved A/B on a Xeon's AVX2 code: 6.5-7.2 ms against
-// 7.4-7.8 dequantizing first.  (The AVX-512 version gained nothing from it: it is not kept.)
+// and 8-15 and their high nibbles 16-23 and 24-31; five multiply-adds, not eight.  Faster than
+// dequantizing first on the AVX2 code; an AVX-512 version gained nothing and is not kept
+// (docs/performance.md#the-block-products).
 inline void q4_1_one_row(const Q4_1& w, const float* x, const float* sx, int64_t K, int64_t n, float* y, bool add) {
   const __m256i mask = _mm256_set1_epi32(0x0F);
   const __m256i eight = _mm256_set1_epi32(8);
@@ -249,11 +243,10 @@ inline float group_scale(const float* xg, float largest, __m256 v[4], float* dx,
 // (which also rounds dx and the group sums to float16, where these stay float32): per
 // group one maddubs and one madd on the centred nibbles (q - 8, made unsigned by moving their sign
 // onto x), then d * dx times that integer sum, plus (m + 8 d) times the group's float sum of x.  A
-// third of the float loop's instructions per group: the embedded model's 120 layer products at one
-// row on AVX2 code, 2-core Xeon, 8.9 -> 4.2 ms with two threads.  The price is x's rounding to 8 bits:
-// a product's relative error is about 1e-2 where the float loop's is 1e-7 (see the README for what
-// it does to greedy text).  Only where set_activation_bits asks for 8 (ENGINE_Q8_ACTIVATIONS=on), and
-// only in the AVX2 products: the AVX-512 float loop is about as fast.
+// third of the float loop's instructions per group (docs/performance.md#the-block-products).  The
+// price is x's rounding to 8 bits: a product's relative error is about 1e-2 where the float loop's is
+// 1e-7 (see the README for what it does to greedy text).  Only where set_activation_bits asks for 8
+// (ENGINE_Q8_ACTIVATIONS=on), and only in the AVX2 products: the AVX-512 float loop is about as fast.
 //
 // x [K] into xq [K] (round(x / dx), |xq| <= 127), its groups' scales dx and float sums sx [K / 32];
 // false where a group cannot be rounded (group_scale).
@@ -296,9 +289,9 @@ inline void q4_1_one_row(const Q4_1& w, const int8_t* xq, const float* dx, const
 // of 4, which one multiply-add by d * dx takes into the float accumulators.  A product's relative
 // error is about 1e-5 (x's rounding), where the float loop's is 1e-7 and 8-bit activations' 1e-2; in
 // likelihood it is as close to the float loop as the AVX-512 float loop is
-// (bench/activation_bits_quality.py).  The embedded model's 120 layer
-// products at one row on a 2-core Zen 4's AVX2 code: 3.95 -> 3.19 ms (8-bit activations: 3.25).
-// The AVX2 default (set_activation_bits); the AVX-512 float loop is as fast.
+// (bench/activation_bits_quality.py), and it is faster than the float loop and about as fast as 8-bit
+// activations (docs/performance.md#why-our-own-kernels).  The AVX2 default (set_activation_bits); the
+// AVX-512 float loop is as fast.
 //
 // As the 8-bit quantize_row, rounded to |xq| <= 32767.
 inline bool quantize_row(const float* x, int64_t K, int16_t* xq, float* dx, float* sx) {
@@ -334,8 +327,9 @@ inline void q4_1_one_row(const Q4_1& w, const int16_t* xq, const float* dx, cons
 
 // Q8_0 against one row of x rounded to 16 bits per group of 32 (quantize_row): per group the 32
 // bytes sign-extended to 16-bit lanes, two madd with x, then one multiply-add by d * dx, as the
-// one-row Q4_1 product (the output layer of a one-stream decode step: its float32 loop converted
-// and multiplied every weight as a float, 22% of a batch-1 step on a 2-core Xeon's AVX2 code).
+// one-row Q4_1 product: for the output layer of a one-stream decode step, where the float32 loop,
+// converting and multiplying every weight as a float, took a large part of the step
+// (docs/performance.md#the-block-products).
 inline void q8_0_one_row(const Q8_0& w, const int16_t* xq, const float* dx, int64_t K, int64_t n, float* y, bool add) {
   const int64_t groups = K / GROUP;
   const int8_t* qs = w.qs + n * K;
@@ -396,10 +390,8 @@ bool one_row_rounded(const W& w, const float* x, int64_t K, int64_t N, float* y,
 // yields a vector of rows' sums for one output row, and the integer and float accumulators stay in
 // registers.  Rows of x are rounded and laid out in tiles once per product (RoundedRows); each thread
 // unpacks its output rows' weights, Tile::OUTPUTS at a time, to 16-bit pairs (a few KB, in L1), which
-// then meet every tile of x.
-// One thread on a 2-core AMD EPYC's AVX2 code (the embedded model's shapes, K 576 and 1536): 145-160
-// GFLOP/s at 32 and 256 rows, where the float32 row blocks took 65-75 and MKL's sgemm 85-103; 115-130
-// at 8 rows; at 2-4 rows, where reading the weights bounds either, the float32 loop is as fast or faster.
+// then meet every tile of x.  Below ROUNDED_ROWS rows reading the weights bounds either, and the
+// float32 loop is as fast (docs/performance.md#the-block-products).
 constexpr int64_t ROUNDED_ROWS = 5;
 constexpr int PAIRS = GROUP / 2;  // pairs of columns per group
 
@@ -607,19 +599,13 @@ bool use_vnni = vnni_available();
 namespace wide {
 
 // From this many rows on the AVX-512 products round x to 16 bits too (see rounded_gemm), in tiles of
-// 16 rows against 12 output rows (24 of the 32 registers; 8 outputs were 3% slower).  One thread of
-// a 2-core AMD EPYC with VNNI, the embedded model's gate/up shape against the float32 loop: 2.35
-// times as fast at 256 rows, 2.0 at 32, 1.75 at 16, 0.7 at 4.  The Llama runner's decode step
-// (bench/runner_ab.py against the float32 loop): 1.05-1.15 of its time at 8 rows (half a tile, and the
-// unpacking for it), 0.96-0.97 at 9 and 10, 0.77-0.82 at 11 and 12, 0.60 at 32.
+// 16 rows against 12 output rows (24 of the 32 registers); at 8 rows, half a tile, the rounding and
+// unpacking cost more than they saved (docs/performance.md#the-block-products).
 constexpr int64_t WIDE_ROUNDED_ROWS = 9;
 constexpr int TILE_OUTPUTS = 12;
-// Products of 7 and 8 rows round x too, in NarrowTile's tiles of 8 rows: one thread of a 2-core Zen 4
-// with VNNI, against the float32 loop at 8 rows, 0.76 of its time for the gate/up and q/k/v shapes and
-// 0.51 for down (whose 8 rows of x, 49 KB, spill L1 in that loop), and a tile costs the same at 7; the
-// decode step at 8 rows 22.4 -> 18.3 ms on two threads, at 7 a tie there (the engine runs one thread
-// under many short requests).  At 6 rows the two tie, and below a tile is too empty (4 rows: 1.4
-// times the float32 loop's time).
+// Products of 7 and 8 rows round x too, in NarrowTile's tiles of 8 rows, faster than the float32
+// loop there; at 6 rows the two tie, and below a tile is too empty
+// (docs/performance.md#the-block-products).
 constexpr int64_t NARROW_ROUNDED_ROWS = 7;
 
 struct Q4_1 {

@@ -1,6 +1,7 @@
-// The small operations of a Llama decode step, one call each instead of several torch operations
-// (issue 12: at batch 1 on a 2-core CPU, torch's per-operation cost was half of the step once the
-// matrix products were fast).  Float32 throughout; AVX2 + FMA; pool.h's threads, as many as the caller says.
+// The small operations of a Llama decode step, one call each instead of several torch operations,
+// whose per-operation cost was half of a batch-1 step once the matrix products were fast
+// (docs/performance.md#why-our-own-kernels).  Float32 throughout; AVX2 + FMA; pool.h's threads, as
+// many as the caller says.
 //
 //   rms_norm:         Zhang & Sennrich 2019, as transformers' LlamaRMSNorm computes it in float32.
 //   silu_mul:         SwiGLU's silu(gate) * up (Shazeer 2020) from the fused gate/up product.
@@ -11,9 +12,8 @@
 //   prefill_attention: a prefill pass's rotary embeddings, cache writes and causal attention per
 //                     layer in one call, flash attention's online softmax (below); where torch's
 //                     operations took rotary embeddings, copies into the cache, casts of the float16
-//                     cache, a mask per block of queries and SDPA (issue 12: a 512-token prefill 0.73
-//                     of the time on a 2-core Xeon's AVX2 code, 0.77 on its AVX-512 code; 16 prompts
-//                     of 16 tokens 0.66-0.70).
+//                     cache, a mask per block of queries and SDPA, each a call of its own
+//                     (docs/performance.md#the-decode-steps-operations).
 
 #include <immintrin.h>
 #include <math.h>

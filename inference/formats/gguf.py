@@ -5,10 +5,11 @@ metadata counts, the metadata as typed key/value pairs, one record per tensor (n
 innermost first, ggml type, offset in the data section), then the data section, aligned to
 ``general.alignment`` (32 by default).  All numbers are little-endian.
 
-:class:`GGUFFile` parses the header in Python (a Llama 3 tokenizer's 128,256 strings in about
-0.2 s) and checks it whole before anything is loaded: a file that is not a GGUF, is cut short, holds
-a tensor of a type :mod:`inference.formats.ggml` does not know, or a tensor whose bytes do not fit
-its shape raises :class:`ModelFileError` naming the problem.  Tensor data is memory-mapped, never
+:class:`GGUFFile` parses the header in Python, fast enough for a Llama 3 tokenizer's 128,256 strings
+(docs/performance.md#the-autotunes-noise-and-the-ggufs-blocks), and checks it whole before anything
+is loaded: a file that is not a GGUF, is cut short, holds a tensor of a type
+:mod:`inference.formats.ggml` does not know, or a tensor whose bytes do not fit its shape raises
+:class:`ModelFileError` naming the problem.  Tensor data is memory-mapped, never
 read into a copy: :meth:`GGUFFile.raw` returns a ``uint8`` view ``[rows, row_bytes]`` of the map.
 """
 
