@@ -174,8 +174,8 @@ class CPUKernels:
 
     def set_k_quant_int8(self, on: bool) -> None:
         """Whether the K-quant products (Q4_K, Q5_K, Q6_K as GGUF stores them) of any rows round x
-        to 8 bits per group of 32 where the activation bits are 16 (``csrc/ggml_int8.h``: the form of
-        llama.cpp's own K-quant dot products, which round x to 8 bits per 256), as they do where
+        to 8 bits per 256 where the activation bits are 16 (``csrc/ggml_int8.h``: the form of
+        llama.cpp's own K-quant dot products), as they do where
         they are 8; 32 keeps them float32 either way.  About twice the speed of their 16-bit
         products; the likelihood cost is in docs/performance.md (bench/activation_bits_quality.py).
         Off at load; the engine's ``k_quant_int8`` turns it on.  Process-wide, every thread."""
