@@ -110,6 +110,7 @@ struct V {
 
 // acc + the sums of a * b's pairs of 16-bit lanes, in 8 int32 lanes.
 struct Dot16 {
+  static constexpr int ACCUMULATORS = 1;  // the multiply is off the chain: an add a step
   static __m256i add(__m256i acc, __m256i a, __m256i b) { return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b)); }
 };
 constexpr int INT8_COLS = 1;  // weight rows a tile: 16 registers hold 4 rows' accumulators for one
@@ -197,6 +198,7 @@ struct V {
 namespace avx512 {
 
 struct Dot16 {
+  static constexpr int ACCUMULATORS = 8;  // dpwssd's latency on the chain: 8 chains keep it busy
   static __m256i add(__m256i acc, __m256i a, __m256i b) { return _mm256_dpwssd_epi32(acc, a, b); }
 };
 constexpr int INT8_COLS = 2;

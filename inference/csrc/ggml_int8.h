@@ -5,7 +5,7 @@
 // into 32 bits (madd, or AVX-512 VNNI's dpwssd), so that a whole super-block is summed exactly in
 // integers; then one float multiply-add by d * dx per super-block.  Included by ggml_blocks.cpp inside
 // a namespace that defines Dot16::add(acc, a, b) (acc + the sums of a * b's pairs of 16-bit lanes)
-// under that namespace's target; 256-bit vectors in both (on the CPUs with VNNI we know, 512-bit
+// and Dot16::ACCUMULATORS (independent chains a tile keeps), under that namespace's target; 256-bit vectors in both (on the CPUs with VNNI we know, 512-bit
 // integer operations run as two 256-bit halves).  No include guard, on purpose.
 //
 // A tile of ROWS rows of x against COLS weight rows keeps ROWS * COLS integer and float accumulators
@@ -87,24 +87,33 @@ inline void prefetch_block(const uint8_t* b, int64_t bytes) {
     _mm_prefetch(reinterpret_cast<const char*>(b + PREFETCH_BYTES + line), _MM_HINT_T0);
 }
 
-// The tile's accumulators: per (row, column) 8 int32 lanes for the current super-block and 8 float
-// lanes for the row's sum so far.
+// The tile's accumulators: per (row, column) CHAINS sets of 8 int32 lanes for the current
+// super-block (independent chains, where the integer multiply-add's latency would otherwise bound a
+// small tile: Dot16::ACCUMULATORS in flight) and 8 float lanes for the row's sum so far.
 template <int ROWS, int COLS>
 struct Tile {
-  __m256i sums[ROWS][COLS];
+  static constexpr int CHAINS = Dot16::ACCUMULATORS > ROWS * COLS ? Dot16::ACCUMULATORS / (ROWS * COLS) : 1;
+  __m256i sums[ROWS][COLS][CHAINS];
   __m256 acc[ROWS][COLS];
   Tile() {
     for (int r = 0; r < ROWS; ++r)
-      for (int c = 0; c < COLS; ++c) sums[r][c] = _mm256_setzero_si256(), acc[r][c] = _mm256_setzero_ps();
+      for (int c = 0; c < COLS; ++c) {
+        for (int k = 0; k < CHAINS; ++k) sums[r][c][k] = _mm256_setzero_si256();
+        acc[r][c] = _mm256_setzero_ps();
+      }
   }
+  // Group g's products of row r and column c, a * b's pairs summed (Dot16).
+  void add(int r, int c, int g, __m256i a, __m256i b) { sums[r][c][g % CHAINS] = Dot16::add(sums[r][c][g % CHAINS], a, b); }
   // The super-block's integer sums times dx, then d (never d * dx, which can underflow where each is
   // normal), into the float sums.
   void close_block(const RoundedX8& x, int64_t r0, int64_t block, const float (&d)[COLS], int64_t blocks) {
     for (int r = 0; r < ROWS; ++r) {
       const __m256 dx = _mm256_set1_ps(x.dx[(r0 + r) * blocks + block]);
       for (int c = 0; c < COLS; ++c) {
-        acc[r][c] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(sums[r][c]), dx), _mm256_set1_ps(d[c]), acc[r][c]);
-        sums[r][c] = _mm256_setzero_si256();
+        __m256i total = sums[r][c][0];
+        for (int k = 1; k < CHAINS; ++k) total = _mm256_add_epi32(total, sums[r][c][k]);
+        acc[r][c] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(total), dx), _mm256_set1_ps(d[c]), acc[r][c]);
+        for (int k = 0; k < CHAINS; ++k) sums[r][c][k] = _mm256_setzero_si256();
       }
     }
   }
@@ -118,15 +127,21 @@ struct Tile {
   }
 };
 
-// Q4_K's and Q5_K's 6-bit scales and minimums of a super-block, as bytes (ggml's get_scale_min_k4).
-inline void k_scale_bytes(const uint8_t* b, uint8_t (&sc)[8], uint8_t (&m)[8]) {
+// Q4_K's and Q5_K's 6-bit scales and minimums of a super-block (ggml's get_scale_min_k4), as 8
+// 16-bit lanes each.
+inline void k_scales16(const uint8_t* b, __m128i& sc, __m128i& m) {
   uint32_t u[3];
   std::memcpy(u, b + 4, 12);
   constexpr uint32_t SIX = 0x3F3F3F3F, NIBBLE = 0x0F0F0F0F, TOP = 0x03030303;
-  const uint32_t words[4] = {u[0] & SIX, (u[2] & NIBBLE) | (((u[0] >> 6) & TOP) << 4), u[1] & SIX,
-                             ((u[2] >> 4) & NIBBLE) | (((u[1] >> 6) & TOP) << 4)};
-  std::memcpy(sc, words, 8);
-  std::memcpy(m, words + 2, 8);
+  const uint64_t scales = (u[0] & SIX) | (uint64_t((u[2] & NIBBLE) | (((u[0] >> 6) & TOP) << 4)) << 32);
+  const uint64_t minimums = (u[1] & SIX) | (uint64_t(((u[2] >> 4) & NIBBLE) | (((u[1] >> 6) & TOP) << 4)) << 32);
+  sc = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<int64_t>(scales)));
+  m = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<int64_t>(minimums)));
+}
+
+// 16-bit lane g of both halves of v in every lane (g a constant once the caller's loop is unrolled).
+inline __m256i lane16(__m256i v, int g) {
+  return _mm256_shuffle_epi8(v, _mm256_set1_epi16(static_cast<int16_t>((2 * g) | ((2 * g + 1) << 8))));
 }
 
 // Q4_K (FIFTH false) and Q5_K: 32 bytes of qs hold groups 2j (low nibbles) and 2j + 1 (high), Q5_K's
@@ -143,17 +158,16 @@ inline void k_quant_tile(const uint8_t* w, int64_t row_bytes, const RoundedX8& x
   for (int64_t blk = 0; blk < blocks; ++blk) {
     const uint8_t* b[COLS];
     float d[COLS];
-    uint8_t sc[COLS][8], m[COLS][8];
-    alignas(16) int16_t scales[COLS][8];
+    __m256i scales[COLS];
     for (int c = 0; c < COLS; ++c) {
       b[c] = w + (n0 + c) * row_bytes + blk * BYTES;
       prefetch_block(b[c], BYTES);
       d[c] = half_to_float(b[c]);
-      k_scale_bytes(b[c], sc[c], m[c]);
-      _mm_store_si128(reinterpret_cast<__m128i*>(scales[c]), _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc[c]))));
+      __m128i sc, m;
+      k_scales16(b[c], sc, m);
+      scales[c] = _mm256_broadcastsi128_si256(sc);
       // The minimums: - dmin m_g times x's float sum of group g, a lane each.
-      const __m256 mins = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(m[c])))),
-                                        _mm256_set1_ps(half_to_float(b[c] + 2)));
+      const __m256 mins = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu16_epi32(m)), _mm256_set1_ps(half_to_float(b[c] + 2)));
       for (int r = 0; r < ROWS; ++r)
         tile.acc[r][c] = _mm256_fnmadd_ps(mins, _mm256_loadu_ps(&x.sx[((r0 + r) * blocks + blk) * 8]), tile.acc[r][c]);
     }
@@ -169,15 +183,15 @@ inline void k_quant_tile(const uint8_t* w, int64_t row_bytes, const RoundedX8& x
           low[c] = _mm256_or_si256(low[c], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j), one), 4));
           high[c] = _mm256_or_si256(high[c], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j + 1), one), 4));
         }
-        scale_low[c] = _mm256_set1_epi16(scales[c][2 * j]);
-        scale_high[c] = _mm256_set1_epi16(scales[c][2 * j + 1]);
+        scale_low[c] = lane16(scales[c], 2 * j);
+        scale_high[c] = lane16(scales[c], 2 * j + 1);
       }
       for (int r = 0; r < ROWS; ++r) {
         const int8_t* xg = x.q.data() + (r0 + r) * K + blk * SUPER + 64 * j;
         const __m256i xl = load32(xg), xh = load32(xg + 32);
         for (int c = 0; c < COLS; ++c) {
-          tile.sums[r][c] = Dot16::add(tile.sums[r][c], _mm256_maddubs_epi16(low[c], xl), scale_low[c]);
-          tile.sums[r][c] = Dot16::add(tile.sums[r][c], _mm256_maddubs_epi16(high[c], xh), scale_high[c]);
+          tile.add(r, c, 2 * j, _mm256_maddubs_epi16(low[c], xl), scale_low[c]);
+          tile.add(r, c, 2 * j + 1, _mm256_maddubs_epi16(high[c], xh), scale_high[c]);
         }
       }
     }
@@ -209,7 +223,7 @@ inline void q6_k_tile(const uint8_t* w, int64_t row_bytes, const RoundedX8& x, i
       // The offset: - 32 sc_s times the sum of x's rounded values s, in integers.
       for (int r = 0; r < ROWS; ++r) {
         const __m256i sums = _mm256_madd_epi16(sc, load32(&x.q16[((r0 + r) * blocks + blk) * 16]));
-        tile.sums[r][c] = _mm256_sub_epi32(tile.sums[r][c], _mm256_slli_epi32(sums, 5));
+        tile.sums[r][c][0] = _mm256_sub_epi32(tile.sums[r][c][0], _mm256_slli_epi32(sums, 5));
       }
     }
     #pragma GCC unroll 2
@@ -227,7 +241,7 @@ inline void q6_k_tile(const uint8_t* w, int64_t row_bytes, const RoundedX8& x, i
         }
         for (int r = 0; r < ROWS; ++r) {
           const __m256i xg = load32(x.q.data() + (r0 + r) * K + blk * SUPER + GROUP * g);
-          for (int c = 0; c < COLS; ++c) tile.sums[r][c] = Dot16::add(tile.sums[r][c], _mm256_maddubs_epi16(q[c], xg), scale[c]);
+          for (int c = 0; c < COLS; ++c) tile.add(r, c, g, _mm256_maddubs_epi16(q[c], xg), scale[c]);
         }
       }
     }
@@ -278,7 +292,8 @@ inline bool int8_gemm(int type, const float* x, int64_t M, int64_t K, const uint
       for (int64_t r0 = 0; r0 < M; r0 += 4) {
         const int64_t rows = std::min<int64_t>(M - r0, 4);
         int64_t n = start;
-        for (; n + INT8_COLS <= end; n += INT8_COLS) int8_cols<INT8_COLS>(type, w, row_bytes, rounded, r0, rows, n, K, N, y, add);
+        if (rows > 2)  // few rows of x keep one weight row's chains in flight: wider tiles only spill
+          for (; n + INT8_COLS <= end; n += INT8_COLS) int8_cols<INT8_COLS>(type, w, row_bytes, rounded, r0, rows, n, K, N, y, add);
         for (; n < end; ++n) int8_cols<1>(type, w, row_bytes, rounded, r0, rows, n, K, N, y, add);
       }
     }
