@@ -177,6 +177,7 @@ async def _start_completion(request: HttpRequest, usage: RequestUsage, endpoint:
 async def _stream(run: Generation, usage: RequestUsage) -> AsyncIterator[bytes]:
     """The SSE body. A disconnect aborts the generation; the usage record is written either way."""
     error_type = ""
+    usage.body_started = True  # Django sent the 200 before asking for the body
     try:
         async for chunk in sse.with_keepalive(_events(run), settings.API_SSE_KEEPALIVE_SECONDS):
             yield chunk
