@@ -256,6 +256,23 @@ def test_an_unwritable_journal_refuses_new_requests_with_a_503_and_loses_nothing
     assert status == 200 and (state["status"], state["usage_journal"]) == ("ok", "ok")
 
 
+def test_a_written_record_the_full_journal_could_not_forget_is_forgotten_once_it_has_space(valid_key):
+    journal = get_journal()
+    seq, _ = journal.append(fields("cmpl-unforgotten", valid_key.api_key))
+    journal_module.write_record(fields("cmpl-unforgotten", valid_key.api_key))
+    working = journal._db
+    journal._db = FullDisk()
+    try:
+        journal.ack(seq)  # the disk filled up between the append and the database's answer
+    finally:
+        journal._db = working
+
+    assert journal.records == 1 and journal.backlogged  # the flusher's work now
+    assert journal.flush() == 1
+    assert (journal.records, journal.backlogged) == (0, False)
+    assert UsageRecord.objects.filter(request_id="cmpl-unforgotten").count() == 1
+
+
 def test_a_record_neither_the_journal_nor_the_database_took_is_counted_and_logged_as_lost(
     valid_key, monkeypatch, caplog
 ):
