@@ -47,6 +47,7 @@ class RequestUsage:
         self.user = ""
         self.run: Generation | None = None
         self.submitted = False  # whether the engine took the request (only then are tokens charged)
+        self.body_started = False  # whether a stream's body began: its 200 has reached the client
         self.written = False
         self.admission: limits.Admission | None = None
         self.limit_headers: dict[str, str] | None = None
@@ -114,12 +115,14 @@ class RequestUsage:
 
     def __del__(self) -> None:
         # A streamed response dropped before its first byte (the client left while the middleware
-        # ran) never starts its generator, so no finally of ours runs: account for it here.
+        # ran) never starts its generator, so no finally of ours runs: account for it here.  So is
+        # one dropped between two chunks (a disconnect while Django was sending), whose generator's
+        # own finally may come after this: its client was sent the 200.
         if self.written or self.loop.is_closed():
             return
         if self.run is not None:
             self.run.abort()
-        self.loop.call_soon_threadsafe(_keep_running, self.finish, 499)
+        self.loop.call_soon_threadsafe(_keep_running, self.finish, 200 if self.body_started else 499)
 
 
 _finishing: set[asyncio.Task] = set()

@@ -23,6 +23,7 @@ from django.views import defaults
 from django.views.decorators.csrf import csrf_exempt
 
 from inference.outputs import EngineShuttingDown
+from keys import journal
 from keys.db import database_health
 
 from . import draining, sse
@@ -177,6 +178,7 @@ async def _start_completion(request: HttpRequest, usage: RequestUsage, endpoint:
 async def _stream(run: Generation, usage: RequestUsage) -> AsyncIterator[bytes]:
     """The SSE body. A disconnect aborts the generation; the usage record is written either way."""
     error_type = ""
+    usage.body_started = True  # Django sent the 200 before asking for the body
     try:
         async for chunk in sse.with_keepalive(_events(run), settings.API_SSE_KEEPALIVE_SECONDS):
             yield chunk
@@ -290,13 +292,15 @@ def server_error(request: HttpRequest) -> HttpResponse:
 
 async def healthz(request: HttpRequest) -> HttpResponse:
     """``GET /healthz``: 200 once the model is loaded, 503 while loading (or if loading failed),
-    while the process drains after SIGTERM (``"status": "draining"``) and while the database does
+    while the process drains after SIGTERM (``"status": "draining"``), while the database does
     not answer (``"database": "unreachable"``, as the process's last query or probe found it:
-    ``keys/db.py``)."""
+    ``keys/db.py``) and while the usage journal cannot be written (``"usage_journal":
+    "unwritable"``, until its probe write succeeds: ``keys/journal.py``)."""
     engine = get_engine()
-    reachable = database_health.reachable
+    reachable, journaling = database_health.reachable, journal.accepting()
     body = {"status": "ok" if engine.ready else "loading", "model": engine.model_id, **engine.stats()}
     body["database"] = "ok" if reachable else "unreachable"
+    body["usage_journal"] = "ok" if journaling else "unwritable"
     if engine.ready and engine.runner is not None:  # what serves: the forward pass and weight formats
         body["runner"] = engine.runner.description
         body["weights"] = engine.runner.weight_formats
@@ -306,8 +310,8 @@ async def healthz(request: HttpRequest) -> HttpResponse:
     if draining.state.draining:
         body["status"] = "draining"
         body["open_requests"] = draining.state.open_requests
-    healthy = engine.ready and not draining.state.draining and reachable
-    if engine.ready and not reachable and body["status"] == "ok":
+    healthy = engine.ready and not draining.state.draining and reachable and journaling
+    if engine.ready and not (reachable and journaling) and body["status"] == "ok":
         body["status"] = "unavailable"
     response = JsonResponse(body, status=200 if healthy else 503)
     # A 503 while loading is expected: Django's private flag keeps it out of the error log.

@@ -13,17 +13,28 @@ restarted with ``redis-cli shutdown nosave`` and ``redis-server /etc/redis/redis
 no nginx: the clients balance over the two processes themselves, sending a request that found a
 process gone (connection refused) to the other one, as nginx's ``proxy_next_upstream`` would.
 
-``--clients`` clients send plain and streamed completions for the whole run while these faults
-come in turn: PostgreSQL stopped for 4 s (within the pool's wait) and for 14 s (past it), Redis
-restarted (3 s down, its data lost), process 2 killed with SIGKILL and started again, and process 2
-killed while PostgreSQL is stopped (so its journal holds records) and started again after.
+``--clients`` clients send plain and streamed completions for the whole run (a client waits 1 s
+after a 503, as OpenAI's clients back off) while these faults come in turn: PostgreSQL stopped for
+4 s (within the pool's wait) and for 14 s (past it), Redis restarted (3 s down, its data lost), the
+journals' disk full for 6 s, process 2 killed with SIGKILL and started again, and process 2 killed
+while PostgreSQL is stopped (so its journal holds records) and started again after.  The journal
+folder is a 32 MiB tmpfs of its own (root only; without it the full-disk fault is skipped, and
+``tests/integration/test_usage_journal.py`` covers it): the fault empties the journals'
+write-ahead logs, which a journal that ran a while would otherwise write again in place on a full
+disk, then fills the tmpfs with a file, and deletes the file when it ends.
 
-For each phase and in total it prints the requests sent, the answers by status, 5xx other than
-503 (must be 0), 503s without ``Retry-After`` (must be 0), the usage records of answered requests
-(a 200, or a stream that delivered tokens and ended) that are missing from the database once the
-journals are empty ("lost", must be 0), the streams cut by a SIGKILL (their records die with the
-process: the journal holds finished requests), and the seconds from a fault's end until both
-processes' ``/healthz`` answered 200.  Exit status 1 when a check fails.
+For each phase and in total it prints the requests sent, the answers by status (with the error's
+code), 5xx other than 503 (must be 0), 503s without ``Retry-After`` (must be 0), the usage records
+of answered requests (a 200, or a stream that delivered tokens and ended) that are missing from the
+database once the journals are empty ("lost", must be 0), the records that hold fewer completion
+tokens than their client was told of (a body's usage, a stream's tokens; "under_recorded", must be
+0; each request's unique ``user`` field finds its record), the requests whose connection a killed
+process reset or refused ("killed_process": no answer, or a stream cut, "cut"; their records die
+with the process, whose journal holds finished requests, except for a request that had finished
+and was recorded when its process died before the answer went out: "killed_recorded"), any other
+transport failure ("unexplained", must be 0), the requests a process that was gone refused and
+the other served ("rerouted"), and the seconds from a fault's end until both processes'
+``/healthz`` answered 200.  Exit status 1 when a check fails.
 """
 
 from __future__ import annotations
@@ -34,12 +45,14 @@ import json
 import os
 import random
 import signal
+import sqlite3
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
 from collections import Counter
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,12 +74,17 @@ class Outcome:
     status: int | None  # None: no HTTP answer (the connection failed)
     request_id: str = ""
     stream: bool = False
+    user: str = ""  # the request's "user" field, unique: its usage record is found by it
     tokens: int = 0  # content events received (streams)
+    told: int = 0  # completion tokens the client was told of (the body's usage, the stream's logprobs)
     finished: bool = False  # a 200 body, or a stream that ended with [DONE]
     retry_after: bool = False
     code: str = ""
     failure: str = ""  # the transport error, if any
     server: str = ""  # the process's URL
+    rerouted: bool = False  # refused by a process that was gone, sent to the other one
+    started: float = 0.0  # time.monotonic() when sent and when its answer ended or failed
+    ended: float = 0.0
 
     @property
     def answered(self) -> bool:
@@ -145,6 +163,51 @@ def own_services(port: int, redis_port: int) -> Services:
     return services
 
 
+@dataclass
+class JournalDisk:
+    """The journals' folder on a tmpfs of its own, so that the full-disk fault fills this folder
+    and nothing else of the machine (mounting needs root)."""
+
+    folder: Path
+    mounted: bool = False
+    reason: str = ""  # why it is not mounted
+
+    def mount(self, size: str = "32m") -> None:
+        self.folder.mkdir(parents=True)
+        mount = ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(self.folder)]
+        result = subprocess.run(mount, capture_output=True, text=True)
+        self.mounted = result.returncode == 0
+        self.reason = "" if self.mounted else f"`{' '.join(mount)}` failed: {result.stderr.strip()}"
+
+    def fill(self) -> int:
+        """Empty the journals' write-ahead logs, then fill the disk; returns the bytes written.
+
+        A write-ahead log that has grown is written again in place after each checkpoint, so a
+        journal that ran a while keeps working on a full disk until it must grow; emptying the logs
+        (as they are after a start) makes the next append need space.
+        """
+        for path in self.folder.glob("*.sqlite3"):
+            with closing(sqlite3.connect(path, timeout=10)) as journal:
+                journal.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        written = 0
+        with open(self.folder / "filler", "wb", buffering=0) as filler:
+            for block in (1 << 16, 1 << 12):
+                try:
+                    while True:
+                        written += filler.write(bytes(block))
+                except OSError:
+                    pass
+        return written
+
+    def free(self) -> None:
+        (self.folder / "filler").unlink(missing_ok=True)
+
+    def unmount(self) -> None:
+        if self.mounted:
+            subprocess.run(["umount", "--lazy", str(self.folder)], check=False)
+            self.mounted = False
+
+
 def remove_own_services(services: Services) -> None:
     services.stop_redis()
     subprocess.run(["pg_dropcluster", "15", "faults", "--stop"], check=False)
@@ -159,6 +222,7 @@ class Cluster:
     settings: dict[str, str]
     servers: list[LiveServer | None] = field(default_factory=list)
     key: str = ""
+    kills: list[tuple[str, float]] = field(default_factory=list)  # (URL, time.monotonic()) of each SIGKILL
 
     def start(self, index: int) -> None:
         starts = len(list(self.workdir.glob(f"process-{index + 1}-*")))
@@ -175,6 +239,7 @@ class Cluster:
         server = self.servers[index]
         assert server is not None
         self.servers[index] = None
+        self.kills.append((server.base_url, time.monotonic()))
         os.kill(server.process.pid, signal.SIGKILL)
         server.process.wait()
 
@@ -185,44 +250,58 @@ class Cluster:
 async def one_request(client: httpx.AsyncClient, cluster: Cluster, phase: list[str], turn: int) -> Outcome:
     """One completion, plain or streamed, to the next process; a refused connection goes to the other."""
     stream = random.random() < 0.5
+    user = f"faults-{turn}"
     body = {
         "model": MODEL,
         "prompt": f"Fault {turn}: once upon a time",
         "max_tokens": random.randint(8, 24),
         "logit_bias": NO_EOS,
         "stream": stream,
+        "user": user,
+        **({"logprobs": 0} if stream else {}),  # a stream's chunks then list their tokens
     }
     headers = {"Authorization": f"Bearer {cluster.key}"}
     urls = cluster.urls()
-    outcome = Outcome(phase[0], None, stream=stream)
-    for attempt in range(2):
-        outcome.server = urls[(turn + attempt) % len(urls)]
-        url = outcome.server + "/v1/completions"
-        try:
-            async with client.stream("POST", url, json=body, headers=headers) as response:
-                outcome.status = response.status_code
-                outcome.request_id = response.headers.get("x-request-id", "")
-                outcome.retry_after = "retry-after" in response.headers
-                if not stream or response.status_code != 200:
-                    raw = await response.aread()
-                    if response.status_code == 200:
-                        outcome.finished = True
-                    else:
-                        outcome.code = str((json.loads(raw or b"{}").get("error") or {}).get("code") or "")
-                    return outcome
-                async for line in response.aiter_lines():
-                    if line == "data: [DONE]":
-                        outcome.finished = True
-                    elif line.startswith("data: ") and '"error"' not in line:
-                        outcome.tokens += 1
+    outcome = Outcome(phase[0], None, stream=stream, user=user, started=time.monotonic())
+    try:
+        for attempt in range(2):
+            outcome.server = urls[(turn + attempt) % len(urls)]
+            try:
+                await send(client, outcome.server + "/v1/completions", body, headers, outcome)
+                outcome.failure = ""
                 return outcome
-        except httpx.ConnectError as error:
-            outcome.failure = type(error).__name__
-            continue  # the balancer's next upstream
-        except httpx.HTTPError as error:
-            outcome.failure = type(error).__name__
-            return outcome
-    return outcome
+            except httpx.ConnectError as error:
+                outcome.failure = type(error).__name__
+                outcome.rerouted = True  # the balancer's next upstream
+            except httpx.HTTPError as error:
+                outcome.failure = type(error).__name__
+                return outcome
+        return outcome
+    finally:
+        outcome.ended = time.monotonic()
+
+
+async def send(client: httpx.AsyncClient, url: str, body: dict, headers: dict, outcome: Outcome) -> None:
+    """Send one completion and note in ``outcome`` what came back; raises httpx's transport errors."""
+    async with client.stream("POST", url, json=body, headers=headers) as response:
+        outcome.status = response.status_code
+        outcome.request_id = response.headers.get("x-request-id", "")
+        outcome.retry_after = "retry-after" in response.headers
+        if not outcome.stream or response.status_code != 200:
+            answer = json.loads(await response.aread() or b"{}")
+            if response.status_code == 200:
+                outcome.finished = True
+                outcome.told = answer["usage"]["completion_tokens"]
+            else:
+                outcome.code = str((answer.get("error") or {}).get("code") or "")
+            return
+        async for line in response.aiter_lines():
+            if line == "data: [DONE]":
+                outcome.finished = True
+            elif line.startswith("data: ") and '"error"' not in line:
+                outcome.tokens += 1
+                for choice in json.loads(line[len("data: ") :])["choices"]:
+                    outcome.told += len((choice.get("logprobs") or {}).get("tokens") or [])
 
 
 async def load(cluster: Cluster, clients: int, phase: list[str], stop: asyncio.Event, outcomes: list[Outcome]) -> None:
@@ -230,7 +309,10 @@ async def load(cluster: Cluster, clients: int, phase: list[str], stop: asyncio.E
 
     async def client_loop(client: httpx.AsyncClient) -> None:
         while not stop.is_set():
-            outcomes.append(await one_request(client, cluster, phase, next(turns)))
+            outcome = await one_request(client, cluster, phase, next(turns))
+            outcomes.append(outcome)
+            if outcome.status == 503:
+                await asyncio.sleep(1)  # a client backs off before it retries, as OpenAI's do
 
     async with httpx.AsyncClient(timeout=120) as client:
         await asyncio.gather(*(client_loop(client) for _ in range(clients)))
@@ -251,7 +333,9 @@ async def wait_healthy(cluster: Cluster, timeout: float = 60) -> float:
     return float("inf")
 
 
-async def faults(cluster: Cluster, services: Services, phase: list[str], settle: float) -> dict[str, float]:
+async def faults(
+    cluster: Cluster, services: Services, disk: JournalDisk, phase: list[str], settle: float
+) -> dict[str, float]:
     """Inject each fault in turn; returns the seconds to healthy after each one's end."""
     recovery: dict[str, float] = {}
 
@@ -275,6 +359,16 @@ async def faults(cluster: Cluster, services: Services, phase: list[str], settle:
     await run(services.start_redis)
     recovery["redis restarted"] = await wait_healthy(cluster)
     await step("redis restarted, after", settle)
+
+    if disk.mounted:
+        name = "journal disk full"
+        await run(disk.fill)
+        await step(name, 6)
+        await run(disk.free)
+        recovery[name] = await wait_healthy(cluster)
+        await step(name + ", after", settle)
+    else:
+        print(f"  journal disk full: skipped ({disk.reason})", flush=True)
 
     await step("process 2 killed", 0)
     await run(cluster.kill, 1)
@@ -303,14 +397,50 @@ def journal_records(cluster: Cluster) -> float:
     return total
 
 
-def recorded_ids(database_url: str) -> set[str]:
+@dataclass(frozen=True)
+class Record:
+    """What the database holds of one request."""
+
+    request_id: str
+    completion_tokens: int
+    status_code: int
+    finish_reason: str
+
+
+def usage_records(database_url: str) -> dict[str, Record]:
+    """The usage records, by the requests' ``user`` field."""
     import psycopg
 
+    query = 'SELECT "user", request_id, completion_tokens, status_code, finish_reason FROM keys_usagerecord'
     with psycopg.connect(database_url) as connection:
-        return {row[0] for row in connection.execute("SELECT request_id FROM keys_usagerecord")}
+        return {row[0]: Record(*row[1:]) for row in connection.execute(query)}
 
 
-def report(outcomes: list[Outcome], recorded: set[str], recovery: dict[str, float]) -> dict:
+RESET_BY_KILL = "connection reset by the killed process"
+REFUSED_AFTER_KILL = "connection refused by the killed process"
+
+
+def cause(outcome: Outcome, kills: list[tuple[str, float]]) -> str:
+    """Why a request got no complete answer over its connection: its process was killed while it
+    ran (SIGKILL closes the process's sockets: httpx's ``RemoteProtocolError`` or ``ReadError``),
+    or an unexplained transport failure."""
+    for url, at in kills:
+        if url == outcome.server and outcome.started <= at <= outcome.ended:
+            return RESET_BY_KILL
+        if url == outcome.server and at <= outcome.ended and outcome.failure == "ConnectError":
+            return REFUSED_AFTER_KILL  # both processes were tried: the other was gone too
+    return "unexplained"
+
+
+def describe(record: Record | None) -> str:
+    if record is None:
+        return "no record"
+    return f"recorded: {record.status_code}, {record.completion_tokens} tokens, {record.finish_reason}"
+
+
+def report(
+    outcomes: list[Outcome], records: dict[str, Record], recovery: dict[str, float], kills: list[tuple[str, float]]
+) -> dict:
     phases: dict[str, dict] = {}
     for outcome in outcomes:
         row = phases.setdefault(
@@ -319,48 +449,83 @@ def report(outcomes: list[Outcome], recorded: set[str], recovery: dict[str, floa
                 "sent": 0,
                 "statuses": Counter(),
                 "lost": 0,
+                "under_recorded": 0,
                 "cut": 0,
+                "killed_process": 0,
+                "killed_recorded": 0,
+                "unexplained": 0,
+                "rerouted": 0,
                 "5xx_not_503": 0,
                 "503_without_retry_after": 0,
                 "answered": 0,
             },
         )
         row["sent"] += 1
-        row["statuses"][str(outcome.status) if outcome.status else outcome.failure or "none"] += 1
+        row["rerouted"] += outcome.rerouted
+        if outcome.status is None:
+            label = f"{outcome.failure or 'none'}: {cause(outcome, kills)}"
+        else:
+            label = f"{outcome.status} {outcome.code}".strip()
+        row["statuses"][label] += 1
         if outcome.status is not None and outcome.status >= 500 and outcome.status != 503:
             row["5xx_not_503"] += 1
         if outcome.status == 503 and not outcome.retry_after:
             row["503_without_retry_after"] += 1
-        if outcome.stream and outcome.status == 200 and outcome.tokens and not outcome.finished:
-            row["cut"] += 1  # a stream on a process that was killed
+        if outcome.status == 200 and outcome.stream and outcome.tokens and not outcome.finished:
+            row["cut"] += 1  # a stream whose tokens stopped coming: the process was killed
+        record = records.get(outcome.user)
+        if outcome.failure:
+            killed = cause(outcome, kills) != "unexplained"
+            row["killed_process" if killed else "unexplained"] += 1
+            row["killed_recorded"] += killed and record is not None  # it finished, its answer did not go out
         if outcome.answered:
             row["answered"] += 1
-            row["lost"] += outcome.request_id not in recorded
+            row["lost"] += record is None or record.request_id != outcome.request_id
+        if record is not None and record.completion_tokens < outcome.told:
+            row["under_recorded"] += 1  # fewer tokens recorded than the client was told of
     for row in phases.values():
         row["statuses"] = dict(sorted(row["statuses"].items()))
     failures = [
-        f"{o.phase}: {o.failure} from {o.server} (stream {o.stream}, {o.tokens} tokens)" for o in outcomes if o.failure
+        f"{o.phase}: {o.failure} from {o.server} after {o.ended - o.started:.1f} s, {cause(o, kills)}"
+        f" (status {o.status}, stream {o.stream}, {o.told} tokens told; {describe(records.get(o.user))})"
+        for o in outcomes
+        if o.failure
     ]
     totals = {
         name: sum(row[name] for row in phases.values())
-        for name in ("sent", "answered", "lost", "cut", "5xx_not_503", "503_without_retry_after")
+        for name in (
+            "sent",
+            "answered",
+            "lost",
+            "under_recorded",
+            "cut",
+            "killed_process",
+            "killed_recorded",
+            "unexplained",
+            "rerouted",
+            "5xx_not_503",
+            "503_without_retry_after",
+        )
     }
+    totals["statuses"] = dict(sorted(sum((Counter(row["statuses"]) for row in phases.values()), Counter()).items()))
     return {
         "phases": phases,
         "totals": totals,
-        "records_written": len(recorded),
+        "records_written": len(records),
         "seconds_to_healthy": {name: round(seconds, 1) for name, seconds in recovery.items()},
         "transport_failures": failures,
     }
 
 
-async def drive(args: argparse.Namespace, cluster: Cluster, services: Services) -> tuple[list[Outcome], dict]:
+async def drive(
+    args: argparse.Namespace, cluster: Cluster, services: Services, disk: JournalDisk
+) -> tuple[list[Outcome], dict]:
     phase = ["baseline"]
     outcomes: list[Outcome] = []
     stop = asyncio.Event()
     clients = asyncio.create_task(load(cluster, args.clients, phase, stop, outcomes))
     try:
-        recovery = await faults(cluster, services, phase, args.settle)
+        recovery = await faults(cluster, services, disk, phase, args.settle)
     finally:
         stop.set()
         await clients
@@ -391,6 +556,8 @@ def main() -> int:
 
         database = nullcontext(services.postgres_url)
     workdir = Path(tempfile.mkdtemp(prefix="faults-"))
+    disk = JournalDisk(workdir / "journal")
+    disk.mount()
     cluster: Cluster | None = None
     try:
         with database as database_url:
@@ -399,7 +566,7 @@ def main() -> int:
                 "API_LIMITS_REDIS_PREFIX": f"completions-site-faults:{uuid.uuid4().hex[:12]}:",
                 "API_DEFAULT_MAX_CONCURRENT": "8",  # concurrency slots are counted, leased and renewed
                 "DATABASE_POOL_TIMEOUT": str(POOL_TIMEOUT),
-                "USAGE_JOURNAL_DIR": str(workdir / "journal"),
+                "USAGE_JOURNAL_DIR": str(disk.folder),
                 "ENGINE_NUM_THREADS": str(args.threads),
                 "LOG_LEVEL": "WARNING",
             }
@@ -407,11 +574,11 @@ def main() -> int:
             cluster.start(0)
             cluster.start(1)
             print(f"faults: {args.clients} clients on {', '.join(cluster.urls())}; logs in {workdir}", flush=True)
-            outcomes, recovery = asyncio.run(drive(args, cluster, services))
+            outcomes, recovery = asyncio.run(drive(args, cluster, services, disk))
             deadline = time.monotonic() + 30
             while journal_records(cluster) and time.monotonic() < deadline:
                 time.sleep(0.5)
-            result = report(outcomes, recorded_ids(database_url), recovery)
+            result = report(outcomes, usage_records(database_url), recovery, cluster.kills)
             result["journal_records_left"] = journal_records(cluster)
             for server in cluster.servers:
                 if server is not None:
@@ -422,6 +589,7 @@ def main() -> int:
             for server in cluster.servers:
                 if server is not None:
                     stop_server(server)
+        disk.unmount()
         if not args.shared_services:
             remove_own_services(services)
 
@@ -429,7 +597,13 @@ def main() -> int:
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
     totals = result["totals"]
-    failed = totals["lost"] or totals["5xx_not_503"] or totals["503_without_retry_after"]
+    failed = (
+        totals["lost"]
+        or totals["under_recorded"]
+        or totals["5xx_not_503"]
+        or totals["503_without_retry_after"]
+        or totals["unexplained"]
+    )
     return 1 if failed else 0
 
 

@@ -200,6 +200,7 @@ class Journal:
                     self.records -= self._db.execute("DELETE FROM records WHERE seq = ?", (seq,)).rowcount
             except (OSError, sqlite3.Error) as error:
                 logger.warning("Usage journal %s: could not forget a written record: %s", self.path, error)
+                self.backlogged = True  # the flusher forgets it (writing it again) once the journal can be written
         metrics.journal_records.set(self.records)
 
     def queue(self) -> None:

@@ -99,6 +99,65 @@ def test_a_stream_cut_off_after_its_first_event_leaves_one_interrupted_record_an
     assert after.status == 200  # the one concurrency slot is free again
 
 
+def tokens_in(raw: list[bytes]) -> int:
+    """The completion tokens a client was sent in these SSE chunks (``logprobs`` lists one entry a token)."""
+    sent = 0
+    for line in b"".join(raw).decode().split("\n"):
+        if line.startswith("data: {"):
+            for choice in json.loads(line[len("data: ") :]).get("choices", []):
+                sent += len((choice.get("logprobs") or {}).get("tokens") or [])
+    return sent
+
+
+def test_a_stream_the_client_left_records_at_least_the_tokens_it_was_sent(tiny_api, valid_key):
+    async def scenario():
+        response = await open_stream(valid_key.plaintext, body(max_tokens=200, logprobs=0))
+        content = response.streaming_content
+        raw = [await content.__anext__() for _ in range(5)]  # five events, then the client goes
+        await content.aclose()
+        request_id = response["x-request-id"]
+        del response, content
+        await drop_garbage()
+        return await wait_for_record(request_id), tokens_in(raw)
+
+    record, sent = async_to_sync(scenario)()
+
+    assert sent >= 5
+    assert (record.status_code, record.finish_reason, record.error_type) == (200, "interrupted", "interrupted")
+    assert sent <= record.completion_tokens < 200
+
+
+def test_a_stream_that_failed_after_its_first_byte_records_the_tokens_it_sent(tiny_api, valid_key, monkeypatch):
+    from api.generation import Generation
+    from inference.outputs import EngineError
+
+    real_outputs = Generation.outputs
+
+    async def failing_after_three(self):
+        steps = 0
+        async for item in real_outputs(self):
+            yield item
+            steps += 1
+            if steps == 3:
+                raise EngineError("The engine failed.")
+
+    monkeypatch.setattr(Generation, "outputs", failing_after_three)
+
+    async def scenario():
+        response = await open_stream(valid_key.plaintext, body(max_tokens=200, logprobs=0))
+        raw = [chunk async for chunk in response.streaming_content]
+        return response.status_code, raw, await wait_for_record(response["x-request-id"])
+
+    status, raw, record = async_to_sync(scenario)()
+
+    events = [line for line in b"".join(raw).decode().split("\n") if line.startswith("data: ")]
+    assert status == 200 and '"error"' in events[-2] and events[-1] == "data: [DONE]"
+    sent = tokens_in(raw)
+    assert sent >= 3
+    assert (record.status_code, record.finish_reason, record.error_type) == (200, "error", "server_error")
+    assert sent <= record.completion_tokens < 200
+
+
 def test_a_stream_dropped_before_its_first_byte_still_leaves_a_record_and_frees_its_reservation(tiny_api, limited_key):
     """A client that leaves while the middleware runs: Django drops the response unstarted."""
 

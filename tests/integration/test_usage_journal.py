@@ -8,6 +8,7 @@ views on the tiny model; the flusher thread is not running, so tests flush by ha
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import subprocess
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 from asgiref.sync import async_to_sync
 from django.db import OperationalError
+from django.test import AsyncClient
 from prometheus_client import REGISTRY
 
 from keys import journal as journal_module
@@ -61,6 +63,11 @@ class FullDisk:
 
     def close(self):
         pass
+
+
+def healthz() -> tuple[int, dict]:
+    response = async_to_sync(AsyncClient().get)("/healthz")
+    return response.status_code, json.loads(response.content)
 
 
 def sample(name: str) -> float:
@@ -238,11 +245,32 @@ def test_an_unwritable_journal_refuses_new_requests_with_a_503_and_loses_nothing
     }
     assert not UsageRecord.objects.filter(request_id=refused.request_id).exists()
     assert sample("completions_usage_journal_unwritable") == 1
+    status, state = healthz()
+    assert status == 503 and (state["status"], state["usage_journal"]) == ("unavailable", "unwritable")
 
     monkeypatch.setattr(journal, "_db", working)  # space again
     assert journal.probe()
     assert post(valid_key.plaintext, body()).status == 200
     assert sample("completions_usage_journal_unwritable") == 0
+    status, state = healthz()
+    assert status == 200 and (state["status"], state["usage_journal"]) == ("ok", "ok")
+
+
+def test_a_written_record_the_full_journal_could_not_forget_is_forgotten_once_it_has_space(valid_key):
+    journal = get_journal()
+    seq, _ = journal.append(fields("cmpl-unforgotten", valid_key.api_key))
+    journal_module.write_record(fields("cmpl-unforgotten", valid_key.api_key))
+    working = journal._db
+    journal._db = FullDisk()
+    try:
+        journal.ack(seq)  # the disk filled up between the append and the database's answer
+    finally:
+        journal._db = working
+
+    assert journal.records == 1 and journal.backlogged  # the flusher's work now
+    assert journal.flush() == 1
+    assert (journal.records, journal.backlogged) == (0, False)
+    assert UsageRecord.objects.filter(request_id="cmpl-unforgotten").count() == 1
 
 
 def test_a_record_neither_the_journal_nor_the_database_took_is_counted_and_logged_as_lost(
