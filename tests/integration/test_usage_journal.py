@@ -23,11 +23,11 @@ from django.test import AsyncClient
 from prometheus_client import REGISTRY
 
 from keys import journal as journal_module
-from keys.db import database_health
+from keys.db import database_health, db_call
 from keys.journal import Journal, database_digest, get_journal
 from keys.models import DailyUsage, UsageRecord
 from keys.usage import prepare_fields
-from tests.inprocess_api import body, post
+from tests.inprocess_api import body, open_stream, post, tokens_in
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -209,6 +209,29 @@ os.kill(os.getpid(), signal.SIGKILL)
     assert record.total_tokens == 9 and record.created_at.isoformat() == "2026-12-01T10:00:00+00:00"
     cut = UsageRecord.objects.get(request_id="cmpl-cut")
     assert (cut.status_code, cut.completion_tokens, cut.finish_reason, cut.stream) == (200, 23, "interrupted", True)
+
+
+def test_a_running_stream_keeps_a_provisional_record_that_covers_what_its_client_was_sent(tiny_api, valid_key):
+    async def scenario():
+        response = await open_stream(valid_key.plaintext, body(max_tokens=200, logprobs=0))
+        content = response.streaming_content
+        raw = [await content.__anext__() for _ in range(20)]
+        request_id = response["x-request-id"]
+        provisional = in_flight(get_journal())[request_id]
+        get_journal().queue()
+        await db_call(get_journal().flush)  # the flusher leaves a running stream's record alone
+        written_meanwhile = await db_call(UsageRecord.objects.exists)
+        raw += [chunk async for chunk in content]
+        return request_id, provisional, tokens_in(raw[:20]), written_meanwhile
+
+    request_id, provisional, sent, written_meanwhile = async_to_sync(scenario)()
+
+    assert sent >= 19 and not written_meanwhile
+    assert (provisional["status_code"], provisional["finish_reason"]) == (200, "interrupted")
+    assert sent <= provisional["completion_tokens"] < 200 and provisional["prompt_tokens"] == 5
+    final = UsageRecord.objects.get(request_id=request_id)  # the end replaced the provisional record
+    assert (final.completion_tokens, final.finish_reason) == (200, "length")
+    assert in_flight(get_journal()) == {} and get_journal().records == 0
 
 
 def test_a_stream_cut_by_the_end_of_its_process_is_recorded_by_the_next_one(valid_key, settings):
