@@ -24,7 +24,9 @@ replaces its row (:meth:`Journal.append`, one transaction).  Only rows left by a
 gone become records: those of this journal's earlier process when it is opened, those of an
 adopted journal when it is adopted.  Updates of that table commit with ``synchronous=NORMAL``: a
 process killed with SIGKILL loses none of them (they are in the operating system's cache); a power
-loss may take back the latest few, which the next ``FULL`` commit would have made durable.
+loss may take back the latest few, which the next ``FULL`` commit would have made durable.  The
+row of a stream whose final record the journal could not take (a full disk) stays until its
+process ends; written then, it changes nothing if the final record reached the database.
 
 A record the database refuses for itself (an ``IntegrityError`` or ``DataError`` other than a
 duplicate) is not retried forever: it is moved to the journal's ``set_aside`` table, kept for the
