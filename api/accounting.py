@@ -5,6 +5,9 @@ path (answered, refused, failed, streamed, interrupted, or dropped before its fi
 :class:`keys.models.UsageRecord` with the tokens the run generated so far (through the usage journal,
 :mod:`keys.journal`, so that a database outage loses none) and settling the tokens it reserved with
 :mod:`keys.limits`.  A draining process waits for every open one (:mod:`api.draining`).
+
+A stream also keeps a provisional record in the journal while it runs (:meth:`RequestUsage.progress`),
+so that one cut by the death of its process is billed for what its client was sent.
 """
 
 from __future__ import annotations
@@ -26,6 +29,10 @@ from .errors import APIError
 from .generation import Generation
 
 logger = logging.getLogger(__name__)
+
+# A running stream's provisional record counts this many tokens beyond those generated, so that it
+# is rewritten once per this many tokens and still never holds fewer than the client was sent.
+IN_FLIGHT_AHEAD_TOKENS = 16
 
 
 class RequestUsage:
@@ -49,6 +56,8 @@ class RequestUsage:
         self.submitted = False  # whether the engine took the request (only then are tokens charged)
         self.body_started = False  # whether a stream's body began: its 200 has reached the client
         self.written = False
+        self.journaled_tokens = -1  # the completion tokens of the provisional record (-1: none yet)
+        self._in_flight: asyncio.Task | None = None  # the provisional record's latest write
         self.admission: limits.Admission | None = None
         self.limit_headers: dict[str, str] | None = None
         self.loop = asyncio.get_running_loop()
@@ -74,6 +83,29 @@ class RequestUsage:
             self.limit_headers = await current_headers(self.api_key)
         return self.limit_headers
 
+    async def progress(self) -> None:
+        """Before a stream sends a chunk: make sure its provisional record covers what the chunk carries.
+
+        The provisional record (:func:`keys.journal.record_in_flight`) is the record written if the
+        process dies before the stream ends: status 200, ``interrupted``, and the tokens generated
+        so far plus :data:`IN_FLIGHT_AHEAD_TOKENS` (at most the request's ``max_tokens`` for every
+        candidate).  It is rewritten only when the tokens generated pass it, so a killed stream is
+        billed for at least the tokens its client was sent and at most that many more.
+        """
+        run = self.run
+        if run is None or self.written or run.completion_tokens <= self.journaled_tokens:
+            return
+        largest = run.params.max_tokens * run.params.best_of * len(run.prompts)
+        tokens = min(run.completion_tokens + IN_FLIGHT_AHEAD_TOKENS, largest)
+        fields = self._fields(200, error_type="interrupted")
+        fields["completion_tokens"] = tokens
+        self.journaled_tokens = tokens  # a write that fails is not tried again before the next step
+        self._in_flight = asyncio.ensure_future(journal.record_in_flight(**fields))
+        try:
+            await asyncio.shield(self._in_flight)  # a cancelled stream's final record waits for it
+        except Exception:
+            logger.exception("Could not journal the progress of stream %s", self.request_id)
+
     async def finish(self, status: int, *, error_type: str = "") -> None:
         """Write the record once and settle the reservation; shielded, so a disconnect cannot cancel them.
 
@@ -83,13 +115,24 @@ class RequestUsage:
         if self.written:
             return
         self.written = True
+        fields = self._fields(status, error_type=error_type)
+        self.notes["usage_record"] = fields  # what the access-log line reads
+        draining.state.closed(self)
+        write = draining.state.writing(_write_usage(self.api_key, fields, self.admission, after=self._in_flight))
+        try:
+            await asyncio.shield(write)
+        except asyncio.CancelledError:
+            pass  # the shielded write goes on, and the process waits for it before it exits
+
+    def _fields(self, status: int, *, error_type: str) -> dict[str, Any]:
+        """The usage record's fields as of now (for :func:`keys.journal.record`)."""
         interrupted = error_type == "interrupted"
         run = self.run if self.submitted else None
         finish_reason = "interrupted" if interrupted else (run.finish_reasons if run else "")
         if error_type == "server_error" and not interrupted:
             finish_reason = "error"
         first = run.first_token_at if run else None
-        fields = dict(
+        return dict(
             request_id=self.request_id,
             api_key=self.api_key,
             model=self.model,
@@ -105,13 +148,6 @@ class RequestUsage:
             user=self.user,
             created_at=timezone.now(),
         )
-        self.notes["usage_record"] = fields  # what the access-log line reads
-        draining.state.closed(self)
-        write = draining.state.writing(_write_usage(self.api_key, fields, self.admission))
-        try:
-            await asyncio.shield(write)
-        except asyncio.CancelledError:
-            pass  # the shielded write goes on, and the process waits for it before it exits
 
     def __del__(self) -> None:
         # A streamed response dropped before its first byte (the client left while the middleware
@@ -134,7 +170,11 @@ def _keep_running(finish, status: int) -> None:
     task.add_done_callback(_finishing.discard)
 
 
-async def _write_usage(api_key: APIKey, fields: dict, admission: limits.Admission | None) -> None:
+async def _write_usage(
+    api_key: APIKey, fields: dict, admission: limits.Admission | None, after: asyncio.Task | None = None
+) -> None:
+    if after is not None:
+        await asyncio.wait([after])  # the provisional record's write lands first, so the final one replaces it
     try:
         written = await journal.record(**fields)  # False: it waits in the journal for the database
     except Exception:

@@ -181,6 +181,7 @@ async def _stream(run: Generation, usage: RequestUsage) -> AsyncIterator[bytes]:
     usage.body_started = True  # Django sent the 200 before asking for the body
     try:
         async for chunk in sse.with_keepalive(_events(run), settings.API_SSE_KEEPALIVE_SECONDS):
+            await usage.progress()  # the journal covers a chunk's tokens before the client has them
             yield chunk
     except (asyncio.CancelledError, GeneratorExit):
         error_type = "interrupted"

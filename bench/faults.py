@@ -25,13 +25,13 @@ disk, then fills the tmpfs with a file, and deletes the file when it ends.
 
 For each phase and in total it prints the requests sent, the answers by status (with the error's
 code), 5xx other than 503 (must be 0), 503s without ``Retry-After`` (must be 0), the usage records
-of answered requests (a 200, or a stream that delivered tokens and ended) that are missing from the
-database once the journals are empty ("lost", must be 0), the records that hold fewer completion
-tokens than their client was told of (a body's usage, a stream's tokens; "under_recorded", must be
-0; each request's unique ``user`` field finds its record), the requests whose connection a killed
-process reset or refused ("killed_process": no answer, or a stream cut, "cut"; their records die
-with the process, whose journal holds finished requests, except for a request that had finished
-and was recorded when its process died before the answer went out: "killed_recorded"), any other
+of answered requests (a 200 body, or a stream that delivered tokens, ended or cut) that are missing
+from the database once the journals are empty ("lost", must be 0), the records that hold fewer
+completion tokens than their client was told of (a body's usage, a stream's tokens;
+"under_recorded", must be 0; each request's unique ``user`` field finds its record), the requests
+whose connection a killed process reset or refused ("killed_process": no answer, or a stream cut,
+"cut", which its provisional record in the journal bills; a plain request that had finished and
+was recorded when its process died before the answer went out is "killed_recorded"), any other
 transport failure ("unexplained", must be 0), the requests a process that was gone refused and
 the other served ("rerouted"), and the seconds from a fault's end until both processes'
 ``/healthz`` answered 200.  Exit status 1 when a check fails.
@@ -88,8 +88,8 @@ class Outcome:
 
     @property
     def answered(self) -> bool:
-        """The client was served: its usage must be in the database."""
-        return self.status == 200 and self.finished and (not self.stream or self.tokens > 0)
+        """The client was served (a 200 body, or a stream's tokens): its usage must be in the database."""
+        return self.status == 200 and (self.tokens > 0 if self.stream else self.finished)
 
 
 @dataclass
@@ -477,7 +477,8 @@ def report(
         if outcome.failure:
             killed = cause(outcome, kills) != "unexplained"
             row["killed_process" if killed else "unexplained"] += 1
-            row["killed_recorded"] += killed and record is not None  # it finished, its answer did not go out
+            # A plain request that finished, whose answer did not go out (a cut stream is answered).
+            row["killed_recorded"] += killed and record is not None and not outcome.answered
         if outcome.answered:
             row["answered"] += 1
             row["lost"] += record is None or record.request_id != outcome.request_id

@@ -17,6 +17,17 @@ every :data:`ORPHAN_SCAN_SECONDS` the flusher adopts it (its records move into t
 journal, then its files are deleted), so the records of a process killed with SIGKILL are written
 by its successor or by any process of the machine sharing the folder.
 
+A stream that is still running keeps its provisional record in the ``in_flight`` table
+(:meth:`Journal.update_in_flight`): the record it would get if its process died now, rewritten as
+it sends tokens.  The flusher never writes that table to the database; the stream's final record
+replaces its row (:meth:`Journal.append`, one transaction).  Only rows left by a process that is
+gone become records: those of this journal's earlier process when it is opened, those of an
+adopted journal when it is adopted.  Updates of that table commit with ``synchronous=NORMAL``: a
+process killed with SIGKILL loses none of them (they are in the operating system's cache); a power
+loss may take back the latest few, which the next ``FULL`` commit would have made durable.  The
+row of a stream whose final record the journal could not take (a full disk) stays until its
+process ends; written then, it changes nothing if the final record reached the database.
+
 A record the database refuses for itself (an ``IntegrityError`` or ``DataError`` other than a
 duplicate) is not retried forever: it is moved to the journal's ``set_aside`` table, kept for the
 operators and logged.  When the journal cannot be written (a full disk, a read-only folder),
@@ -27,6 +38,7 @@ logged with its fields as lost if that fails too).
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import hashlib
 import json
@@ -62,6 +74,10 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS records (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     request_id TEXT NOT NULL UNIQUE,
+    fields TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS in_flight (
+    request_id TEXT PRIMARY KEY,
     fields TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS set_aside (
@@ -126,6 +142,8 @@ class Journal:
                         )
                 if self._db is None:
                     self._db = _connect(self.path)
+                    # No stream of this process can have written yet: the rows are an earlier process's.
+                    self._end_in_flight()
                 self.records = self._db.execute("SELECT COUNT(*) FROM records").fetchone()[0]
             except (OSError, sqlite3.Error) as error:
                 self._journal_failed(error)
@@ -133,6 +151,17 @@ class Journal:
             if self._lock_file is not None and not self._reported:
                 self.writable = True
             return True
+
+    def _end_in_flight(self) -> None:
+        """Turn the provisional records left by a process that is gone into records to write."""
+        assert self._db is not None
+        with self._db:
+            self._db.execute(
+                "INSERT OR IGNORE INTO records (request_id, fields) SELECT request_id, fields FROM in_flight"
+            )
+            ended = self._db.execute("DELETE FROM in_flight").rowcount
+        if ended:
+            logger.warning("Usage journal %s: %d streams cut by the end of an earlier process", self.path, ended)
 
     def close(self) -> None:
         """Stop the flusher, close the journal and release its lock (tests; a process just exits)."""
@@ -162,7 +191,8 @@ class Journal:
 
         Returns its sequence number and whether it must wait for the flusher (older records wait:
         they go first).  A record whose ``request_id`` is already in the journal replaces it (the
-        latest word wins).  Raises :class:`~keys.errors.JournalUnavailable` if it cannot be written.
+        latest word wins), as it replaces the request's provisional record, if any.  Raises
+        :class:`~keys.errors.JournalUnavailable` if it cannot be written.
         """
         text = json.dumps(fields, default=_iso)
         with self._lock:
@@ -180,6 +210,7 @@ class Journal:
                             (text, fields["request_id"]),
                         )
                     seq = cursor.lastrowid if new else cursor.fetchone()[0]
+                    self._db.execute("DELETE FROM in_flight WHERE request_id = ?", (fields["request_id"],))
             except (OSError, sqlite3.Error) as error:
                 self._journal_failed(error)
                 raise JournalUnavailable(str(error)) from error
@@ -188,6 +219,32 @@ class Journal:
         metrics.journal_records.set(self.records)
         assert seq is not None
         return seq, waiting
+
+    def update_in_flight(self, fields: dict[str, Any]) -> None:
+        """Store or replace the provisional record of a stream still running (fields as for
+        :meth:`append`): the record written if this process dies before the stream ends.
+
+        Committed with ``synchronous=NORMAL`` (no fsync: it survives the process, not a power
+        loss).  Raises :class:`~keys.errors.JournalUnavailable` if it cannot be written.
+        """
+        text = json.dumps(fields, default=_iso)
+        with self._lock:
+            if self._db is None:
+                raise JournalUnavailable("the usage journal is not open")
+            try:
+                self._db.execute("PRAGMA synchronous=NORMAL")
+                try:
+                    with self._db:
+                        self._db.execute(
+                            "INSERT INTO in_flight (request_id, fields) VALUES (?, ?)"
+                            " ON CONFLICT (request_id) DO UPDATE SET fields = excluded.fields",
+                            (fields["request_id"], text),
+                        )
+                finally:
+                    self._db.execute("PRAGMA synchronous=FULL")
+            except (OSError, sqlite3.Error) as error:
+                self._journal_failed(error)
+                raise JournalUnavailable(str(error)) from error
 
     def ack(self, seq: int) -> None:
         """The database has record ``seq``: forget it.  Never raises (a record kept by mistake is
@@ -291,6 +348,8 @@ class Journal:
             orphan = _connect(path)
             try:
                 rows = orphan.execute("SELECT request_id, fields FROM records ORDER BY seq").fetchall()
+                # Its streams were cut when it died: their provisional records are final now.
+                rows += orphan.execute("SELECT request_id, fields FROM in_flight").fetchall()
                 aside = orphan.execute("SELECT request_id, fields, reason, at FROM set_aside").fetchall()
             finally:
                 orphan.close()
@@ -393,6 +452,21 @@ async def record(**fields: Any) -> bool:
     """:func:`write_durably` for one request's record, from async code; ``fields`` as
     :func:`keys.usage.record_usage` takes them."""
     return await db_call(write_durably, prepare_fields(fields))
+
+
+async def record_in_flight(**fields: Any) -> bool:
+    """Journal a running stream's provisional record (:meth:`Journal.update_in_flight`; ``fields``
+    as :func:`record` takes them); ``False`` when the journal cannot take it (its final record will
+    go to the database directly, as any record does then)."""
+    return await asyncio.to_thread(_update_in_flight, prepare_fields(fields))
+
+
+def _update_in_flight(fields: dict[str, Any]) -> bool:
+    try:
+        get_journal().update_in_flight(fields)
+    except JournalUnavailable:
+        return False
+    return True
 
 
 def _deliver(journal: Journal, seq: int, fields: dict[str, Any]) -> bool:

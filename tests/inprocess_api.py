@@ -64,6 +64,26 @@ async def apost(key: str, request: dict[str, Any], path: str = "/v1/completions"
     return Reply(response.status_code, headers, events=events)
 
 
+def open_stream(key: str, request: dict[str, Any]):
+    """``POST /v1/completions`` with ``stream`` set, its body left for the caller to read (or leave)."""
+    return AsyncClient().post(
+        "/v1/completions",
+        data=json.dumps({**request, "stream": True}),
+        content_type="application/json",
+        headers={"Authorization": f"Bearer {key}"},
+    )
+
+
+def tokens_in(raw: list[bytes]) -> int:
+    """The completion tokens a client was sent in these SSE chunks (``logprobs`` lists one entry a token)."""
+    sent = 0
+    for line in b"".join(raw).decode().split("\n"):
+        if line.startswith("data: {"):
+            for choice in json.loads(line[len("data: ") :]).get("choices", []):
+                sent += len((choice.get("logprobs") or {}).get("tokens") or [])
+    return sent
+
+
 def post(key: str, request: dict[str, Any], path: str = "/v1/completions") -> Reply:
     return async_to_sync(apost)(key, request, path)
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import signal
 import time
 
 import httpx
 
-from testing.live_server import MODEL
+from testing.live_server import MODEL, start_server, stop_server
 from testing.sse_client import stream
 from tests.completion_helpers import NO_EOS
 
@@ -108,3 +110,42 @@ def test_a_client_that_disconnects_before_a_non_streamed_answer_leaves_a_record(
         time.sleep(0.2)
     assert request_id is not None, "no interrupted record was written"
     assert 0 < row[2] < 400
+
+
+def test_a_stream_cut_by_sigkill_of_its_server_is_recorded_with_the_tokens_it_sent(tmp_path):
+    killed = start_server(tmp_path, ENGINE_NUM_THREADS="1")
+    successor = None
+    try:
+        body = {
+            "model": MODEL,
+            "prompt": PROMPT,
+            "max_tokens": 400,
+            "logit_bias": NO_EOS,
+            "stream": True,
+            "logprobs": 0,
+        }
+        with httpx.stream(
+            "POST", killed.api_url + "/completions", json=body, headers=killed.headers(), timeout=60
+        ) as response:
+            request_id, sent = response.headers["x-request-id"], 0
+            for line in response.iter_lines():
+                if line.startswith("data: {"):
+                    sent += sum(
+                        len((c.get("logprobs") or {}).get("tokens") or []) for c in json.loads(line[6:])["choices"]
+                    )
+                    if sent >= 10:
+                        break
+            killed.process.send_signal(signal.SIGKILL)
+            killed.process.wait(timeout=30)
+        assert killed.usage(request_id, wait=0) is None  # the process died with its stream running
+
+        successor = start_server(tmp_path, key=killed.key, ENGINE_NUM_THREADS="1")  # replays the journal
+        record = successor.usage(request_id, wait=30)
+    finally:
+        for server in (killed, successor):
+            if server is not None and server.alive():
+                stop_server(server)
+
+    assert record is not None
+    assert (record["status_code"], record["finish_reason"], record["stream"]) == (200, "interrupted", 1)
+    assert sent <= record["completion_tokens"] <= 400

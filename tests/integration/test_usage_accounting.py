@@ -8,26 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import json
 
 import pytest
 from asgiref.sync import async_to_sync
-from django.test import AsyncClient
 
 from keys.db import db_call
 from keys.models import DailyUsage, UsageRecord
-from tests.inprocess_api import apost, body, post
+from tests.inprocess_api import apost, body, open_stream, post, tokens_in
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def open_stream(key: str, request: dict):
-    return AsyncClient().post(
-        "/v1/completions",
-        data=json.dumps({**request, "stream": True}),
-        content_type="application/json",
-        headers={"Authorization": f"Bearer {key}"},
-    )
 
 
 async def drop_garbage() -> None:
@@ -97,16 +86,6 @@ def test_a_stream_cut_off_after_its_first_event_leaves_one_interrupted_record_an
     assert record.finish_reason == "interrupted" and record.stream
     assert 1 <= record.completion_tokens < 200
     assert after.status == 200  # the one concurrency slot is free again
-
-
-def tokens_in(raw: list[bytes]) -> int:
-    """The completion tokens a client was sent in these SSE chunks (``logprobs`` lists one entry a token)."""
-    sent = 0
-    for line in b"".join(raw).decode().split("\n"):
-        if line.startswith("data: {"):
-            for choice in json.loads(line[len("data: ") :]).get("choices", []):
-                sent += len((choice.get("logprobs") or {}).get("tokens") or [])
-    return sent
 
 
 def test_a_stream_the_client_left_records_at_least_the_tokens_it_was_sent(tiny_api, valid_key):

@@ -23,11 +23,11 @@ from django.test import AsyncClient
 from prometheus_client import REGISTRY
 
 from keys import journal as journal_module
-from keys.db import database_health
+from keys.db import database_health, db_call
 from keys.journal import Journal, database_digest, get_journal
 from keys.models import DailyUsage, UsageRecord
 from keys.usage import prepare_fields
-from tests.inprocess_api import body, post
+from tests.inprocess_api import body, open_stream, post, tokens_in
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -63,6 +63,12 @@ class FullDisk:
 
     def close(self):
         pass
+
+
+def in_flight(journal: Journal) -> dict[str, dict]:
+    """The journal's provisional records (of streams still running), by ``request_id``."""
+    with sqlite3.connect(journal.path) as db:
+        return {request_id: json.loads(text) for request_id, text in db.execute("SELECT * FROM in_flight")}
 
 
 def healthz() -> tuple[int, dict]:
@@ -169,7 +175,9 @@ def test_a_journal_left_by_a_process_of_the_same_id_is_replayed_at_start_up(vali
     assert UsageRecord.objects.get().request_id == "cmpl-left"
 
 
-def test_a_process_killed_with_sigkill_has_its_records_adopted_by_the_next_one(valid_key, settings, tmp_path):
+def test_a_process_killed_with_sigkill_has_its_records_and_cut_streams_adopted_by_the_next_one(
+    valid_key, settings, tmp_path
+):
     directory = Path(settings.USAGE_JOURNAL_DIR)
     killed = f"""
 import os, signal, django
@@ -181,6 +189,12 @@ journal.open()
 journal.append({{"request_id": "cmpl-killed", "api_key_id": {valid_key.api_key.pk}, "owner_id": {valid_key.api_key.owner_id},
                 "model": "tiny", "status_code": 200, "latency_ms": 3.0, "prompt_tokens": 2, "completion_tokens": 7,
                 "total_tokens": 9, "created_at": "2026-12-01T10:00:00+00:00"}})
+# A stream that had sent 23 tokens, cut by the kill.
+journal.update_in_flight({{"request_id": "cmpl-cut", "api_key_id": {valid_key.api_key.pk},
+                          "owner_id": {valid_key.api_key.owner_id}, "model": "tiny", "stream": True,
+                          "status_code": 200, "finish_reason": "interrupted", "error_type": "interrupted",
+                          "latency_ms": 3.0, "prompt_tokens": 2, "completion_tokens": 23, "total_tokens": 25,
+                          "created_at": "2026-12-01T10:00:01+00:00"}})
 os.kill(os.getpid(), signal.SIGKILL)
 """
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "completions_site.settings", "PYTHONPATH": str(ROOT)}
@@ -189,10 +203,49 @@ os.kill(os.getpid(), signal.SIGKILL)
 
     journal = get_journal()  # another process of the machine, later
 
-    assert journal.records == 1 and not list(directory.glob("killed-*"))
+    assert journal.records == 2 and not list(directory.glob("killed-*")) and in_flight(journal) == {}
     journal.flush()
     record = UsageRecord.objects.get(request_id="cmpl-killed")
     assert record.total_tokens == 9 and record.created_at.isoformat() == "2026-12-01T10:00:00+00:00"
+    cut = UsageRecord.objects.get(request_id="cmpl-cut")
+    assert (cut.status_code, cut.completion_tokens, cut.finish_reason, cut.stream) == (200, 23, "interrupted", True)
+
+
+def test_a_running_stream_keeps_a_provisional_record_that_covers_what_its_client_was_sent(tiny_api, valid_key):
+    async def scenario():
+        response = await open_stream(valid_key.plaintext, body(max_tokens=200, logprobs=0))
+        content = response.streaming_content
+        raw = [await content.__anext__() for _ in range(20)]
+        request_id = response["x-request-id"]
+        provisional = in_flight(get_journal())[request_id]
+        get_journal().queue()
+        await db_call(get_journal().flush)  # the flusher leaves a running stream's record alone
+        written_meanwhile = await db_call(UsageRecord.objects.exists)
+        raw += [chunk async for chunk in content]
+        return request_id, provisional, tokens_in(raw[:20]), written_meanwhile
+
+    request_id, provisional, sent, written_meanwhile = async_to_sync(scenario)()
+
+    assert sent >= 19 and not written_meanwhile
+    assert (provisional["status_code"], provisional["finish_reason"]) == (200, "interrupted")
+    assert sent <= provisional["completion_tokens"] < 200 and provisional["prompt_tokens"] == 5
+    final = UsageRecord.objects.get(request_id=request_id)  # the end replaced the provisional record
+    assert (final.completion_tokens, final.finish_reason) == (200, "length")
+    assert in_flight(get_journal()) == {} and get_journal().records == 0
+
+
+def test_a_stream_cut_by_the_end_of_its_process_is_recorded_by_the_next_one(valid_key, settings):
+    settings.USAGE_JOURNAL_ID = "8002"
+    earlier = get_journal()
+    earlier.update_in_flight(fields("cmpl-cut", valid_key.api_key, completion_tokens=30, finish_reason="interrupted"))
+    journal_module.forget_journal()  # the process ends while the stream runs
+
+    successor = get_journal()
+
+    assert successor.records == 1 and in_flight(successor) == {}
+    successor.flush()
+    record = UsageRecord.objects.get(request_id="cmpl-cut")
+    assert (record.status_code, record.completion_tokens, record.finish_reason) == (200, 30, "interrupted")
 
 
 def test_the_journal_of_a_live_process_is_not_adopted(valid_key, settings):
