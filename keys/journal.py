@@ -275,9 +275,9 @@ class Journal:
             if self._db is None:
                 return []
             rows = self._db.execute(
-                "SELECT seq, fields FROM records WHERE seq > ? ORDER BY seq LIMIT ?", (after, limit)
+                "SELECT seq, request_id, fields FROM records WHERE seq > ? ORDER BY seq LIMIT ?", (after, limit)
             ).fetchall()
-        return [(seq, _loaded(text)) for seq, text in rows]
+        return [(seq, _readable(request_id, text)) for seq, request_id, text in rows]
 
     def flush(self) -> int:
         """Write the waiting records to the database, oldest first, until none is left or the database
@@ -343,8 +343,9 @@ class Journal:
         if lock is None:
             return 0  # its process is alive
         try:
-            if not path.exists():
-                return 0  # another process adopted it meanwhile
+            if not path.exists():  # another process adopted it meanwhile; our lock made its file again
+                path.with_suffix(".lock").unlink(missing_ok=True)
+                return 0
             orphan = _connect(path)
             try:
                 rows = orphan.execute("SELECT request_id, fields FROM records ORDER BY seq").fetchall()
@@ -487,6 +488,9 @@ def _deliver(journal: Journal, seq: int, fields: dict[str, Any]) -> bool:
             )
         journal.backlogged = True  # not queue(): the flusher must not wake itself up at once
         return False
+    except Exception as error:  # noqa: BLE001 - a record this code cannot build (a field an upgrade dropped) must not block the rest
+        journal.set_aside(seq, fields, f"{type(error).__name__}: {error}")
+        return True
     database_health.answered(started)
     journal.ack(seq)
     return True
@@ -628,6 +632,16 @@ def _iso(value: Any) -> str:
     if isinstance(value, datetime):
         return value.isoformat()
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def _readable(request_id: str, text: str) -> dict[str, Any]:
+    """A journaled record's fields, or ``{"request_id": ..., "unreadable": text}`` (which the database
+    write refuses, so that the record is set aside) where the text is not a record's JSON."""
+    try:
+        fields = _loaded(text)
+    except (ValueError, AttributeError):
+        return {"request_id": request_id, "unreadable": text}
+    return fields
 
 
 def _loaded(text: str) -> dict[str, Any]:

@@ -269,6 +269,43 @@ def test_a_record_the_database_refuses_for_itself_is_set_aside_not_retried_forev
         assert kept.execute("SELECT request_id FROM set_aside").fetchall() == [("cmpl-bad",)]
 
 
+def test_a_record_no_version_of_the_code_can_build_is_set_aside_and_blocks_nothing(valid_key):
+    # A journal left by an older version: a field a later migration dropped, and a row that is not JSON.
+    journal = get_journal()
+    old = fields("cmpl-old-version", valid_key.api_key)
+    old["field_dropped_by_a_migration"] = 1
+    journal.append(old)
+    with journal._lock:
+        journal._db.execute("INSERT INTO records (request_id, fields) VALUES ('cmpl-garbled', 'not json')")
+        journal._db.commit()
+    journal.queue()
+    journal.flush()
+    assert journal_module.write_durably(fields("cmpl-new", valid_key.api_key))
+    assert UsageRecord.objects.filter(request_id="cmpl-new").exists()
+    assert get_journal().records == 0 and not get_journal().backlogged
+    with sqlite3.connect(get_journal().path) as kept:
+        aside = {row[0] for row in kept.execute("SELECT request_id FROM set_aside")}
+    assert aside == {"cmpl-old-version", "cmpl-garbled"}
+
+
+def test_two_processes_adopting_one_orphan_leave_no_lock_file_behind(valid_key, settings):
+    directory = Path(settings.USAGE_JOURNAL_DIR)
+    orphan = Journal(directory, "gone", database_digest())
+    orphan.open()
+    orphan.append(fields("cmpl-orphan", valid_key.api_key))
+    orphan.close()
+    first = get_journal()  # adopts it as it opens
+    assert not orphan.path.exists()
+    second = Journal(directory, "other", database_digest())
+    second.open()
+    try:
+        assert second._adopt(orphan.path) == 0  # it listed the orphan before the first adopted it
+        assert not [path.name for path in directory.iterdir() if path.name.startswith("gone")]
+    finally:
+        second.close()
+    assert first.records == 1  # the orphan's record, adopted once
+
+
 def test_a_record_of_a_key_deleted_while_it_waited_is_kept_without_its_key(valid_key, monkeypatch):
     DatabaseDown(monkeypatch, times=1)
     journal_module.write_durably(fields("cmpl-orphan", valid_key.api_key))
