@@ -153,17 +153,24 @@ struct Q8_0 : IntegerForm {
 // scales of sub-blocks 0-3 are u0's low 6 bits a byte and those of 4-7 u2's low nibbles with u0's
 // top 2 bits above them; the minimums likewise from u1 and u2's high nibbles, all 8 at once.
 struct KScales { float d[8], m[8]; };
-inline __m256 k_floats(uint32_t low, uint32_t high, float scale) {
-  const __m128i bytes = _mm_cvtsi64_si128(static_cast<int64_t>((uint64_t(high) << 32) | low));
-  return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes)), _mm256_set1_ps(scale));
-}
-inline KScales k_scales(const uint8_t* b) {
+// The 8 scales and the 8 minimums as bytes (byte j: sub-block j's), one 64-bit word each.
+inline void k_scale_words(const uint8_t* b, uint64_t& scales, uint64_t& minimums) {
   uint32_t u[3];
   std::memcpy(u, b + 4, 12);
   constexpr uint32_t SIX = 0x3F3F3F3F, NIBBLE = 0x0F0F0F0F, TOP = 0x03030303;
+  scales = (u[0] & SIX) | (uint64_t((u[2] & NIBBLE) | (((u[0] >> 6) & TOP) << 4)) << 32);
+  minimums = (u[1] & SIX) | (uint64_t(((u[2] >> 4) & NIBBLE) | (((u[1] >> 6) & TOP) << 4)) << 32);
+}
+inline __m256 k_floats(uint64_t bytes, float scale) {
+  return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<int64_t>(bytes)))),
+                       _mm256_set1_ps(scale));
+}
+inline KScales k_scales(const uint8_t* b) {
+  uint64_t scales, minimums;
+  k_scale_words(b, scales, minimums);
   KScales out;
-  _mm256_storeu_ps(out.d, k_floats(u[0] & SIX, (u[2] & NIBBLE) | (((u[0] >> 6) & TOP) << 4), half_to_float(b)));
-  _mm256_storeu_ps(out.m, k_floats(u[1] & SIX, ((u[2] >> 4) & NIBBLE) | (((u[1] >> 6) & TOP) << 4), half_to_float(b + 2)));
+  _mm256_storeu_ps(out.d, k_floats(scales, half_to_float(b)));
+  _mm256_storeu_ps(out.m, k_floats(minimums, half_to_float(b + 2)));
   return out;
 }
 

@@ -127,14 +127,10 @@ struct Tile {
   }
 };
 
-// Q4_K's and Q5_K's 6-bit scales and minimums of a super-block (ggml's get_scale_min_k4), as 8
-// 16-bit lanes each.
+// Q4_K's and Q5_K's 6-bit scales and minimums of a super-block (k_scale_words), as 8 16-bit lanes each.
 inline void k_scales16(const uint8_t* b, __m128i& sc, __m128i& m) {
-  uint32_t u[3];
-  std::memcpy(u, b + 4, 12);
-  constexpr uint32_t SIX = 0x3F3F3F3F, NIBBLE = 0x0F0F0F0F, TOP = 0x03030303;
-  const uint64_t scales = (u[0] & SIX) | (uint64_t((u[2] & NIBBLE) | (((u[0] >> 6) & TOP) << 4)) << 32);
-  const uint64_t minimums = (u[1] & SIX) | (uint64_t(((u[2] >> 4) & NIBBLE) | (((u[1] >> 6) & TOP) << 4)) << 32);
+  uint64_t scales, minimums;
+  k_scale_words(b, scales, minimums);
   sc = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<int64_t>(scales)));
   m = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<int64_t>(minimums)));
 }
@@ -260,7 +256,7 @@ inline void int8_tile(int type, const uint8_t* w, int64_t row_bytes, const Round
   }
 }
 
-// Rows r0 .. r0 + rows (< INT8_TILE_ROWS, or that) against weight rows n0 .. n0 + cols (<= INT8_COLS).
+// Rows r0 .. r0 + rows (at most 4) of x against weight rows n0 .. n0 + COLS.
 template <int COLS>
 inline void int8_cols(int type, const uint8_t* w, int64_t row_bytes, const RoundedX8& x, int64_t r0, int64_t rows, int64_t n0,
                       int64_t K, int64_t N, float* y, bool add) {
