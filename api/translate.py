@@ -38,43 +38,37 @@ def auth_error(error: AuthFailed) -> APIError:
     return APIError(INCORRECT_KEY_MESSAGE, status=401, code="invalid_api_key", headers=_CHALLENGE)
 
 
+def _unavailable(message: str, code: str | None, retry_after: float | int) -> APIError:
+    """A 503 ``server_error`` that tells the client when to retry."""
+    return APIError(message, status=503, type="server_error", code=code, headers={"Retry-After": str(retry_after)})
+
+
 def limiter_error(error: LimiterUnavailable) -> APIError:
     """The 503 when the limits cannot be checked (``limiter_unavailable`` when failing closed)."""
     if error.closed:
-        return APIError(
+        return _unavailable(
             "The rate limiter is unavailable, so requests are refused for now; try again shortly.",
-            status=503,
-            type="server_error",
-            code="limiter_unavailable",
-            headers={"Retry-After": str(error.retry_after_seconds)},
+            "limiter_unavailable",
+            error.retry_after_seconds,
         )
-    return APIError(
-        "The rate limiter could not count this request; try again.",
-        status=503,
-        type="server_error",
-        headers={"Retry-After": str(error.retry_after_seconds)},
-    )
+    return _unavailable("The rate limiter could not count this request; try again.", None, error.retry_after_seconds)
 
 
 def database_error(error: DatabaseUnavailable) -> APIError:
     """The 503 while the database does not answer: nothing was served or charged; retry."""
-    return APIError(
+    return _unavailable(
         "The server cannot reach its database right now; retry the request shortly.",
-        status=503,
-        type="server_error",
-        code="database_unavailable",
-        headers={"Retry-After": str(error.retry_after_seconds)},
+        "database_unavailable",
+        error.retry_after_seconds,
     )
 
 
 def journal_error() -> APIError:
     """The 503 while the usage journal cannot be written (a full disk): nothing could be accounted for."""
-    return APIError(
+    return _unavailable(
         "The server cannot record usage right now; retry the request shortly.",
-        status=503,
-        type="server_error",
-        code="usage_journal_unavailable",
-        headers={"Retry-After": str(journal.RETRY_AFTER_SECONDS)},
+        "usage_journal_unavailable",
+        journal.RETRY_AFTER_SECONDS,
     )
 
 
