@@ -13,7 +13,7 @@ The decode step's small operations (RMSNorm, SiLU times up, rotary embeddings wi
 and attention over a float32 or float16 cache) are one call each here where torch takes several, as
 is a prefill pass's attention per layer (:meth:`CPUKernels.prefill_attention`):
 with the products this fast, torch's per-operation cost was half of a batch-1 step; and a step
-whose layers are all Q4_1 is one call in all (:meth:`CPUKernels.decode_layers_q4_1`).
+whose products all run on our block kernels is one call in all (:meth:`CPUKernels.decode_layers`).
 
 The C++ sources are compiled once per source text, compiler and flags with the C++ compiler
 (``$CXX``, else ``c++``/``g++``), ``-O3 -mavx2 -mfma -mf16c``, into ``<cache_dir>/kernels/``, and
@@ -66,6 +66,10 @@ GGML_BLOCKS = {
     14: (256, 210),  # Q6_K
     30: (1, 2),  # BF16
 }
+# The whole-step table (:meth:`CPUKernels.decode_layers`): 8 fields a layer, then 4 products of
+# STEP_PARTS parts of 5 fields (the kinds: weights.STEP_Q4_1 and the others).
+STEP_PARTS = 3
+STEP_TABLE_FIELDS = 8 + 4 * STEP_PARTS * 5
 _GGML_DTYPES = {0: torch.float32, 1: torch.float16, 30: torch.bfloat16}  # the unquantized types' elements
 
 _lock = threading.Lock()
@@ -114,9 +118,13 @@ class CPUKernels:
         )
         layers_types = (pointer, size, size, pointer, size, size, size, size, size, real, pointer, pointer, pointer)
         self._decode_layers = {
-            torch.float32: function("decode_layers_q4_1", *layers_types, size, size, real, integer),
-            torch.float16: function("decode_layers_q4_1_f16", *layers_types, size, size, real, integer),
+            torch.float32: function("decode_layers_f32", *layers_types, size, size, real, integer),
+            torch.float16: function("decode_layers_f16", *layers_types, size, size, real, integer),
         }
+        fields = function("decode_layers_fields")
+        fields.restype = ctypes.c_int64
+        if fields() != STEP_TABLE_FIELDS:
+            raise RuntimeError(f"the library's decode step table has {fields()} fields, not {STEP_TABLE_FIELDS}")
         attention_types = (pointer, size, size, size, size, pointer, pointer, pointer, pointer, pointer, size, size)
         self._attention = {
             torch.float32: function("decode_attention", *attention_types, real, pointer, integer, size),
@@ -388,7 +396,7 @@ class CPUKernels:
             )  # fmt: skip
         )
 
-    def decode_layers_q4_1(
+    def decode_layers(
         self,
         x: torch.Tensor,
         table: torch.Tensor,
@@ -402,14 +410,18 @@ class CPUKernels:
         keys: torch.Tensor,
     ) -> None:
         """A decode step's decoder layers in one call, each as LlamaModelRunner's fused step runs it
-        (RMSNorm, q/k/v, :meth:`decode_attention`, o into the residual, RMSNorm, gate/up,
-        :meth:`silu_mul`, down into the residual), all four products Q4_1 (:meth:`q4_1`).
+        (RMSNorm, q/k/v with its bias and per-head q/k RMSNorms where given, :meth:`decode_attention`,
+        o into the residual, RMSNorm, gate/up, :meth:`silu_mul`, down into the residual), every
+        product on our block kernels.
 
         ``x``: the residual stream ``[rows, hidden]``, float32, updated in place.  ``table``: int64
-        ``[layers, 16]``, per layer the ``data_ptr()`` of its input and post-attention RMSNorm
-        scales, of its q/k/v, o, gate/up and down weights' ``qs``, ``d``, ``m``, and of its key and
-        value caches, in that order.  ``keys``: one layer's key cache, for the caches' strides and
-        dtype (float32 or float16, every layer alike).  The rest as :meth:`decode_attention`.
+        ``[layers, STEP_TABLE_FIELDS]``, per layer the ``data_ptr()`` of its input and post-attention
+        RMSNorm scales, its query and key RMSNorm scales and q/k/v bias (0: none), its key and value
+        caches, its sliding window (0: none), then per product (q/k/v, o, gate/up, down) up to
+        :data:`STEP_PARTS` parts (:meth:`inference.weights.WeightLinear.step_parts`), their outputs
+        side by side (``csrc/decode_ops.cpp``'s ``decode_layers_f32`` has the layout).  ``keys``:
+        one layer's key cache, for the caches' strides and dtype (float32 or float16, every layer
+        alike).  The rest as :meth:`decode_attention`.
         """
         rows, hidden = x.shape
         dim = keys.shape[-1]

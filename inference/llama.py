@@ -48,6 +48,7 @@ import torch
 import torch.nn.functional as F
 
 from .chunks import PrefillChunk
+from .cpu_kernels import STEP_PARTS, STEP_TABLE_FIELDS
 from .families.llama import (
     LinearFactory,
     LlamaLayer,
@@ -61,7 +62,6 @@ from .prefix_cache import PrefixCache
 
 if TYPE_CHECKING:
     from .cpu_kernels import CPUKernels
-    from .weights import Q4_1Linear
 
 Linear = Callable[[torch.Tensor], torch.Tensor]
 
@@ -146,6 +146,10 @@ def _one_thread() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(threads)
+
+
+def _address(tensor: torch.Tensor | None) -> int:
+    return 0 if tensor is None else tensor.data_ptr()
 
 
 def _round_up(value: int, chunk: int) -> int:
@@ -247,16 +251,14 @@ class LlamaModelRunner:
         self._query_scale = None if scale is None or scale == self.head_dim**-0.5 else scale * self.head_dim**0.5
         # Our attention kernels cannot soft-cap scores (Gemma 2's): such layers attend in torch's operations.
         self._kernel_attention = all(layer.attention_softcap is None for layer in self._layers)
-        # The whole decode step in one kernel call runs Llama's layer only (no bias, no q/k norm, ...).
+        # The whole decode step in one kernel call runs Llama's layer with Qwen's q/k/v bias and q/k
+        # norms, not Gemma's scales, norms and GeGLU.
         self._llama_layers = (
             len(self._ropes) == 1
             and self._hidden_act == "silu"
             and self._embedding_scale is None
             and self._query_scale is None
-            and all(
-                layer.qkv_bias is None and layer.q_norm is None and layer.attention_output_norm is None
-                for layer in self._layers
-            )
+            and all(layer.attention_output_norm is None for layer in self._layers)
         )
         self._final_norm = weights.final_norm
         self._lm_head = weights.lm_head
@@ -275,7 +277,7 @@ class LlamaModelRunner:
         self.prefix_cache_bytes = prefix_cache_bytes
         self._prefix_cache = PrefixCache(prefix_cache_bytes)
         # The whole-step tables (see _whole_step_table): per row count, and per set of weights.
-        self._q4_1_at: dict[int, torch.Tensor | None] = {}
+        self._table_at: dict[int, torch.Tensor | None] = {}
         self._step_tables: dict[tuple[int, ...], torch.Tensor] = {}
         self._kernels = self._fused_decode_kernels(kernels)
         if kv_cache_dtype is None:
@@ -828,7 +830,7 @@ class LlamaModelRunner:
             table = self._whole_step_table(rows) if whole_step else None
             if table is not None:
                 hidden = self._embed(torch.tensor(input_ids))
-                self._kernels.decode_layers_q4_1(
+                self._kernels.decode_layers(
                     hidden, table, self.num_heads, self.num_kv_heads, self.intermediate_size, self.eps,
                     self._cos, self._sin, positions, self._layer_keys[0],
                 )  # fmt: skip
@@ -922,37 +924,43 @@ class LlamaModelRunner:
         return x
 
     def _whole_step_table(self, rows: int) -> torch.Tensor | None:
-        """The table of :meth:`inference.cpu_kernels.CPUKernels.decode_layers_q4_1` for a step of
-        ``rows`` rows, when every layer's four products run our Q4_1 kernel at that row count (the
-        formats' ``q4_1_for``), else None.  Built once per plan; :meth:`_reallocate` keeps its cache
-        columns on the buffers."""
-        if rows not in self._q4_1_at:
-            weights: list[list[Q4_1Linear]] = []
+        """The table of :meth:`inference.cpu_kernels.CPUKernels.decode_layers` for a step of ``rows``
+        rows, when every layer's four products run our block kernels at that row count
+        (:meth:`inference.weights.WeightLinear.step_parts`), else None.  Built once per plan;
+        :meth:`_reallocate` keeps its cache columns on the buffers."""
+        if rows not in self._table_at:
+            self._table_at[rows] = None
+            fields: list[list[int]] = []
             for layer in self._layers:
-                found = [getattr(linear, "q4_1_for", lambda _: None)(rows) for linear in layer.products]
-                blocks: list[Q4_1Linear] = [linear for linear in found if linear is not None]
-                if len(blocks) != len(found):
-                    break
-                weights.append(blocks)
-            self._q4_1_at[rows] = None
-            if len(weights) == len(self._layers):
-                key = tuple(id(linear) for linear in weights[0])
-                if key not in self._step_tables:
-                    table = torch.zeros(self.num_layers, 16, dtype=torch.int64)
-                    for index, (layer, blocks) in enumerate(zip(self._layers, weights)):
-                        pointers = [layer.input_norm.data_ptr(), layer.post_norm.data_ptr()]
-                        pointers += [t.data_ptr() for linear in blocks for t in (linear.qs, linear.d, linear.m)]
-                        table[index, :14] = torch.tensor(pointers)
-                    self._step_tables[key] = table
-                    self._point_at_caches(table)
-                self._q4_1_at[rows] = self._step_tables[key]
-        return self._q4_1_at[rows]
+                products = [getattr(linear, "step_parts", lambda _: None)(rows) for linear in layer.products]
+                if any(parts is None or len(parts) > STEP_PARTS for parts in products):
+                    return None
+                row = [
+                    *(_address(t) for t in (layer.input_norm, layer.post_norm, layer.q_norm, layer.k_norm)),
+                    _address(layer.qkv_bias),
+                    0,  # the key and value caches: _point_at_caches
+                    0,
+                    layer.window or 0,
+                ]
+                for parts in products:
+                    assert parts is not None
+                    padded = [field for part in parts for field in part]
+                    row += padded + [0] * (STEP_PARTS * 5 - len(padded))
+                fields.append(row)
+            key = tuple(field for row in fields for field in row)
+            if key not in self._step_tables:
+                table = torch.tensor(fields, dtype=torch.int64)
+                assert table.shape[1] == STEP_TABLE_FIELDS
+                self._step_tables[key] = table
+                self._point_at_caches(table)
+            self._table_at[rows] = self._step_tables[key]
+        return self._table_at[rows]
 
     def _point_at_caches(self, table: torch.Tensor) -> None:
         """A whole-step table's cache columns: the addresses of the running batch's buffers."""
         if self._layer_keys:
-            table[:, 14] = torch.tensor([keys.data_ptr() for keys in self._layer_keys])
-            table[:, 15] = torch.tensor([values.data_ptr() for values in self._layer_values])
+            table[:, 5] = torch.tensor([keys.data_ptr() for keys in self._layer_keys])
+            table[:, 6] = torch.tensor([values.data_ptr() for values in self._layer_values])
 
     # --- the running batch's cache ----------------------------------------------------------------
 

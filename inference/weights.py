@@ -152,6 +152,10 @@ def check_format(name: str) -> str:
 
 # --- The linear layers ---------------------------------------------------------------------------------
 
+# A product's part in the whole-step table (WeightLinear.step_parts): csrc/decode_ops.cpp's PartKind.
+StepPart = tuple[int, int, int, int, int]
+STEP_Q4_1, STEP_Q8_0, STEP_GGML = 1, 2, 3
+
 
 class WeightLinear:
     """Base of the formats: ``y = x W^T + b`` for ``x [..., in_features]``, in ``x``'s dtype.
@@ -181,6 +185,14 @@ class WeightLinear:
         """Rows ``ids`` (int64 ``[n]``) of the weight as float32 ``[n, in_features]``, where the format
         keeps it exactly enough to serve as a tied embedding (Q8_0 blocks converted from a GGUF: see
         :func:`is_lossless_q8_0`); None for the others."""
+        return None
+
+    def step_parts(self, rows: int) -> list[StepPart] | None:
+        """What a product of ``rows`` rows runs, for a caller that runs our kernels itself (the Llama
+        runner's whole-step call, :meth:`inference.cpu_kernels.CPUKernels.decode_layers`): parts whose
+        outputs lie side by side, each ``(kind, operand, operand, operand, out_features)`` with the
+        operands' addresses (:class:`StepPart`); None where the product is not a plain kernel call on
+        stored blocks at that row count (a bias, bfloat16 weights, torch's product)."""
         return None
 
     @property
@@ -512,11 +524,10 @@ class Q4_1Linear(_BlockLinear):
     def _bfloat16_weight(self) -> torch.Tensor:
         return self.kernels.q4_1_to_bfloat16(self.qs, self.d, self.m)
 
-    def q4_1_for(self, rows: int) -> Q4_1Linear | None:
-        """This layer where a product of ``rows`` rows runs our Q4_1 kernel on its blocks as they are
-        (no bias), else None: what a caller that runs the kernel itself (the Llama runner's
-        whole-step call, :meth:`inference.cpu_kernels.CPUKernels.decode_layers_q4_1`) needs."""
-        return self if self.bias is None and not self._in_bfloat16(rows) else None
+    def step_parts(self, rows: int) -> list[StepPart] | None:
+        if self.bias is not None or self._in_bfloat16(rows):
+            return None
+        return [(STEP_Q4_1, self.qs.data_ptr(), self.d.data_ptr(), self.m.data_ptr(), self.out_features)]
 
     def dequantized(self) -> torch.Tensor:
         """The float32 weight ``[out, in]`` this layer computes with."""
@@ -579,6 +590,11 @@ class Q8_0Linear(_BlockLinear):
 
     def _product(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         return self.kernels.q8_0(x, self.q, self.d, out=out)
+
+    def step_parts(self, rows: int) -> list[StepPart] | None:
+        if self.bias is not None or self._in_bfloat16(rows):
+            return None
+        return [(STEP_Q8_0, self.q.data_ptr(), self.d.data_ptr(), 0, self.out_features)]
 
     def embedding_rows(self, ids: torch.Tensor) -> torch.Tensor | None:
         if not self.lossless:
@@ -726,10 +742,8 @@ class PlannedLinear(WeightLinear):
                 return rows
         return None
 
-    def q4_1_for(self, rows: int) -> Q4_1Linear | None:
-        """The planned format's :meth:`Q4_1Linear.q4_1_for` at ``rows`` rows; None for another format."""
-        layer = self._by_rows[rows] if rows < len(self._by_rows) else self._beyond
-        return layer.q4_1_for(rows) if isinstance(layer, Q4_1Linear) else None
+    def step_parts(self, rows: int) -> list[StepPart] | None:
+        return (self._by_rows[rows] if rows < len(self._by_rows) else self._beyond).step_parts(rows)
 
     @property
     def nbytes(self) -> int:

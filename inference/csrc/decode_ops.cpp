@@ -566,22 +566,71 @@ KERNEL_EXPORT int prefill_attention_f16(float* qkv, int64_t count, const int64_t
 
 // --- A whole decode step's decoder layers in one call ----------------------------------------------
 //
-// What LlamaModelRunner._decode_layers_fused does per layer (RMSNorm, q/k/v product, attention,
-// o product into the residual, RMSNorm, gate/up product, SiLU times up, down product into the
-// residual), for layers whose four products are all Q4_1 (block_gemm.cpp's q4_1_gemm): one call per
-// step instead of eight per layer from Python, whose overhead was a fifth of a batch-1 step.
+// What LlamaModelRunner._decode_layers_fused does per layer (RMSNorm, q/k/v product, its bias and
+// per-head q/k RMSNorms where the layer has them, attention, o product into the residual, RMSNorm,
+// gate/up product, SiLU times up, down product into the residual), for layers whose products all run
+// on our block kernels: one call per step instead of eight or more per layer from Python, whose
+// overhead was a fifth of a batch-1 step of the embedded model.
 
 extern "C" void q4_1_gemm(const float* x, int64_t M, int64_t K, const uint8_t* qs, const float* d, const float* m,
                           int64_t N, float* y, int add, int threads);
+extern "C" void q8_0_gemm(const float* x, int64_t M, int64_t K, const int8_t* qs, const float* d, int64_t N, float* y,
+                          int add, int threads);
+extern "C" void ggml_gemm(int type, const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, float* y, int add,
+                          int threads);
 
 namespace {
 
-// One layer's row of the table: pointers as int64.
-enum LayerField : int64_t {
-  INPUT_NORM, POST_NORM,
-  QKV_QS, QKV_D, QKV_M, O_QS, O_D, O_M, GATE_UP_QS, GATE_UP_D, GATE_UP_M, DOWN_QS, DOWN_D, DOWN_M,
-  KEYS, VALUES, LAYER_FIELDS
-};
+// One layer's row of the table: pointers as int64, then its products' parts.
+enum LayerField : int64_t { INPUT_NORM, POST_NORM, Q_NORM, K_NORM, QKV_BIAS, KEYS, VALUES, WINDOW, PRODUCTS };
+// A product (q/k/v, o, gate/up, down) is up to PARTS weights over the same input, their outputs side by
+// side, each PART_FIELDS int64: its kind (0 after the last), three operands, its output columns.
+enum PartKind : int64_t { PART_END, PART_Q4_1, PART_Q8_0, PART_GGML };
+constexpr int64_t PARTS = 3, PART_FIELDS = 5, PRODUCT_FIELDS = PARTS * PART_FIELDS;
+constexpr int64_t LAYER_FIELDS = PRODUCTS + 4 * PRODUCT_FIELDS;
+enum Product : int64_t { QKV, O, GATE_UP, DOWN };
+
+void* pointer(int64_t value) { return reinterpret_cast<void*>(value); }
+
+void part_gemm(const int64_t* part, const float* in, int64_t rows, int64_t K, float* out, int add, int threads) {
+  const int64_t N = part[4];
+  switch (part[0]) {
+    case PART_Q4_1:
+      q4_1_gemm(in, rows, K, static_cast<const uint8_t*>(pointer(part[1])), static_cast<const float*>(pointer(part[2])),
+                static_cast<const float*>(pointer(part[3])), N, out, add, threads);
+      return;
+    case PART_Q8_0:
+      q8_0_gemm(in, rows, K, static_cast<const int8_t*>(pointer(part[1])), static_cast<const float*>(pointer(part[2])), N,
+                out, add, threads);
+      return;
+    default:
+      ggml_gemm(static_cast<int>(part[2]), in, rows, K, static_cast<const uint8_t*>(pointer(part[1])), N, out, add, threads);
+  }
+}
+
+// out [rows, width] (+)= in [rows, K] times a product's parts; several parts go through scratch.
+void product(const int64_t* parts, const float* in, int64_t rows, int64_t K, float* out, int64_t width, int add,
+             std::vector<float>& scratch, int threads) {
+  if (parts[PART_FIELDS] == PART_END) {
+    part_gemm(parts, in, rows, K, out, add, threads);
+    return;
+  }
+  int64_t column = 0;
+  for (const int64_t* part = parts; part < parts + PRODUCT_FIELDS && part[0] != PART_END; part += PART_FIELDS) {
+    const int64_t n = part[4];
+    scratch.resize(static_cast<size_t>(rows * n));
+    part_gemm(part, in, rows, K, scratch.data(), 0, threads);
+    for (int64_t r = 0; r < rows; ++r) {
+      float* target = out + r * width + column;
+      const float* source = scratch.data() + r * n;
+      if (add)
+        for (int64_t i = 0; i < n; ++i) target[i] += source[i];
+      else
+        memcpy(target, source, static_cast<size_t>(n) * sizeof(float));
+    }
+    column += n;
+  }
+}
 
 template <typename T>
 void decode_layers(float* x, int64_t rows, int64_t layers, const int64_t* table, int64_t hidden, int64_t heads,
@@ -590,23 +639,33 @@ void decode_layers(float* x, int64_t rows, int64_t layers, const int64_t* table,
   const int64_t qkv_width = (heads + 2 * kv_heads) * dim;
   std::vector<float> normed(static_cast<size_t>(rows * (hidden > inter ? hidden : inter)));
   std::vector<float> qkv(static_cast<size_t>(rows * qkv_width)), attended(static_cast<size_t>(rows * heads * dim));
-  std::vector<float> gate_up(static_cast<size_t>(rows * 2 * inter));
-  auto pointer = [](int64_t value) { return reinterpret_cast<void*>(value); };
+  std::vector<float> gate_up(static_cast<size_t>(rows * 2 * inter)), scratch;
   for (int64_t layer = 0; layer < layers; ++layer) {
     const int64_t* f = table + layer * LAYER_FIELDS;
-    auto gemm = [&](const float* in, int64_t K, int first, int64_t N, float* out, int add) {
-      q4_1_gemm(in, rows, K, static_cast<const uint8_t*>(pointer(f[first])), static_cast<const float*>(pointer(f[first + 1])),
-                static_cast<const float*>(pointer(f[first + 2])), N, out, add, threads);
+    const int64_t* products = f + PRODUCTS;
+    auto gemm = [&](Product which, const float* in, int64_t K, float* out, int64_t width, int add) {
+      product(products + which * PRODUCT_FIELDS, in, rows, K, out, width, add, scratch, threads);
     };
     rms_norm(x, rows, hidden, static_cast<const float*>(pointer(f[INPUT_NORM])), eps, normed.data());
-    gemm(normed.data(), hidden, QKV_QS, qkv_width, qkv.data(), 0);
+    gemm(QKV, normed.data(), hidden, qkv.data(), qkv_width, 0);
+    for (int64_t r = 0; r < rows; ++r) {
+      float* row = qkv.data() + r * qkv_width;
+      if (f[QKV_BIAS] != 0) {
+        const float* bias = static_cast<const float*>(pointer(f[QKV_BIAS]));
+        for (int64_t i = 0; i < qkv_width; ++i) row[i] += bias[i];
+      }
+      if (f[Q_NORM] != 0) {  // each query and key head's RMSNorm, before rotary embeddings
+        rms_norm(row, heads, dim, static_cast<const float*>(pointer(f[Q_NORM])), eps, row);
+        rms_norm(row + heads * dim, kv_heads, dim, static_cast<const float*>(pointer(f[K_NORM])), eps, row + heads * dim);
+      }
+    }
     attend(qkv.data(), rows, heads, kv_heads, dim, cos, sin, positions, static_cast<T*>(pointer(f[KEYS])),
-           static_cast<T*>(pointer(f[VALUES])), row_stride, head_stride, scale, attended.data(), threads);
-    gemm(attended.data(), heads * dim, O_QS, hidden, x, 1);
+           static_cast<T*>(pointer(f[VALUES])), row_stride, head_stride, scale, attended.data(), threads, f[WINDOW]);
+    gemm(O, attended.data(), heads * dim, x, hidden, 1);
     rms_norm(x, rows, hidden, static_cast<const float*>(pointer(f[POST_NORM])), eps, normed.data());
-    gemm(normed.data(), hidden, GATE_UP_QS, 2 * inter, gate_up.data(), 0);
+    gemm(GATE_UP, normed.data(), hidden, gate_up.data(), 2 * inter, 0);
     silu_mul(gate_up.data(), rows, inter, normed.data());
-    gemm(normed.data(), inter, DOWN_QS, hidden, x, 1);
+    gemm(DOWN, normed.data(), inter, x, hidden, 1);
   }
 }
 
@@ -615,25 +674,30 @@ void decode_layers(float* x, int64_t rows, int64_t layers, const int64_t* table,
 extern "C" {
 
 // x: [rows, hidden] float32, the residual stream (the embeddings in, the last layer's output out).
-// table: [layers, 16] int64, per layer the addresses of its RMSNorm scales (input, post-attention),
-// its q/k/v, o, gate/up and down Q4_1 weights (qs, d, m each, as q4_1_gemm takes them) and its key and
-// value caches (float32 here, float16 in decode_layers_q4_1_f16), in LayerField's order.  The rest as
-// rms_norm, silu_mul and decode_attention take them; inter: the MLP's width.
-KERNEL_EXPORT void decode_layers_q4_1(float* x, int64_t rows, int64_t layers, const int64_t* table, int64_t hidden,
-                                      int64_t heads, int64_t kv_heads, int64_t dim, int64_t inter, float eps,
-                                      const float* cos, const float* sin, const int64_t* positions,
-                                      int64_t row_stride, int64_t head_stride, float scale, int threads) {
+// table: [layers, 68] int64, per layer: the addresses of its RMSNorm scales (input, post-attention),
+// of its per-head query and key RMSNorm scales [dim] and q/k/v bias [(heads + 2 kv_heads) dim] (0
+// where the layer has none), of its key and value caches (float32 here, float16 bits in
+// decode_layers_f16), its sliding window (0: none); then its q/k/v, o, gate/up and down products,
+// 3 parts of 5 each: kind (1 Q4_1: qs, d, m as q4_1_gemm takes them; 2 Q8_0: qs, d; 3 ggml blocks:
+// the weight, its ggml type; 0 after the last part), the three operands, the part's output columns.
+// The rest as rms_norm, silu_mul and decode_attention take them; inter: the MLP's width.
+KERNEL_EXPORT void decode_layers_f32(float* x, int64_t rows, int64_t layers, const int64_t* table, int64_t hidden,
+                                     int64_t heads, int64_t kv_heads, int64_t dim, int64_t inter, float eps,
+                                     const float* cos, const float* sin, const int64_t* positions, int64_t row_stride,
+                                     int64_t head_stride, float scale, int threads) {
   decode_layers<float>(x, rows, layers, table, hidden, heads, kv_heads, dim, inter, eps, cos, sin, positions,
                        row_stride, head_stride, scale, threads);
 }
 
-KERNEL_EXPORT void decode_layers_q4_1_f16(float* x, int64_t rows, int64_t layers, const int64_t* table,
-                                          int64_t hidden, int64_t heads, int64_t kv_heads, int64_t dim,
-                                          int64_t inter, float eps, const float* cos, const float* sin,
-                                          const int64_t* positions, int64_t row_stride, int64_t head_stride,
-                                          float scale, int threads) {
+KERNEL_EXPORT void decode_layers_f16(float* x, int64_t rows, int64_t layers, const int64_t* table, int64_t hidden,
+                                     int64_t heads, int64_t kv_heads, int64_t dim, int64_t inter, float eps,
+                                     const float* cos, const float* sin, const int64_t* positions, int64_t row_stride,
+                                     int64_t head_stride, float scale, int threads) {
   decode_layers<uint16_t>(x, rows, layers, table, hidden, heads, kv_heads, dim, inter, eps, cos, sin, positions,
                           row_stride, head_stride, scale, threads);
 }
+
+// The table's width (LAYER_FIELDS), for the caller to check against its own.
+KERNEL_EXPORT int64_t decode_layers_fields() { return LAYER_FIELDS; }
 
 }

@@ -30,7 +30,16 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from ..weights import Float32Linear, Q4_1Linear, Q8_0Linear, WeightLinear, _BlockLinear, _cpu_kernels
+from ..weights import (
+    STEP_GGML,
+    Float32Linear,
+    Q4_1Linear,
+    Q8_0Linear,
+    StepPart,
+    WeightLinear,
+    _BlockLinear,
+    _cpu_kernels,
+)
 
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 6, 7, 8, 12, 13, 14, 30
 
@@ -242,11 +251,13 @@ class GGMLLinear(_BlockLinear):
             return many._product(x, out=out)
         return self.kernels.ggml_gemm(x, self.raw, self.kind, out=out)
 
-    def q4_1_for(self, rows: int) -> Q4_1Linear | None:
-        """The Q4_1 copy where it takes products of ``rows`` rows (see Q4_1Linear.q4_1_for)."""
-        if self._uses_many(rows) and self.bias is None and isinstance(many := self.many, Q4_1Linear):
-            return many.q4_1_for(rows)
-        return None
+    def step_parts(self, rows: int) -> list[StepPart] | None:
+        if self._uses_many(rows):
+            many = self.many
+            return None if many is None or self.bias is not None else many.step_parts(rows)
+        if self.bias is not None or (self.kind in (F32, F16, BF16) and self.in_features % GROUP):
+            return None  # a bias, or torch's product (CPUKernels.ggml_gemm)
+        return [(STEP_GGML, self.raw.data_ptr(), self.kind, 0, self.out_features)]
 
     def dequantized(self) -> torch.Tensor:
         """The float32 weight ``[out, in]`` (gguf-py's reference dequantizer)."""
@@ -272,6 +283,12 @@ class StackedLinear(WeightLinear):
 
     def compute(self, x: torch.Tensor) -> torch.Tensor:
         return torch.cat([part.compute(x).float() for part in self.parts], dim=-1)
+
+    def step_parts(self, rows: int) -> list[StepPart] | None:
+        found = [part.step_parts(rows) for part in self.parts]
+        if any(parts is None for parts in found):
+            return None
+        return [step for parts in found if parts is not None for step in parts]
 
     @property
     def nbytes(self) -> int:

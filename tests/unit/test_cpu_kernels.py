@@ -477,7 +477,7 @@ def test_a_q4_1_layer_runs_long_prefill_chunks_in_bfloat16_from_its_blocks():
         expected = residual + in_bfloat16
         layer.add_into(long, residual)
         assert torch.equal(residual, expected)
-    assert layer.q4_1_for(11) is layer and layer.q4_1_for(12) is None  # the whole-step kernel is float32
+    assert layer.step_parts(11) is not None and layer.step_parts(12) is None  # the whole-step kernel is float32
 
 
 @needs_kernels

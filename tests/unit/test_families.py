@@ -198,3 +198,32 @@ def test_a_q4_k_file_gives_transformers_logits_on_its_blocks(name, tmp_path):
             expected = reference(input_ids=torch.tensor([seq])).logits[0]
             got = torch.stack([seq_logits[position] for position in range(len(seq))])
             assert (got - expected).abs().max() <= 2e-3 * expected.abs().max()
+
+
+@pytest.mark.parametrize("source", ["Q4_K", "Q8_0"])
+@pytest.mark.parametrize("name", ["qwen2", "qwen3"])
+def test_one_kernel_call_per_step_runs_qwens_bias_and_norms_as_the_per_operation_step(name, source, tmp_path):
+    """A Qwen file's decode step is one call of our kernels (CPUKernels.decode_layers), its q/k/v bias
+    and per-head q/k norms inside it: the per-operation step's logits within float32 rounding."""
+    if cpu_kernels.load(None) is None:
+        pytest.skip("our CPU kernels cannot run here")
+    model = tiny_families.tiny_family_model(name, **Q4_K_SHAPE, head_dim=64)
+    architecture = tiny_families.architecture(name)
+    kind = getattr(ggml, source)
+    tiny_families.write_gguf(model, tmp_path / "model.gguf", kind, architecture=architecture)
+    file = GGUFFile(tmp_path / "model.gguf")
+    whole, per_operation = (
+        LlamaModelRunner(family.gguf_weights(file, family.config_from_gguf(file), torch.float32), max_batch_size=2)
+        for _ in "ab"
+    )
+    per_operation._whole_step_table = lambda rows: None
+    with torch.inference_mode():
+        for runner in (whole, per_operation):
+            runner.prefill([PrefillChunk(key, ids, 0, False) for key, ids in enumerate(PROMPTS)])
+            runner.join(0, 1)
+            runner.join(1, 1)
+        table = whole._whole_step_table(2)
+        assert table is not None and bool(table[:, 2 if name == "qwen3" else 4].all())  # the norms or the bias
+        for tokens in ([4, 8], [15, 16], [23, 42]):
+            expected = per_operation.decode(tokens)
+            assert (whole.decode(tokens) - expected).abs().max() <= 1e-5 * expected.abs().max()

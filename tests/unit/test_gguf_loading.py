@@ -20,6 +20,7 @@ from inference.formats.gguf import GGUFFile, ModelFileError  # noqa: E402
 from inference.llama import LlamaModelRunner  # noqa: E402
 from inference.model_loader import end_of_generation_ids  # noqa: E402
 from inference.model_runner import PrefillChunk  # noqa: E402
+from inference.weights import STEP_GGML  # noqa: E402
 from testing import tiny_families  # noqa: E402
 
 LAYERS = tiny_families.LAYERS
@@ -176,7 +177,8 @@ def test_a_q4_k_tensor_runs_as_stored_at_few_rows_and_on_its_q4_1_copy_beyond(si
         pytest.skip("no CPU kernels here")
     weight = ggml.dequantize(raw, ggml.Q4_K, width)
     assert layer.raw.data_ptr() == raw.data_ptr()  # the file's own bytes, no copy
-    assert layer.q4_1_for(4) is None and layer.q4_1_for(5) is layer.many
+    assert layer.step_parts(4) == [(STEP_GGML, raw.data_ptr(), ggml.Q4_K, 0, rows)]  # the blocks as stored
+    assert layer.step_parts(5) == layer.many.step_parts(5)  # the Q4_1 copy's kernel
     for count in (1, 4, 5, 8):
         x = torch.randn(count, width, generator=torch.Generator().manual_seed(count))
         expected = x @ weight.T
@@ -195,7 +197,7 @@ def test_a_q4_k_tensor_under_8_bits_runs_as_stored_at_any_rows_and_builds_no_cop
         pytest.skip("no 8-bit K-quant products here")
     kernels.set_k_quant_int8(True)
     for count in (1, 5, 33):
-        assert layer.q4_1_for(count) is None
+        assert layer.step_parts(count) == [(STEP_GGML, raw.data_ptr(), ggml.Q4_K, 0, rows)]
         x = torch.randn(count, width, generator=torch.Generator().manual_seed(count))
         assert torch.equal(layer(x), kernels.ggml_gemm(x, raw, ggml.Q4_K))  # the 8-bit product of the blocks
     assert layer._many is None and layer.nbytes == raw.numel()  # no Q4_1 copy was made

@@ -394,7 +394,7 @@ def test_every_linear_layer_comes_from_the_given_factory(tiny):
 @pytest.mark.parametrize("kv_cache_dtype", [torch.float32, torch.float16])
 def test_one_kernel_call_per_step_computes_what_the_per_operation_step_does(tiny32, kv_cache_dtype):
     """With every layer's products Q4_1 at a row count, a decode step is one call of our kernels
-    (CPUKernels.decode_layers_q4_1): the same functions in the same order as the fused step's
+    (CPUKernels.decode_layers): the same functions in the same order as the fused step's
     per-operation calls, so the same logits to the bit; at a row count planned otherwise, the
     per-operation step runs."""
     if cpu_kernels.load(None) is None:
