@@ -33,8 +33,10 @@ an error or Ctrl-C):
 llama-server is found as ``LLAMA_SERVER``, else the build of ``bench/build_llama_server.sh`` under
 ``.cache/llama.cpp/``, else ``PATH``.
 
-Workloads (streamed unless said otherwise; temperature 0; end of sequence suppressed with
-``logit_bias: {"2": -100}``, so that every request makes ``max_tokens`` tokens):
+Workloads (streamed unless said otherwise; temperature 0; the tokenizer's stop tokens suppressed with
+``logit_bias: {"0": -100, "2": -100}``, so that every request makes ``max_tokens`` tokens; with
+``--model``, prompts are sent as token ids, so that every server counts the same tokens whatever
+tokenizer the file declares):
 
 - N = 1, 8, 32 concurrent clients, each sending 16-token prompts for 128 new tokens, back to back
   (3, 2 and 1 requests per client);
@@ -117,7 +119,9 @@ sys.path.insert(0, str(ROOT))
 from inference.model_loader import converted_gguf_dir, embedded_gguf_path  # noqa: E402
 from testing.live_server import MODEL, free_port, start_server, stop_server  # noqa: E402
 
-EOS = 2  # SmolLM2's <|endoftext|>
+EOS = 2  # SmolLM2's <|im_end|>, the end of sequence
+# Every id a server may stop on: EOS and <|endoftext|> (the ChatML family declares both).
+STOP_IDS = (0, EOS)
 NEW_TOKENS = 128
 SHORT_PROMPT = 16
 LONG_PROMPT = 512
@@ -284,13 +288,13 @@ class Server:
     def url(self) -> str:
         return self.base_url + "/v1/completions"
 
-    def body(self, prompt: str, max_tokens: int, stream: bool) -> dict[str, Any]:
+    def body(self, prompt: Prompt, max_tokens: int, stream: bool) -> dict[str, Any]:
         body: dict[str, Any] = {
             "model": self.model,
             "prompt": prompt,
             "max_tokens": max_tokens,
             "temperature": 0,
-            "logit_bias": {str(EOS): -100},
+            "logit_bias": {str(token): -100 for token in STOP_IDS},
         }
         if stream:
             body.update(stream=True, stream_options={"include_usage": True})
@@ -377,7 +381,7 @@ def start_transformers(directory: Path, folder: Path) -> Server:
         pid=process.pid,
         stop=lambda: terminate(process),
         # logit_bias is accepted and ignored; this is its way of never ending a sequence early.
-        extra_body={"generation_config": json.dumps({"suppress_tokens": [EOS]})},
+        extra_body={"generation_config": json.dumps({"suppress_tokens": list(STOP_IDS)})},
         sends_done=False,
         log=log,
     )
@@ -485,7 +489,7 @@ class Stream:
 
 
 async def stream_once(
-    client: httpx.AsyncClient, server: Server, prompt: str, max_tokens: int, deadline: float
+    client: httpx.AsyncClient, server: Server, prompt: Prompt, max_tokens: int, deadline: float
 ) -> Stream:
     """POST one streamed request and time its chunks until ``[DONE]`` or ``deadline`` (loop time).
 
@@ -498,7 +502,7 @@ async def stream_once(
 
 
 async def _stream_once(
-    client: httpx.AsyncClient, server: Server, prompt: str, max_tokens: int, deadline: float
+    client: httpx.AsyncClient, server: Server, prompt: Prompt, max_tokens: int, deadline: float
 ) -> Stream:
     result = Stream(sent=time.perf_counter())
     try:
@@ -546,7 +550,9 @@ def _read_chunk(server: Server, result: Stream, event: dict[str, Any], now: floa
             result.last = now
 
 
-async def post_once(client: httpx.AsyncClient, server: Server, prompt: str, deadline: float) -> tuple[bool, str | None]:
+async def post_once(
+    client: httpx.AsyncClient, server: Server, prompt: Prompt, deadline: float
+) -> tuple[bool, str | None]:
     """One non-streamed ``max_tokens: 1`` request: ``(ok, error)`` (sent again once on a stale connection)."""
     try:
         async with asyncio.timeout_at(deadline):
@@ -568,11 +574,17 @@ async def post_once(client: httpx.AsyncClient, server: Server, prompt: str, dead
 # --- Prompts ---------------------------------------------------------------------------------------
 
 
-class Prompts:
-    """Prompts of exactly ``length`` tokens by the model's own tokenizer: random single-token words."""
+# A completions prompt: text, or its token ids (OpenAI's and llama-server's array of integers).
+Prompt = str | list[int]
 
-    def __init__(self, tokenizer: Any) -> None:
+
+class Prompts:
+    """Prompts of exactly ``length`` tokens by the model's own tokenizer: random single-token words,
+    as text or, ``as_ids``, as their token ids."""
+
+    def __init__(self, tokenizer: Any, as_ids: bool = False) -> None:
         self.tokenizer = tokenizer
+        self.as_ids = as_ids
         words = []
         for token in tokenizer.get_vocab():
             word = token[1:]
@@ -591,14 +603,14 @@ class Prompts:
     def fork(self) -> Prompts:
         """The same prompts from the start, counted apart (a server measured beside others)."""
         twin = object.__new__(Prompts)
-        twin.tokenizer, twin.words = self.tokenizer, self.words
+        twin.tokenizer, twin.words, twin.as_ids = self.tokenizer, self.words, self.as_ids
         twin.reset()
         return twin
 
     def count(self, text: str) -> int:
         return len(self.tokenizer(text)["input_ids"])
 
-    def make(self, length: int) -> str:
+    def make(self, length: int) -> Prompt:
         """A new prompt (never the same twice in a run) of exactly ``length`` tokens."""
         self._serial += 1
         rng = random.Random(self._serial)
@@ -606,7 +618,7 @@ class Prompts:
             words = rng.choices(self.words, k=length)
             text = words[0].capitalize() + "".join(" " + w for w in words[1:])
             if self.count(text) == length:
-                return text
+                return self.tokenizer(text)["input_ids"] if self.as_ids else text
         raise RuntimeError(f"could not build a {length}-token prompt")
 
 
@@ -691,7 +703,7 @@ async def run_clients(
     """``clients`` concurrent clients, each sending ``per_client`` streamed requests back to back."""
     prompts = [[bench.prompts.make(prompt_tokens) for _ in range(per_client)] for _ in range(clients)]
 
-    async def client(mine: list[str]) -> list[Stream]:
+    async def client(mine: list[Prompt]) -> list[Stream]:
         out = []
         for prompt in mine:
             if asyncio.get_running_loop().time() >= deadline:
@@ -1548,7 +1560,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import __version__ as transformers_version
 
     folder = converted_gguf_dir(embedded_gguf_path(), ROOT / ".cache" / "models")
-    prompts = Prompts(AutoTokenizer.from_pretrained(folder))
+    prompts = Prompts(AutoTokenizer.from_pretrained(folder), as_ids=MODEL_FILE is not None)
     cpu = cpu_info()
     print(cpu_line(cpu), flush=True)
     report: dict[str, Any] = {
@@ -1744,13 +1756,13 @@ def render(report: dict[str, Any], plan: Plan) -> str:
     ours = report["servers"].get("ours", {}).get("results", {})
     health_start = ours.get("health_start") or {}
     lines = [
-        f"Serving benchmark ({report['mode']}): SmolLM2-135M-Instruct on {machine['cpus']} cores; load average "
+        f"Serving benchmark ({report['mode']}): {Path(report['model']).name} on {machine['cpus']} cores; load average "
         f"{load_text(machine['load_average_start'])} at the start, {load_text(machine['load_average_end'])} "
         f"at the end; {report['seconds']:.0f} s in all",
         cpu_line(cpu),
         f"our engine: runner {health_start.get('runner', 'n/a')}, weights {health_start.get('weights', 'n/a')} "
         "(from /healthz)",
-        f"16-token prompts, {NEW_TOKENS} new tokens, temperature 0, EOS suppressed; transformers "
+        f"16-token prompts, {NEW_TOKENS} new tokens, temperature 0, stop tokens suppressed; transformers "
         f"{report['transformers']} serve runs one request at a time.",
         "'>X': a request had no first token by the X s deadline of its phase; '*': some requests of that phase "
         "were cut at its deadline.",
