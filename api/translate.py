@@ -142,8 +142,8 @@ def limit_error(refused: LimitRefused) -> LimitExceeded:
             headers={**headers, **final},
         )
     if decision.refusal == BUDGET:
-        _, renewal = budget_period_bounds(scope.budget_window)
-        renews = f" The budget renews on {renewal.date().isoformat()} (UTC)." if renewal else ""
+        _, period_end = budget_period_bounds(scope.budget_window)
+        renews = f" The budget renews on {period_end.date().isoformat()} (UTC)." if period_end else ""
         return LimitExceeded(
             f"You exceeded your current quota: the budget of {whose} is {_money(limits.budget)} USD "
             f"{PERIODS.get(limits.budget_period, '')}, {_money(decision.spend)} USD is spent and this request may "

@@ -40,7 +40,7 @@ class APIKeyForm(ModelForm):
     """The key's form; a new key beyond its owner's cap of active keys is an error on the form."""
 
     def clean(self) -> dict:
-        cleaned = super().clean()
+        cleaned = super().clean() or {}
         owner = cleaned.get("owner")
         if self.instance._state.adding and owner is not None:
             try:

@@ -738,6 +738,7 @@ class ModelPriceSerializer(serializers.Serializer):
     """A model's prices per million tokens (``organization.model_price``, our extension)."""
 
     object = ConstField("organization.model_price")
+    id = serializers.CharField(source="model", read_only=True)  # a list's cursor: the model id
     model = serializers.CharField(read_only=True)
     prompt_per_million = price_field(read_only=True)
     completion_per_million = price_field(read_only=True)

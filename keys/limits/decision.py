@@ -78,13 +78,17 @@ class Limits:
     def of_user(cls, own: UserLimits | None) -> Limits:
         """A user's limits (``own``: their :class:`~keys.models.UserLimits`, ``None`` when they have
         none), with the ``API_USER_DEFAULT_*`` settings where they have none."""
+        if own is None:
+            from keys.models import UserLimits
+
+            own = UserLimits()  # every field empty: the defaults
         return cls(
-            rpm=_pick(own and own.rpm_limit, settings.API_USER_DEFAULT_RPM),
-            tpm=_pick(own and own.tpm_limit, settings.API_USER_DEFAULT_TPM),
-            max_concurrent=_pick(own and own.max_concurrent, settings.API_USER_DEFAULT_MAX_CONCURRENT),
-            monthly_tokens=_pick(own and own.monthly_token_quota, settings.API_USER_DEFAULT_MONTHLY_TOKENS),
-            budget=_nanos(own and own.budget, settings.API_USER_DEFAULT_BUDGET),
-            budget_period=(own and own.budget_period) or settings.API_USER_DEFAULT_BUDGET_PERIOD,
+            rpm=_pick(own.rpm_limit, settings.API_USER_DEFAULT_RPM),
+            tpm=_pick(own.tpm_limit, settings.API_USER_DEFAULT_TPM),
+            max_concurrent=_pick(own.max_concurrent, settings.API_USER_DEFAULT_MAX_CONCURRENT),
+            monthly_tokens=_pick(own.monthly_token_quota, settings.API_USER_DEFAULT_MONTHLY_TOKENS),
+            budget=_nanos(own.budget, settings.API_USER_DEFAULT_BUDGET),
+            budget_period=own.budget_period or settings.API_USER_DEFAULT_BUDGET_PERIOD,
         )
 
 
