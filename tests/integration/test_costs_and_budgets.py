@@ -190,3 +190,18 @@ def test_a_budgets_counter_starts_from_the_periods_recorded_costs(priced, user, 
         REQUEST_NANOS,
     )
     assert run((key, REQUEST_NANOS))[0] == 0  # 13 000 spent today + 13 000 > 20 000
+
+
+def test_the_dashboard_shows_cost_per_model_and_user(client, staff_user, priced, valid_key):
+    async def write():
+        await record_usage(
+            request_id="cmpl-1", api_key=valid_key.api_key, model="tiny", status_code=200, latency_ms=1.0,
+            prompt_tokens=5, completion_tokens=4,
+        )  # fmt: skip
+
+    async_to_sync(write)()
+    client.force_login(staff_user)
+
+    page = client.get("/admin/dashboard/").content.decode()
+
+    assert page.count('<td class="num">0.000013</td>') == 2  # the per-model row and the user's row
