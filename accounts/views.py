@@ -29,6 +29,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from dashboard.models import AccountSettings
 from keys import periods, stats
+from keys.errors import TooManyKeys
 from keys.limits import Limits
 from keys.models import APIKey
 
@@ -83,9 +84,13 @@ def create_key(request: HttpRequest, user_id: int | None = None) -> HttpResponse
     form = CreateKeyForm(request.POST)
     if not form.is_valid():
         return _render_overview(request, account, form, status=400)
-    api_key, plaintext = APIKey.objects.create_key(
-        name=form.cleaned_data["name"], owner=account.owner, expires_at=form.expires_at()
-    )
+    try:
+        api_key, plaintext = APIKey.objects.create_key(
+            name=form.cleaned_data["name"], owner=account.owner, expires_at=form.expires_at()
+        )
+    except TooManyKeys as error:
+        form.add_error(None, str(error))
+        return _render_overview(request, account, form, status=400)
     _log(request, api_key, ADDITION, "Created from the account page" + _for(account))
     return _render_overview(request, account, CreateKeyForm(), new_key=(api_key, plaintext), status=201)
 

@@ -19,14 +19,16 @@ from typing import Any
 
 from django.utils import timezone
 
-from keys import journal, limits
+from keys import journal, limits, pricing
 from keys.auth import touch_last_used
+from keys.errors import DatabaseUnavailable
 from keys.models import APIKey
 
 from . import draining
 from .auth import admission_headers, admit, current_headers
 from .errors import APIError
 from .generation import Generation
+from .translate import database_error
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +61,7 @@ class RequestUsage:
         self.journaled_tokens = -1  # the completion tokens of the provisional record (-1: none yet)
         self._in_flight: asyncio.Task | None = None  # the provisional record's latest write
         self.admission: limits.Admission | None = None
+        self.price = pricing.FREE  # the model's prices as of the admission
         self.limit_headers: dict[str, str] | None = None
         self.loop = asyncio.get_running_loop()
         draining.state.opened(self)  # a draining process waits for this record before it exits
@@ -67,11 +70,17 @@ class RequestUsage:
         """The limits hook: reserve the request's largest cost before the engine sees it, or 429.
 
         The largest cost is the prompt tokens plus ``max_tokens`` for every candidate of every
-        prompt (``best_of`` candidates, which is ``n`` unless ``best_of`` is sent).
+        prompt (``best_of`` candidates, which is ``n`` unless ``best_of`` is sent), and those tokens
+        at the model's prices (:mod:`keys.pricing`); the record's cost uses the same prices.
         """
-        tokens = run.prompt_tokens + run.params.max_tokens * run.params.best_of * len(run.prompts)
+        largest = run.params.max_tokens * run.params.best_of * len(run.prompts)
         try:
-            self.admission = await admit(self.api_key, self.request_id, tokens)
+            self.price = await pricing.aprice_of(self.model)
+        except DatabaseUnavailable as error:
+            raise database_error(error) from None
+        cost = pricing.cost_nanos(self.price, run.prompt_tokens, largest)
+        try:
+            self.admission = await admit(self.api_key, self.request_id, run.prompt_tokens + largest, cost)
         except APIError as error:
             self.limit_headers = {k: v for k, v in error.headers.items() if k.startswith("x-ratelimit-")}
             raise
@@ -99,6 +108,7 @@ class RequestUsage:
         tokens = min(run.completion_tokens + IN_FLIGHT_AHEAD_TOKENS, largest)
         fields = self._fields(200, error_type="interrupted")
         fields["completion_tokens"] = tokens
+        fields["cost_nanos"] = pricing.cost_nanos(self.price, fields["prompt_tokens"], tokens)
         self.journaled_tokens = tokens  # a write that fails is not tried again before the next step
         self._in_flight = asyncio.ensure_future(journal.record_in_flight(**fields))
         try:
@@ -132,13 +142,15 @@ class RequestUsage:
         if error_type == "server_error" and not interrupted:
             finish_reason = "error"
         first = run.first_token_at if run else None
+        prompt_tokens, completion_tokens = (run.prompt_tokens, run.completion_tokens) if run else (0, 0)
         return dict(
             request_id=self.request_id,
             api_key=self.api_key,
             model=self.model,
             endpoint=self.endpoint,
-            prompt_tokens=run.prompt_tokens if run else 0,
-            completion_tokens=run.completion_tokens if run else 0,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            cost_nanos=pricing.cost_nanos(self.price, prompt_tokens, completion_tokens),
             stream=self.stream,
             status_code=status,
             finish_reason=finish_reason,
@@ -187,4 +199,4 @@ async def _write_usage(
         logger.warning("Could not note the use of key %s: %s", api_key.prefix, error)
     finally:
         if admission is not None:
-            await admission.settle(fields["prompt_tokens"] + fields["completion_tokens"])
+            await admission.settle(fields["prompt_tokens"] + fields["completion_tokens"], fields["cost_nanos"])

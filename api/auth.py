@@ -35,11 +35,11 @@ async def authenticate(request: HttpRequest) -> APIKey:
     return api_key
 
 
-async def admit(api_key: APIKey, request_id: str, tokens: int) -> limits.Admission:
+async def admit(api_key: APIKey, request_id: str, tokens: int, cost: int = 0) -> limits.Admission:
     """:func:`keys.limits.admit`, refusals as HTTP: ``LimitExceeded`` (429, with OpenAI's headers)
-    or ``APIError`` 503 when the limits cannot be checked (Redis, or the database for the quota)."""
+    or ``APIError`` 503 when the limits cannot be checked (Redis, or the database for a quota)."""
     try:
-        return await limits.admit(api_key, request_id, tokens)
+        return await limits.admit(api_key, request_id, tokens, cost)
     except LimitRefused as refused:
         raise limit_error(refused) from None
     except LimiterUnavailable as error:
@@ -59,10 +59,10 @@ def require_journal() -> None:
 
 def admission_headers(admission: limits.Admission) -> dict[str, str]:
     """The ``x-ratelimit-*`` headers of an admitted request, as of its admission."""
-    return rate_limit_headers(admission.limits, admission.decision)
+    return rate_limit_headers(admission.scopes, admission.decision)
 
 
 async def current_headers(api_key: APIKey) -> dict[str, str]:
-    """The key's ``x-ratelimit-*`` headers without counting anything (responses refused early)."""
+    """The key's (and its user's) ``x-ratelimit-*`` headers without counting anything (responses refused early)."""
     state = await limits.peek(api_key)
     return {} if state is None else rate_limit_headers(*state)

@@ -9,11 +9,14 @@ codes of OpenAI's own 401s and 429s, and its rate-limit headers).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from decimal import Decimal
 
 from keys import journal
 from keys.errors import AuthFailed, DatabaseUnavailable, LimiterUnavailable, LimitRefused
-from keys.limits import CONCURRENCY, QUOTA, REQUESTS, TOO_LARGE, Decision, Limits
-from keys.periods import month_bounds
+from keys.limits import BUDGET, CONCURRENCY, KEY, QUOTA, REQUESTS, TOO_LARGE, USER, Decision, Scope
+from keys.periods import DAILY, MONTHLY, NEVER, budget_period_bounds, month_bounds
+from keys.pricing import to_money
 
 from .errors import APIError
 
@@ -86,36 +89,51 @@ def format_duration(ms: int) -> str:
     return f"{minutes}m{seconds}s" if minutes else f"{seconds}s"
 
 
-def rate_limit_headers(limits: Limits, decision: Decision) -> dict[str, str]:
-    """OpenAI's ``x-ratelimit-*`` headers; a dimension without a limit has none."""
+# Where a limit applies, as a 429's message says it.
+WHERE = {KEY: "on this API key", USER: "on your account (all of its API keys together)"}
+PERIODS = {MONTHLY: "per calendar month", DAILY: "per day", NEVER: "in all"}
+
+
+def rate_limit_headers(scopes: Sequence[Scope], decision: Decision) -> dict[str, str]:
+    """OpenAI's ``x-ratelimit-*`` headers; for each dimension the scope (key or user) with the least
+    remaining; a dimension without a limit in either scope has none."""
     headers: dict[str, str] = {}
-    dimensions = [
-        ("requests", limits.rpm, decision.requests, decision.reset_requests_ms),
-        ("tokens", limits.tpm, decision.tokens, decision.reset_tokens_ms),
-    ]
+    dimensions = []
+    for name, limit_of, used_of, reset_of in (
+        ("requests", lambda lim: lim.rpm, lambda u: u.requests, lambda u: u.reset_requests_ms),
+        ("tokens", lambda lim: lim.tpm, lambda u: u.tokens, lambda u: u.reset_tokens_ms),
+    ):
+        limited = [
+            (limit_of(scope.limits), used_of(usage), reset_of(usage))
+            for scope, usage in zip(scopes, decision.usages, strict=True)
+            if limit_of(scope.limits)
+        ]
+        if limited:
+            limit, used, reset = min(limited, key=lambda entry: entry[0] - entry[1])
+            dimensions.append((name, limit, used, reset))
     for name, limit, _, _ in dimensions:
-        if limit:
-            headers[f"x-ratelimit-limit-{name}"] = str(limit)
+        headers[f"x-ratelimit-limit-{name}"] = str(limit)
     for name, limit, used, _ in dimensions:
-        if limit:
-            headers[f"x-ratelimit-remaining-{name}"] = str(max(0, limit - used))
-    for name, limit, _, reset in dimensions:
-        if limit:
-            headers[f"x-ratelimit-reset-{name}"] = format_duration(reset)
+        headers[f"x-ratelimit-remaining-{name}"] = str(max(0, limit - used))
+    for name, _, _, reset in dimensions:
+        headers[f"x-ratelimit-reset-{name}"] = format_duration(reset)
     return headers
 
 
 def limit_error(refused: LimitRefused) -> LimitExceeded:
-    """OpenAI's 429 for a refusal, with its rate-limit headers and when (or whether) to retry."""
-    decision, limits, tokens = refused.decision, refused.limits, refused.tokens
-    headers = rate_limit_headers(limits, decision)
+    """OpenAI's 429 for a refusal, naming the limit and whether it is the key's or the user's, with
+    its rate-limit headers and when (or whether) to retry."""
+    decision, scope, tokens = refused.decision, refused.scope, refused.tokens
+    limits, where = scope.limits, WHERE[scope.kind]
+    headers = rate_limit_headers(refused.scopes, decision)
     wait = decision.retry_after_ms
     retry = {"Retry-After": str(max(1, math.ceil(wait / 1000))), "retry-after-ms": str(max(1, wait))}
     final = {"x-should-retry": "false"}  # the official clients retry every 429 unless told not to
+    whose = "this API key" if scope.kind == KEY else "your account (all of its API keys together)"
     if decision.refusal == QUOTA:
-        _, renewal = month_bounds(refused.month)
+        _, renewal = month_bounds(scope.month)
         return LimitExceeded(
-            f"You exceeded your current quota: this API key may use {limits.monthly_tokens} tokens per calendar "
+            f"You exceeded your current quota: {whose} may use {limits.monthly_tokens} tokens per calendar "
             f"month, {decision.month_tokens} are used and this request needs up to {tokens} (prompt tokens plus "
             f"max_tokens for each choice). The quota renews on {renewal.isoformat()} (UTC).",
             status=429,
@@ -123,9 +141,22 @@ def limit_error(refused: LimitRefused) -> LimitExceeded:
             code="insufficient_quota",
             headers={**headers, **final},
         )
+    if decision.refusal == BUDGET:
+        _, period_end = budget_period_bounds(scope.budget_window)
+        renews = f" The budget renews on {period_end.date().isoformat()} (UTC)." if period_end else ""
+        return LimitExceeded(
+            f"You exceeded your current quota: the budget of {whose} is {_money(limits.budget)} USD "
+            f"{PERIODS.get(limits.budget_period, '')}, {_money(decision.spend)} USD is spent and this request may "
+            f"cost up to {_money(refused.cost)} USD (prompt tokens plus max_tokens for each choice, at the "
+            f"model's prices).{renews}",
+            status=429,
+            type="insufficient_quota",
+            code="insufficient_quota",
+            headers={**headers, **final},
+        )
     if decision.refusal == TOO_LARGE:
         return LimitExceeded(
-            f"Request too large for tokens per min (TPM) on this API key: Limit {limits.tpm}, Requested {tokens}. "
+            f"Request too large for tokens per min (TPM) {where}: Limit {limits.tpm}, Requested {tokens}. "
             "Reduce the prompt or max_tokens (each choice reserves max_tokens) to run it.",
             status=429,
             type="tokens",
@@ -134,7 +165,7 @@ def limit_error(refused: LimitRefused) -> LimitExceeded:
         )
     if decision.refusal == CONCURRENCY:
         return LimitExceeded(
-            f"Rate limit reached for concurrent requests on this API key: Limit {limits.max_concurrent}, "
+            f"Rate limit reached for concurrent requests {where}: Limit {limits.max_concurrent}, "
             f"Used {decision.concurrent}, Requested 1. Please try again once one of them has finished.",
             status=429,
             type="requests",
@@ -146,10 +177,16 @@ def limit_error(refused: LimitRefused) -> LimitExceeded:
     else:
         name, limit, used, requested = "tokens per min (TPM)", limits.tpm, decision.tokens, tokens
     return LimitExceeded(
-        f"Rate limit reached for {name} on this API key: Limit {limit}, Used {used}, Requested {requested}. "
+        f"Rate limit reached for {name} {where}: Limit {limit}, Used {used}, Requested {requested}. "
         f"Please try again in {format_duration(wait)}.",
         status=429,
         type=str(decision.refusal),
         code="rate_limit_exceeded",
         headers={**headers, **retry},
     )
+
+
+def _money(nanos: int) -> str:
+    """Nanos as an amount of money: at least two decimals, more only where they are not zero."""
+    amount = to_money(max(0, nanos))
+    return f"{amount:.2f}" if amount == amount.quantize(Decimal("0.01")) else f"{amount:f}"

@@ -38,6 +38,14 @@ bodies' (:func:`api.errors.schema_error`): the query is checked against :data:`Q
 
 ``num_model_requests`` counts the requests that reached the model (see
 ``keys.usage.MODEL_REQUEST``), and the token sums are over the same requests.
+
+Costs, OpenAI's ``GET /v1/organization/costs`` (and our key-scoped ``GET /v1/costs``): the same
+range, pages and errors, daily buckets only (``bucket_width=1d``, ``limit`` up to 180, as OpenAI),
+each result an ``organization.costs.result`` whose ``amount`` is the sum of the records' costs
+(:mod:`keys.pricing`, the model prices in force when each request ran) in ``currency`` ``usd``.
+``group_by`` takes ``line_item`` (the model, as OpenAI names a line item by model) and, for the
+organization, ``project_id`` (the user: users are projects here); filters ``project_ids``
+(organization only).
 """
 
 from __future__ import annotations
@@ -59,6 +67,7 @@ from keys.db import db_call
 from keys.ids import api_key_id, parse_api_key_id, parse_user_id, user_id
 from keys.models import UsageRecord
 from keys.periods import bucket_start
+from keys.pricing import to_money
 from keys.usage import MODEL_REQUEST
 
 RESULT_OBJECT = "organization.usage.completions.result"
@@ -143,6 +152,47 @@ KEY_UNSUPPORTED = {"batch": _NO_BATCH, "user_ids": _OWN_USAGE, "project_ids": _O
 ORGANIZATION_UNSUPPORTED = {"batch": _NO_BATCH}
 _VALIDATORS = {False: Draft202012Validator(QUERY_SCHEMA), True: Draft202012Validator(ORGANIZATION_QUERY_SCHEMA)}
 
+COSTS_RESULT_OBJECT = "organization.costs.result"
+COSTS_CURRENCY = "usd"
+# The costs' groups, as OpenAI names them, and the UsageRecord lookups that give their values.
+COST_GROUPS = {"line_item": "model", "project_id": "owner_id"}
+COSTS_WIDTH = BucketWidth("1d", 86400, TruncDay, 7, 180)
+# The spec's query parameters of ``GET /organization/costs`` (daily buckets only).
+COSTS_QUERY_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "start_time": TIME,
+        "end_time": TIME,
+        "bucket_width": {"type": "string", "enum": ["1d"]},
+        "project_ids": {"type": "array", "items": {"type": "string"}},
+        "group_by": {"type": "array", "items": {"type": "string", "enum": list(COST_GROUPS)}},
+        "limit": {"type": "integer", "minimum": 1},
+        "page": {"type": "string"},
+    },
+    "required": ["start_time"],
+}
+KEY_COSTS_QUERY_SCHEMA: dict[str, Any] = {
+    **COSTS_QUERY_SCHEMA,
+    "properties": {
+        **{name: value for name, value in COSTS_QUERY_SCHEMA["properties"].items() if name != "project_ids"},
+        "group_by": {"type": "array", "items": {"type": "string", "enum": ["line_item"]}},
+    },
+}
+_COSTS_VALIDATORS = {
+    False: Draft202012Validator(KEY_COSTS_QUERY_SCHEMA),
+    True: Draft202012Validator(COSTS_QUERY_SCHEMA),
+}
+
+
+def parse_costs_query(params: QueryDict, now: int, *, organization: bool = False) -> UsageQuery:
+    """Validate a costs query (:data:`COSTS_QUERY_SCHEMA`, key-scoped without ``project_ids`` and
+    ``group_by=project_id``), with the same rules and errors as :func:`parse_usage_query`."""
+    schema = COSTS_QUERY_SCHEMA if organization else KEY_COSTS_QUERY_SCHEMA
+    refuse_unknown(params, schema, unsupported={} if organization else {"project_ids": _OWN_USAGE})
+    query = query_instance(params, schema)
+    validate_query(query, _COSTS_VALIDATORS[organization])
+    return _usage_query(query, now, COSTS_WIDTH)
+
 
 def parse_usage_query(params: QueryDict, now: int, *, organization: bool = False) -> UsageQuery:
     """Validate the query string against :data:`QUERY_SCHEMA` (``organization``:
@@ -157,13 +207,17 @@ def parse_usage_query(params: QueryDict, now: int, *, organization: bool = False
     refuse_unknown(params, schema, unsupported=ORGANIZATION_UNSUPPORTED if organization else KEY_UNSUPPORTED)
     query = query_instance(params, schema)
     validate_query(query, _VALIDATORS[organization])
+    return _usage_query(query, now, BUCKET_WIDTHS[query.get("bucket_width", "1d")])
+
+
+def _usage_query(query: dict[str, Any], now: int, width: BucketWidth) -> UsageQuery:
+    """The rules beyond the schema, for usage and costs alike."""
     start_time = query["start_time"]
     end_time = query.get("end_time", now)
     if end_time <= start_time:
         raise below_minimum_error(
             "end_time", start_time + 1, end_time, integer=True, why="end_time must be after start_time."
         )
-    width = BUCKET_WIDTHS[query.get("bucket_width", "1d")]
     limit = query.get("limit", width.default_limit)
     if limit > width.max_limit:
         raise above_maximum_error(
@@ -210,8 +264,19 @@ async def usage_page(query: UsageQuery, owner_id: int | None) -> dict[str, Any]:
     return await db_call(build_usage_page, query, owner_id)
 
 
-def build_usage_page(query: UsageQuery, owner_id: int | None = None) -> dict[str, Any]:
-    """The ``UsageResponse`` page for ``query`` over ``owner_id``'s usage records (everyone's when ``None``)."""
+async def costs_page(query: UsageQuery, owner_id: int | None) -> dict[str, Any]:
+    """:func:`build_costs_page`, from async code (the key-scoped view)."""
+    return await db_call(build_costs_page, query, owner_id)
+
+
+def build_costs_page(query: UsageQuery, owner_id: int | None = None) -> dict[str, Any]:
+    """The costs page (OpenAI's ``CostsResponse``) for ``query`` over ``owner_id``'s records (everyone's when ``None``)."""
+    return build_usage_page(query, owner_id, aggregate=_aggregate_costs)
+
+
+def build_usage_page(query: UsageQuery, owner_id: int | None = None, *, aggregate: Any = None) -> dict[str, Any]:
+    """The ``UsageResponse`` page for ``query`` over ``owner_id``'s usage records (everyone's when
+    ``None``); ``aggregate`` fills the buckets (default: the completions usage's results)."""
     seconds = query.width.seconds
     boundaries: list[int] = []
     moment = query.page_start
@@ -220,7 +285,7 @@ def build_usage_page(query: UsageQuery, owner_id: int | None = None) -> dict[str
         moment += seconds
     low = max(query.start_time, boundaries[0])
     high = min(query.end_time, boundaries[-1] + seconds)
-    grouped = _aggregate(query, owner_id, low, high)
+    grouped = (aggregate or _aggregate)(query, owner_id, low, high)
     data = [
         {
             "object": "bucket",
@@ -234,8 +299,8 @@ def build_usage_page(query: UsageQuery, owner_id: int | None = None) -> dict[str
     return {"object": "page", "data": data, "has_more": has_more, "next_page": _cursor(moment) if has_more else None}
 
 
-def _aggregate(query: UsageQuery, owner_id: int | None, low: int, high: int) -> dict[int, list[dict[str, Any]]]:
-    """``{bucket start (Unix s): [result, ...]}`` for records in ``[low, high)``, grouped as asked."""
+def _records(query: UsageQuery, owner_id: int | None, low: int, high: int) -> Any:
+    """The usage records in ``[low, high)`` that ``query`` and ``owner_id`` keep."""
     queryset = UsageRecord.objects.filter(
         MODEL_REQUEST,
         created_at__gte=datetime.fromtimestamp(low, timezone.utc),
@@ -251,6 +316,36 @@ def _aggregate(query: UsageQuery, owner_id: int | None, low: int, high: int) -> 
         queryset = queryset.filter(endpoint__in=query.endpoints)
     if query.api_key_prefixes:
         queryset = queryset.filter(api_key__prefix__in=query.api_key_prefixes)
+    return queryset
+
+
+def _aggregate_costs(query: UsageQuery, owner_id: int | None, low: int, high: int) -> dict[int, list[dict[str, Any]]]:
+    """``{bucket start (Unix s): [costs result, ...]}`` for records in ``[low, high)``, grouped as asked."""
+    lookups = [COST_GROUPS[name] for name in query.group_by]
+    rows = (
+        _records(query, owner_id, low, high)
+        .annotate(bucket=query.width.trunc("created_at"))
+        .values("bucket", *lookups)
+        .annotate(nanos=Coalesce(Sum("cost_nanos"), 0))
+        .order_by("bucket", *lookups)
+    )
+    grouped: dict[int, list[dict[str, Any]]] = {}
+    for row in rows:
+        owner = row.get("owner_id")
+        grouped.setdefault(int(row["bucket"].timestamp()), []).append(
+            {
+                "object": COSTS_RESULT_OBJECT,
+                "amount": {"value": float(to_money(row["nanos"])), "currency": COSTS_CURRENCY},
+                "line_item": row["model"] if "line_item" in query.group_by else None,
+                "project_id": user_id(owner) if "project_id" in query.group_by and owner is not None else None,
+            }
+        )
+    return grouped
+
+
+def _aggregate(query: UsageQuery, owner_id: int | None, low: int, high: int) -> dict[int, list[dict[str, Any]]]:
+    """``{bucket start (Unix s): [result, ...]}`` for records in ``[low, high)``, grouped as asked."""
+    queryset = _records(query, owner_id, low, high)
     lookups = [GROUPS[name] for name in query.group_by]
     rows = (
         queryset.annotate(bucket=query.width.trunc("created_at"))

@@ -1,4 +1,4 @@
-"""``GET /v1/usage/completions``: thin, like the other API views: authenticate, parse, answer."""
+"""``GET /v1/usage/completions`` and ``GET /v1/costs``: thin, like the other API views: authenticate, parse, answer."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from keys.auth import touch_last_used
 
 from .auth import authenticate
 from .errors import APIError, error_response
-from .usage_api import parse_usage_query, usage_page
+from .usage_api import costs_page, parse_costs_query, parse_usage_query, usage_page
 from .views import api_view
 
 
@@ -26,3 +26,15 @@ async def usage_completions(request: HttpRequest) -> HttpResponse:
         return error_response(error)
     await touch_last_used(api_key)
     return JsonResponse(await usage_page(query, api_key.owner_id))
+
+
+@api_view("GET")
+async def costs(request: HttpRequest) -> HttpResponse:
+    """OpenAI's costs page for the calling key's owner (see ``api/usage_api.py``)."""
+    try:
+        api_key = await authenticate(request)
+        query = parse_costs_query(request.GET, now=math.ceil(time.time()))
+    except APIError as error:
+        return error_response(error)
+    await touch_last_used(api_key)
+    return JsonResponse(await costs_page(query, api_key.owner_id))

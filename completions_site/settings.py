@@ -8,6 +8,7 @@ or a `.env` file beside `manage.py`.  `completions_site.checks` refuses a produc
 
 from __future__ import annotations
 
+from decimal import Decimal
 from pathlib import Path
 
 import environ
@@ -230,6 +231,21 @@ API_DEFAULT_RPM = env.int("API_DEFAULT_RPM", default=60_000)
 API_DEFAULT_TPM = env.int("API_DEFAULT_TPM", default=10_000_000)
 API_DEFAULT_MAX_CONCURRENT = env.int("API_DEFAULT_MAX_CONCURRENT", default=0)
 API_DEFAULT_MONTHLY_TOKENS = env.int("API_DEFAULT_MONTHLY_TOKENS", default=0)
+# Money budgets, in the currency of the model prices (ModelPrice, USD by convention); 0: none.
+# The period is when a budget's spend starts again: "monthly" (calendar month, UTC), "daily"
+# (UTC day) or "never".
+API_DEFAULT_BUDGET = Decimal(env.str("API_DEFAULT_BUDGET", default="0"))
+API_DEFAULT_BUDGET_PERIOD = env.str("API_DEFAULT_BUDGET_PERIOD", default="monthly")
+# --- Per-user limits: across all of a user's keys, beside each key's own (keys/limits/) ----------
+# Defaults for users without their own (UserLimits); 0 means no limit.
+API_USER_DEFAULT_RPM = env.int("API_USER_DEFAULT_RPM", default=0)
+API_USER_DEFAULT_TPM = env.int("API_USER_DEFAULT_TPM", default=0)
+API_USER_DEFAULT_MAX_CONCURRENT = env.int("API_USER_DEFAULT_MAX_CONCURRENT", default=0)
+API_USER_DEFAULT_MONTHLY_TOKENS = env.int("API_USER_DEFAULT_MONTHLY_TOKENS", default=0)
+API_USER_DEFAULT_BUDGET = Decimal(env.str("API_USER_DEFAULT_BUDGET", default="0"))
+API_USER_DEFAULT_BUDGET_PERIOD = env.str("API_USER_DEFAULT_BUDGET_PERIOD", default="monthly")
+# Active (neither revoked nor expired) API keys a user may hold at once; 0: no cap.
+API_USER_MAX_KEYS = env.int("API_USER_MAX_KEYS", default=20)
 # Shared counters for several processes or machines; empty keeps them in each process.
 REDIS_URL = env.str("REDIS_URL", default="")
 API_LIMITS_REDIS_PREFIX = env.str("API_LIMITS_REDIS_PREFIX", default="completions-site:limits:")

@@ -8,6 +8,7 @@ from completions_site import metrics
 
 urlpatterns = [
     path("v1/usage/completions", usage_views.usage_completions, name="usage-completions"),
+    path("v1/costs", usage_views.costs, name="costs"),
     path("v1/completions", views.completions, name="completions"),
     path("v1/chat/completions", views.chat_completions, name="chat-completions"),
     path("v1/models", views.models, name="models"),

@@ -8,12 +8,17 @@ revocation.
 from __future__ import annotations
 
 from django.contrib import admin, messages
+from django.contrib.auth import admin as auth_admin
+from django.contrib.auth import get_user_model
+from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 from django.forms import ModelForm
 from django.http import HttpRequest
 from django.utils.html import format_html
 
-from .models import APIKey, DailyUsage, UsageRecord
+from .errors import TooManyKeys
+from .models import APIKey, DailyUsage, ModelPrice, UsageRecord, UserLimits, check_key_cap
+from .pricing import to_money
 
 
 class StatusFilter(admin.SimpleListFilter):
@@ -31,6 +36,20 @@ class StatusFilter(admin.SimpleListFilter):
         return chosen() if chosen else queryset
 
 
+class APIKeyForm(ModelForm):
+    """The key's form; a new key beyond its owner's cap of active keys is an error on the form."""
+
+    def clean(self) -> dict:
+        cleaned = super().clean() or {}
+        owner = cleaned.get("owner")
+        if self.instance._state.adding and owner is not None:
+            try:
+                check_key_cap(owner.pk)
+            except TooManyKeys as error:
+                raise ValidationError(str(error)) from None
+        return cleaned
+
+
 @admin.register(APIKey)
 class APIKeyAdmin(admin.ModelAdmin):
     """Keys: the add form asks name, owner, expiry, limits and models; the secret is generated.
@@ -45,7 +64,16 @@ class APIKeyAdmin(admin.ModelAdmin):
     search_fields = ("name", "prefix")
     search_help_text = "Search by name or prefix (the 8 characters after “sk-cs-”)."
     actions = ("revoke_selected",)
-    limit_fields = ("rpm_limit", "tpm_limit", "max_concurrent", "monthly_token_quota", "allowed_models")
+    form = APIKeyForm
+    limit_fields = (
+        "rpm_limit",
+        "tpm_limit",
+        "max_concurrent",
+        "monthly_token_quota",
+        "budget",
+        "budget_period",
+        "allowed_models",
+    )
     add_fields = ("name", "owner", "expires_at", *limit_fields)
     change_fields = (
         "name",
@@ -84,6 +112,7 @@ class APIKeyAdmin(admin.ModelAdmin):
                 ("tpm", obj.tpm_limit),
                 ("concurrent", obj.max_concurrent),
                 ("tokens/month", obj.monthly_token_quota),
+                ("budget", obj.budget),
             )
             if value is not None
         ]
@@ -147,12 +176,17 @@ class UsageRecordAdmin(ReadOnlyModelAdmin):
         "prompt_tokens",
         "completion_tokens",
         "total_tokens",
+        "cost",
         "latency_ms",
     )
     list_select_related = ("api_key", "owner")
     list_filter = ("api_key", "model", "status_code", "stream", "created_at")
     date_hierarchy = "created_at"
     search_fields = ("request_id", "user")
+
+    @admin.display(description="cost", ordering="cost_nanos")
+    def cost(self, obj: UsageRecord) -> str:
+        return str(to_money(obj.cost_nanos))
 
 
 @admin.register(DailyUsage)
@@ -168,6 +202,7 @@ class DailyUsageAdmin(ReadOnlyModelAdmin):
         "rate_limited",
         "prompt_tokens",
         "completion_tokens",
+        "cost",
         "average_latency_ms",
     )
     list_select_related = ("api_key",)
@@ -177,3 +212,38 @@ class DailyUsageAdmin(ReadOnlyModelAdmin):
     @admin.display(description="average latency (ms)")
     def average_latency_ms(self, obj: DailyUsage) -> int:
         return round(obj.latency_ms_sum / obj.requests) if obj.requests else 0
+
+    @admin.display(description="cost", ordering="cost_nanos")
+    def cost(self, obj: DailyUsage) -> str:
+        return str(to_money(obj.cost_nanos))
+
+
+@admin.register(ModelPrice)
+class ModelPriceAdmin(admin.ModelAdmin):
+    """Prices per million tokens: a change applies to requests admitted after it (records keep their cost)."""
+
+    list_display = ("model", "prompt_per_million", "completion_per_million", "updated_at")
+    search_fields = ("model",)
+
+
+class UserLimitsInline(admin.StackedInline):
+    """A user's own limits across all their keys, and their cap of active keys, on the user's page."""
+
+    model = UserLimits
+    can_delete = False
+    verbose_name_plural = "limits across all of the user's API keys (empty fields: the site's defaults)"
+
+
+User = get_user_model()
+admin.site.unregister(User)
+
+
+@admin.register(User)
+class UserAdmin(auth_admin.UserAdmin):
+    """Django's user admin, with the user's limits inline."""
+
+    inlines = (*auth_admin.UserAdmin.inlines, UserLimitsInline)
+
+    def get_inline_instances(self, request: HttpRequest, obj=None) -> list:
+        """The limits on an existing user's page only: the add form stays Django's two steps."""
+        return super().get_inline_instances(request, obj) if obj is not None else []

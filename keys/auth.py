@@ -68,9 +68,9 @@ async def authenticate(authorization: str | None) -> APIKey:
 
 
 def _find_key(prefix: str) -> APIKey | None:
-    """The key with ``prefix`` and its owner, in one query; ``None`` if there is none."""
+    """The key with ``prefix``, its owner and the owner's limits, in one query; ``None`` if there is none."""
     try:  # get(), not first(): no ORDER BY to compile and run on every request (prefix is unique)
-        return APIKey.objects.select_related("owner").get(prefix=prefix)
+        return APIKey.objects.select_related("owner", "owner__limits").get(prefix=prefix)
     except APIKey.DoesNotExist:
         return None
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .limits.decision import Decision, Limits
+    from collections.abc import Sequence
+
+    from .limits.decision import Decision, Limits, Scope
 
 
 class AuthFailed(Exception):
@@ -28,19 +30,30 @@ class AuthFailed(Exception):
 
 
 class LimitRefused(Exception):
-    """The key's limits or quota refused a request that would cost up to ``tokens`` tokens.
+    """A limit, quota or budget of the key or of its user refused a request that would cost up to
+    ``tokens`` tokens and ``cost`` nanos.
 
     ``decision`` is the counter store's answer (its ``refusal`` names the limit: ``quota``,
-    ``too_large``, ``concurrency``, ``requests`` or ``tokens``), ``limits`` the key's limits in
-    force, ``month`` the quota's month (``"YYYY-MM"``, UTC).  Nothing was counted or reserved.
+    ``budget``, ``too_large``, ``concurrency``, ``requests`` or ``tokens``), ``scopes`` the request's
+    scopes (the key's, the user's) and :attr:`scope` the one that refused (``scope.kind`` is
+    ``"key"`` or ``"user"``, ``scope.limits`` its limits in force, its ``month`` and
+    ``budget_window`` the periods).  Nothing was counted or reserved.
     """
 
-    def __init__(self, decision: Decision, limits: Limits, tokens: int, month: str) -> None:
-        super().__init__(f"refused by {decision.refusal}")
+    def __init__(self, decision: Decision, scopes: Sequence[Scope], tokens: int, cost: int = 0) -> None:
+        super().__init__(f"refused by the {scopes[decision.refused_by].kind}'s {decision.refusal}")
         self.decision = decision
-        self.limits = limits
+        self.scopes = tuple(scopes)
         self.tokens = tokens
-        self.month = month
+        self.cost = cost
+
+    @property
+    def scope(self) -> Scope:
+        return self.scopes[self.decision.refused_by]
+
+    @property
+    def limits(self) -> Limits:
+        return self.scope.limits
 
 
 class LimiterUnavailable(Exception):
@@ -70,3 +83,13 @@ class DatabaseUnavailable(Exception):
 
 class JournalUnavailable(Exception):
     """The usage journal cannot be written (a full disk, a read-only folder): see :mod:`keys.journal`."""
+
+
+class TooManyKeys(Exception):
+    """A user already holds ``cap`` active API keys, their most (``API_USER_MAX_KEYS`` or their own)."""
+
+    def __init__(self, cap: int) -> None:
+        super().__init__(
+            f"This user already has {cap} active API keys, the most allowed; revoke one before creating another."
+        )
+        self.cap = cap

@@ -10,16 +10,23 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge
 
-from keys.limits.decision import CONCURRENCY, QUOTA, REQUESTS, TOKENS, TOO_LARGE
+from keys.limits.decision import BUDGET, CONCURRENCY, QUOTA, REQUESTS, TOKENS, TOO_LARGE
 
 rate_limited = Counter(
     "completions_rate_limited",
     "Requests refused with a 429, by the limit that refused: requests (per minute), tokens (per minute, "
-    "or larger than the whole limit), concurrency, quota (monthly).",
+    "or larger than the whole limit), concurrency, quota (monthly tokens), budget (money).",
     ["limit"],
 )
 # A request larger than the whole per-minute token limit is a tokens refusal (its 429 says so).
-LIMIT_LABELS = {QUOTA: "quota", TOO_LARGE: "tokens", CONCURRENCY: "concurrency", REQUESTS: "requests", TOKENS: "tokens"}
+LIMIT_LABELS = {
+    QUOTA: "quota",
+    BUDGET: "budget",
+    TOO_LARGE: "tokens",
+    CONCURRENCY: "concurrency",
+    REQUESTS: "requests",
+    TOKENS: "tokens",
+}
 _refusals = {refusal: rate_limited.labels(limit=label) for refusal, label in LIMIT_LABELS.items()}
 
 limiter_store_errors = Counter(

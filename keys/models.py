@@ -26,11 +26,12 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.core.validators import RegexValidator
+from django.core.validators import MinValueValidator, RegexValidator
 from django.db import IntegrityError, connections, models, router, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from .errors import TooManyKeys
 from .periods import usage_day
 from .signals import api_key_revoked
 
@@ -87,6 +88,8 @@ def hash_key(plaintext: str) -> str:
 
 
 _NO_LIMIT = "0: no limit."
+# When a money budget's spend starts again (keys.periods.budget_period_name).
+BUDGET_PERIODS = [("monthly", "Each calendar month (UTC)"), ("daily", "Each day (UTC)"), ("never", "Never")]
 
 
 def parse_model_list(text: str) -> list[str]:
@@ -140,9 +143,20 @@ class APIKeyManager(models.Manager.from_queryset(APIKeyQuerySet)):
         """Give the unsaved ``api_key`` a fresh prefix and secret, insert it, return the plaintext.
 
         :meth:`create_key` is built on this; the admin calls it directly so that the form's own
-        instance becomes the saved row.
+        instance becomes the saved row.  Raises :class:`~keys.errors.TooManyKeys` when the owner
+        already holds their cap of active keys (:func:`max_keys_of`); the owner's row is locked
+        while counting, so concurrent creations cannot pass the cap together.
         """
-        return insert_with_fresh_prefix(self, api_key)
+        with transaction.atomic(using=self.db):
+            owner_model = type(api_key).owner.field.related_model
+            list(
+                owner_model._default_manager.using(self.db)
+                .select_for_update()
+                .filter(pk=api_key.owner_id)
+                .values_list("pk")
+            )
+            check_key_cap(api_key.owner_id, self.db)
+            return insert_with_fresh_prefix(self, api_key)
 
 
 class AbstractKey(models.Model):
@@ -233,6 +247,22 @@ class APIKey(AbstractKey):
         blank=True,
         help_text=f"Empty: the default (API_DEFAULT_MONTHLY_TOKENS). {_NO_LIMIT}",
     )
+    budget = models.DecimalField(
+        "budget",
+        max_digits=14,
+        decimal_places=4,
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0)],
+        help_text="Spend per budget period, in the currency of the model prices. "
+        "Empty: the default (API_DEFAULT_BUDGET). 0: no budget.",
+    )
+    budget_period = models.CharField(
+        max_length=10,
+        choices=BUDGET_PERIODS,
+        blank=True,
+        help_text="When the budget's spend starts again. Empty: the default (API_DEFAULT_BUDGET_PERIOD).",
+    )
     allowed_models = models.CharField(
         max_length=1000,
         blank=True,
@@ -275,6 +305,107 @@ class APIKey(AbstractKey):
         super().save(*args, **kwargs)
 
 
+def max_keys_of(owner_id: int, using: str | None = None) -> int:
+    """How many active keys the user may hold: their own cap, else ``API_USER_MAX_KEYS``; 0: no cap."""
+    own = UserLimits.objects.using(using).filter(user_id=owner_id).values_list("max_keys", flat=True).first()
+    return settings.API_USER_MAX_KEYS if own is None else own
+
+
+def check_key_cap(owner_id: int, using: str | None = None) -> None:
+    """Raise :class:`~keys.errors.TooManyKeys` if the user cannot take one more active key."""
+    cap = max_keys_of(owner_id, using)
+    if cap and APIKey.objects.using(using).filter(owner_id=owner_id).active().count() >= cap:
+        raise TooManyKeys(cap)
+
+
+class UserLimits(models.Model):
+    """One user's own limits across all of their keys, beside each key's; an empty field means the
+    default (``API_USER_DEFAULT_*``, ``API_USER_MAX_KEYS``), 0 means no limit.
+
+    A user without a row has the defaults.  ``keys.limits`` counts a user's requests, tokens, month
+    and spend over every one of their keys, atomically with the key's own counters.
+    """
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="limits")
+    rpm_limit = models.PositiveIntegerField(
+        "requests per minute",
+        null=True,
+        blank=True,
+        help_text=f"Over all the user's keys. Empty: the default (API_USER_DEFAULT_RPM). {_NO_LIMIT}",
+    )
+    tpm_limit = models.PositiveBigIntegerField(
+        "tokens per minute",
+        null=True,
+        blank=True,
+        help_text=f"Over all the user's keys. Empty: the default (API_USER_DEFAULT_TPM). {_NO_LIMIT}",
+    )
+    max_concurrent = models.PositiveIntegerField(
+        "concurrent requests",
+        null=True,
+        blank=True,
+        help_text=f"Over all the user's keys. Empty: the default (API_USER_DEFAULT_MAX_CONCURRENT). {_NO_LIMIT}",
+    )
+    monthly_token_quota = models.PositiveBigIntegerField(
+        "tokens per calendar month",
+        null=True,
+        blank=True,
+        help_text=f"Over all the user's keys. Empty: the default (API_USER_DEFAULT_MONTHLY_TOKENS). {_NO_LIMIT}",
+    )
+    budget = models.DecimalField(
+        max_digits=14,
+        decimal_places=4,
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0)],
+        help_text="Spend per budget period over all the user's keys, in the currency of the model prices. "
+        "Empty: the default (API_USER_DEFAULT_BUDGET). 0: no budget.",
+    )
+    budget_period = models.CharField(
+        max_length=10,
+        choices=BUDGET_PERIODS,
+        blank=True,
+        help_text="When the budget's spend starts again. Empty: the default (API_USER_DEFAULT_BUDGET_PERIOD).",
+    )
+    max_keys = models.PositiveIntegerField(
+        "active keys",
+        null=True,
+        blank=True,
+        help_text="API keys the user may hold at once (revoked and expired ones do not count). "
+        "Empty: the default (API_USER_MAX_KEYS). 0: no cap.",
+    )
+
+    class Meta:
+        verbose_name = "user limits"
+        verbose_name_plural = "user limits"
+
+    def __str__(self) -> str:
+        return f"limits of user {self.user_id}"
+
+
+class ModelPrice(models.Model):
+    """What a model's tokens cost, per million, in one currency (USD by convention).
+
+    A usage record's cost is computed from these when it is written (``keys.pricing``); a model
+    without a row costs nothing.  A price change applies to requests admitted after it (each
+    process reads the table again within ``keys.pricing.CACHE_SECONDS``).
+    """
+
+    model = models.CharField(max_length=200, unique=True, help_text="The served model id, as usage records name it.")
+    prompt_per_million = models.DecimalField(
+        "prompt tokens, per million", max_digits=12, decimal_places=4, validators=[MinValueValidator(0)]
+    )
+    completion_per_million = models.DecimalField(
+        "completion tokens, per million", max_digits=12, decimal_places=4, validators=[MinValueValidator(0)]
+    )
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["model"]
+
+    def __str__(self) -> str:
+        return f"{self.model}: {self.prompt_per_million} / {self.completion_per_million} per million tokens"
+
+
 class UsageRecord(models.Model):
     """One API request: who made it, with which key, what it cost and how it ended.
 
@@ -294,6 +425,9 @@ class UsageRecord(models.Model):
     prompt_tokens = models.PositiveIntegerField(default=0)
     completion_tokens = models.PositiveIntegerField(default=0)
     total_tokens = models.PositiveIntegerField(default=0)
+    cost_nanos = models.PositiveBigIntegerField(
+        "cost", default=0, help_text="In billionths of the prices' currency (keys.pricing), at the request's prices."
+    )
     stream = models.BooleanField(default=False)
     status_code = models.PositiveSmallIntegerField()
     finish_reason = models.CharField(max_length=255, blank=True)
@@ -375,6 +509,7 @@ class DailyUsage(models.Model):
     rate_limited = models.PositiveBigIntegerField(default=0, help_text="Status 429: limits and quota.")
     prompt_tokens = models.PositiveBigIntegerField(default=0)
     completion_tokens = models.PositiveBigIntegerField(default=0)
+    cost_nanos = models.PositiveBigIntegerField("cost", default=0, help_text="In billionths of the prices' currency.")
     latency_ms_sum = models.PositiveBigIntegerField(default=0, help_text="Sum of whole milliseconds.")
     first_token_requests = models.PositiveBigIntegerField(
         default=0, help_text="Requests with a time to first token (those that produced a token)."
@@ -399,6 +534,7 @@ ROLLUP_FIELDS = (
     "rate_limited",
     "prompt_tokens",
     "completion_tokens",
+    "cost_nanos",
     "latency_ms_sum",
     "first_token_requests",
     "time_to_first_token_ms_sum",
@@ -425,6 +561,7 @@ def rollup_increments(record: UsageRecord) -> dict[str, int]:
         "rate_limited": int(record.status_code == 429),
         "prompt_tokens": record.prompt_tokens,
         "completion_tokens": record.completion_tokens,
+        "cost_nanos": record.cost_nanos,
         "latency_ms_sum": round(record.latency_ms),
         "first_token_requests": int(first_token is not None),
         "time_to_first_token_ms_sum": 0 if first_token is None else round(first_token),

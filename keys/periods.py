@@ -2,7 +2,8 @@
 
 Every period is half-open, ``[start, end)``, and aligned to UTC (``TIME_ZONE = "UTC"``), so a day
 or a month means the same on every database and every server.  Months are named ``"YYYY-MM"``
-where a counter is keyed by them (the monthly quota).
+where a counter is keyed by them (the monthly quota); a money budget's period is named by
+:func:`budget_period_name`.
 """
 
 from __future__ import annotations
@@ -61,3 +62,30 @@ def month_bounds(month: str) -> tuple[date, date]:
 def bucket_start(timestamp: int, width_seconds: int) -> int:
     """The start of the ``width_seconds`` bucket holding ``timestamp`` (Unix seconds, UTC-aligned)."""
     return timestamp - timestamp % width_seconds
+
+
+# A budget's periods: when its spend starts again (keys.models.BUDGET_PERIODS).
+MONTHLY, DAILY, NEVER = "monthly", "daily", "never"
+ALL_TIME = "all"  # the one period of a budget that never resets
+
+
+def budget_period_name(period: str, moment: datetime | None = None) -> str:
+    """The name of ``moment``'s budget period (default: now): ``"YYYY-MM"`` (monthly),
+    ``"YYYY-MM-DD"`` (daily) or ``"all"`` (never)."""
+    moment = (moment or now()).astimezone(UTC)
+    if period == DAILY:
+        return moment.strftime("%Y-%m-%d")
+    if period == NEVER:
+        return ALL_TIME
+    return month_name(moment)
+
+
+def budget_period_bounds(name: str) -> tuple[datetime | None, datetime | None]:
+    """``[start, end)`` of the budget period ``name`` (:func:`budget_period_name`); ``None`` is unbounded."""
+    if name == ALL_TIME:
+        return None, None
+    if len(name) == len("YYYY-MM"):
+        first, following = month_bounds(name)
+        return midnight(first), midnight(following)
+    day = date.fromisoformat(name)
+    return midnight(day), midnight(day + DAY)

@@ -60,12 +60,13 @@ def records(
 
 
 def _totals() -> dict[str, Any]:
-    """The aggregate expressions every table shares: requests, tokens in and out, errors."""
+    """The aggregate expressions every table shares: requests, tokens in and out, cost, errors."""
     return {
         "requests": Count("id"),
         "input_tokens": Coalesce(Sum("prompt_tokens"), 0),
         "output_tokens": Coalesce(Sum("completion_tokens"), 0),
         "tokens": Coalesce(Sum("total_tokens"), 0),
+        "cost_nanos": Coalesce(Sum("cost_nanos"), 0),
         "errors": Count("id", filter=ERROR_STATUS),
         "rate_limited": Count("id", filter=RATE_LIMITED_STATUS),
     }

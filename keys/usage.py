@@ -16,9 +16,10 @@ from django.core.exceptions import FieldDoesNotExist
 from django.db import IntegrityError, connection, models, transaction
 from django.utils import timezone
 
+from . import pricing
 from .db import db_call
 from .models import ROLLUP_FIELDS, APIKey, DailyUsage, UsageRecord, rollup_increments
-from .periods import midnight, month_bounds, usage_day
+from .periods import budget_period_bounds, midnight, month_bounds, usage_day
 from .redaction import redact
 
 # A request "reached the model" when it succeeded or consumed tokens (an interrupted stream
@@ -42,6 +43,8 @@ async def record_usage(**fields: Any) -> UsageRecord:
     - ``endpoint`` (str): defaults to ``"/v1/completions"``.
     - ``prompt_tokens``, ``completion_tokens`` (int, default 0); ``total_tokens`` defaults to
       their sum.
+    - ``cost_nanos`` (int): the request's cost (:func:`keys.pricing.cost_nanos`); defaults to its
+      tokens at the model's prices when the record is written.
     - ``stream`` (bool, default False).
     - ``finish_reason`` (str): ``"stop"``, ``"length"``, comma-separated for several choices
       (``"stop,length"``), or ``"interrupted"`` / ``"error"``.
@@ -70,6 +73,15 @@ def write_record(fields: dict[str, Any]) -> tuple[UsageRecord, bool]:
     recorded as ``None``, as if deleted after (``SET_NULL``).  Raises ``IntegrityError`` or
     ``DataError`` for a record the database refuses, ``OperationalError`` when it does not answer.
     """
+    if "cost_nanos" not in fields:  # a record from elsewhere than a served request: today's prices
+        fields = {
+            **fields,
+            "cost_nanos": pricing.cost_nanos(
+                pricing.price_of(fields.get("model", "")),
+                fields.get("prompt_tokens", 0),
+                fields.get("completion_tokens", 0),
+            ),
+        }
     try:
         return _insert(fields), True
     except IntegrityError:
@@ -165,6 +177,7 @@ def rebuild_daily_usage(first: date | None = None, last: date | None = None) -> 
             "status_code",
             "prompt_tokens",
             "completion_tokens",
+            "cost_nanos",
             "latency_ms",
             "time_to_first_token_ms",
         )
@@ -207,3 +220,22 @@ def month_tokens(
         group, records = "owner_id", records.filter(owner_id__in=list(owner_ids or ()))
     rows = records.values_list(group).annotate(tokens=models.Sum("total_tokens")).order_by()
     return {ident: tokens or 0 for ident, tokens in rows}
+
+
+def spend_nanos(period: str, *, api_key_id: int | None = None, owner_id: int | None = None) -> int:
+    """The cost, in nanos, of the usage records of the key ``api_key_id`` or of the user ``owner_id``
+    (exactly one) in the budget period named ``period`` (:func:`keys.periods.budget_period_name`):
+    what a money budget's counter starts from."""
+    if (api_key_id is None) == (owner_id is None):
+        raise TypeError("spend_nanos() takes exactly one of api_key_id and owner_id")
+    start, end = budget_period_bounds(period)
+    records = (
+        UsageRecord.objects.filter(api_key_id=api_key_id)
+        if api_key_id
+        else UsageRecord.objects.filter(owner_id=owner_id)
+    )
+    if start is not None:
+        records = records.filter(created_at__gte=start)
+    if end is not None:
+        records = records.filter(created_at__lt=end)
+    return records.aggregate(spent=models.Sum("cost_nanos"))["spent"] or 0

@@ -16,6 +16,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, cast
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError as DjangoValidationError
@@ -27,13 +28,27 @@ from api.errors import APIError, unrecognized_arguments_error
 from audit.models import EVENT_TYPES, AuditLogEntry
 from keys import ids
 from keys.limits import Limits
-from keys.models import KEY_NAMESPACE, APIKey, parse_model_list
+from keys.models import BUDGET_PERIODS, KEY_NAMESPACE, APIKey, UserLimits, parse_model_list
+from keys.pricing import to_money
 
 User = get_user_model()
 
 # The largest values the key's columns hold (PositiveIntegerField, PositiveBigIntegerField).
 MAX_INT = 2_147_483_647
 MAX_BIGINT = 9_223_372_036_854_775_807
+PERIOD_NAMES = [name for name, _ in BUDGET_PERIODS]
+
+
+def budget_field(**kwargs: Any) -> serializers.DecimalField:
+    """A money budget in a request: a number of the prices' currency, ``null`` the default, ``0`` none."""
+    return serializers.DecimalField(
+        max_digits=14, decimal_places=4, min_value=0, allow_null=True, required=False, **kwargs
+    )
+
+
+def price_field(**kwargs: Any) -> serializers.DecimalField:
+    """A price per million tokens (a JSON number in answers)."""
+    return serializers.DecimalField(max_digits=12, decimal_places=4, min_value=0, coerce_to_string=False, **kwargs)
 
 
 # --- Fields ---------------------------------------------------------------------------------------
@@ -192,6 +207,8 @@ class KeyLimitsRequestSerializer(RequestSerializer):
     max_tokens_per_1_minute = StrictIntegerField(required=False, allow_null=True, min_value=0, max_value=MAX_BIGINT)
     max_concurrent_requests = StrictIntegerField(required=False, allow_null=True, min_value=0, max_value=MAX_INT)
     max_tokens_per_1_month = StrictIntegerField(required=False, allow_null=True, min_value=0, max_value=MAX_BIGINT)
+    max_budget = budget_field()
+    budget_period = StrictChoiceField(choices=PERIOD_NAMES, required=False, allow_null=True)
     expires_at = StrictIntegerField(required=False, allow_null=True, min_value=0, max_value=253_402_300_799)
     expires_in_seconds = StrictIntegerField(required=False, min_value=1, max_value=100 * 365 * 86400)
 
@@ -241,15 +258,51 @@ class ProjectRateLimitUpdateRequestSerializer(RequestSerializer):
     max_tokens_per_1_minute = StrictIntegerField(required=False, allow_null=True, min_value=0, max_value=MAX_BIGINT)
     max_concurrent_requests = StrictIntegerField(required=False, allow_null=True, min_value=0, max_value=MAX_INT)
     max_tokens_per_1_month = StrictIntegerField(required=False, allow_null=True, min_value=0, max_value=MAX_BIGINT)
+    max_budget = budget_field()
+    budget_period = StrictChoiceField(choices=PERIOD_NAMES, required=False, allow_null=True)
 
 
-# The request fields of the limits, and the APIKey columns they set.
+class UserLimitsUpdateRequestSerializer(RequestSerializer):
+    """``POST /v1/organization/users/{user_id}/limits`` (our extension): the user's own limits across
+    all of their keys; ``null`` returns one to the site's default (``API_USER_DEFAULT_*``,
+    ``API_USER_MAX_KEYS``), ``0`` lifts it."""
+
+    max_requests_per_1_minute = StrictIntegerField(required=False, allow_null=True, min_value=0, max_value=MAX_INT)
+    max_tokens_per_1_minute = StrictIntegerField(required=False, allow_null=True, min_value=0, max_value=MAX_BIGINT)
+    max_concurrent_requests = StrictIntegerField(required=False, allow_null=True, min_value=0, max_value=MAX_INT)
+    max_tokens_per_1_month = StrictIntegerField(required=False, allow_null=True, min_value=0, max_value=MAX_BIGINT)
+    max_budget = budget_field()
+    budget_period = StrictChoiceField(choices=PERIOD_NAMES, required=False, allow_null=True)
+    max_api_keys = StrictIntegerField(required=False, allow_null=True, min_value=0, max_value=MAX_INT)
+
+
+class ModelPriceRequestSerializer(RequestSerializer):
+    """``POST /v1/organization/model_prices`` (our extension): set one model's prices, per million tokens."""
+
+    model = StrictCharField(max_length=200)
+    prompt_per_million = price_field()
+    completion_per_million = price_field()
+
+
+# The request fields of the limits, and the APIKey (and UserLimits) columns they set; a
+# ``budget_period`` of ``null`` is stored as "" (the default).
 LIMIT_COLUMNS = {
     "max_requests_per_1_minute": "rpm_limit",
     "max_tokens_per_1_minute": "tpm_limit",
     "max_concurrent_requests": "max_concurrent",
     "max_tokens_per_1_month": "monthly_token_quota",
+    "max_budget": "budget",
+    "budget_period": "budget_period",
 }
+USER_LIMIT_COLUMNS = {**LIMIT_COLUMNS, "max_api_keys": "max_keys"}
+
+
+def limit_columns(fields: dict[str, Any], columns: dict[str, str] = LIMIT_COLUMNS) -> dict[str, Any]:
+    """The limit fields present in ``fields`` as model columns."""
+    values = {columns[name]: value for name, value in fields.items() if name in columns}
+    if "budget_period" in values and values["budget_period"] is None:
+        values["budget_period"] = ""
+    return values
 
 
 # --- Responses ------------------------------------------------------------------------------------
@@ -367,6 +420,14 @@ class ProjectApiKeySerializer(serializers.Serializer):
     max_tokens_per_1_minute = serializers.IntegerField(source="tpm_limit", allow_null=True, read_only=True)
     max_concurrent_requests = serializers.IntegerField(source="max_concurrent", allow_null=True, read_only=True)
     max_tokens_per_1_month = serializers.IntegerField(source="monthly_token_quota", allow_null=True, read_only=True)
+    max_budget = serializers.DecimalField(
+        source="budget", max_digits=14, decimal_places=4, coerce_to_string=False, allow_null=True, read_only=True
+    )
+    budget_period = serializers.SerializerMethodField()
+
+    @extend_schema_field({"type": "string", "enum": PERIOD_NAMES, "nullable": True})
+    def get_budget_period(self, api_key: APIKey) -> str | None:
+        return api_key.budget_period or None
 
     @extend_schema_field(OpenApiTypes.STR)
     def get_redacted_value(self, api_key: APIKey) -> str:
@@ -411,6 +472,16 @@ class ProjectRateLimitSerializer(serializers.Serializer):
     api_key_id = serializers.SerializerMethodField()
     max_concurrent_requests = serializers.SerializerMethodField()
     max_tokens_per_1_month = serializers.SerializerMethodField()
+    max_budget = serializers.SerializerMethodField()
+    budget_period = serializers.SerializerMethodField()
+
+    @extend_schema_field(OpenApiTypes.NUMBER)
+    def get_max_budget(self, api_key: APIKey) -> float:
+        return float(to_money(Limits.of(api_key).budget))
+
+    @extend_schema_field({"type": "string", "enum": PERIOD_NAMES})
+    def get_budget_period(self, api_key: APIKey) -> str:
+        return Limits.of(api_key).budget_period
 
     @extend_schema_field(OpenApiTypes.STR)
     def get_id(self, api_key: APIKey) -> str:
@@ -614,5 +685,97 @@ class UsageResponseSerializer(serializers.Serializer):
 
     object = ConstField("page")
     data = UsageTimeBucketSerializer(many=True)
+    has_more = serializers.BooleanField()
+    next_page = serializers.CharField(allow_null=True)
+
+
+# --- Our extensions: a user's limits across their keys, model prices, costs ------------------------
+
+
+class UserLimitsSerializer(serializers.Serializer):
+    """A user's limits across all of their keys (``organization.user.limits``, our extension): the
+    user's own values, ``null`` where the site's default applies; ``effective`` the values in force
+    (``0``: no limit)."""
+
+    object = ConstField("organization.user.limits")
+    user_id = serializers.SerializerMethodField()
+    max_requests_per_1_minute = serializers.IntegerField(source="rpm_limit", allow_null=True, read_only=True)
+    max_tokens_per_1_minute = serializers.IntegerField(source="tpm_limit", allow_null=True, read_only=True)
+    max_concurrent_requests = serializers.IntegerField(source="max_concurrent", allow_null=True, read_only=True)
+    max_tokens_per_1_month = serializers.IntegerField(source="monthly_token_quota", allow_null=True, read_only=True)
+    max_budget = serializers.DecimalField(
+        source="budget", max_digits=14, decimal_places=4, coerce_to_string=False, allow_null=True, read_only=True
+    )
+    budget_period = serializers.SerializerMethodField()
+    max_api_keys = serializers.IntegerField(source="max_keys", allow_null=True, read_only=True)
+    effective = serializers.SerializerMethodField()
+
+    @extend_schema_field(OpenApiTypes.STR)
+    def get_user_id(self, own: UserLimits) -> str:
+        return user_id(own.user)
+
+    @extend_schema_field({"type": "string", "enum": PERIOD_NAMES, "nullable": True})
+    def get_budget_period(self, own: UserLimits) -> str | None:
+        return own.budget_period or None
+
+    @extend_schema_field(OpenApiTypes.OBJECT)
+    def get_effective(self, own: UserLimits) -> dict[str, Any]:
+        from keys.models import max_keys_of
+
+        limits = Limits.of_user(own)
+        return {
+            "max_requests_per_1_minute": limits.rpm,
+            "max_tokens_per_1_minute": limits.tpm,
+            "max_concurrent_requests": limits.max_concurrent,
+            "max_tokens_per_1_month": limits.monthly_tokens,
+            "max_budget": float(to_money(limits.budget)),
+            "budget_period": limits.budget_period,
+            "max_api_keys": max_keys_of(own.user_id) if own.pk else settings.API_USER_MAX_KEYS,
+        }
+
+
+class ModelPriceSerializer(serializers.Serializer):
+    """A model's prices per million tokens (``organization.model_price``, our extension)."""
+
+    object = ConstField("organization.model_price")
+    id = serializers.CharField(source="model", read_only=True)  # a list's cursor: the model id
+    model = serializers.CharField(read_only=True)
+    prompt_per_million = price_field(read_only=True)
+    completion_per_million = price_field(read_only=True)
+    updated_at = UnixTimeField(read_only=True)
+
+
+class ModelPriceDeleteResponseSerializer(serializers.Serializer):
+    object = ConstField("organization.model_price.deleted")
+    model = serializers.CharField()
+    deleted = serializers.BooleanField()
+
+
+class CostsAmountSerializer(serializers.Serializer):
+    """The spec's ``CostsResult.amount``."""
+
+    value = serializers.FloatField()
+    currency = serializers.CharField()
+
+
+class CostsResultSerializer(serializers.Serializer):
+    """The spec's ``CostsResult`` (``api.usage_api``): ``line_item`` is the model, ``project_id`` the user."""
+
+    object = ConstField("organization.costs.result")
+    amount = CostsAmountSerializer()
+    line_item = serializers.CharField(allow_null=True)
+    project_id = serializers.CharField(allow_null=True)
+
+
+class CostsTimeBucketSerializer(serializers.Serializer):
+    object = ConstField("bucket")
+    start_time = serializers.IntegerField()
+    end_time = serializers.IntegerField()
+    results = CostsResultSerializer(many=True)
+
+
+class CostsResponseSerializer(serializers.Serializer):
+    object = ConstField("page")
+    data = CostsTimeBucketSerializer(many=True)
     has_more = serializers.BooleanField()
     next_page = serializers.CharField(allow_null=True)

@@ -24,6 +24,16 @@ organization_urlpatterns = [
         views.UserViewSet.as_view({"get": "retrieve", "post": "update", "delete": "destroy"}),
     ),
     path(
+        PREFIX + "users/<str:user_id>/limits",
+        views.UserLimitsViewSet.as_view({"get": "retrieve", "post": "update"}),
+    ),
+    path(PREFIX + "model_prices", views.ModelPriceViewSet.as_view({"get": "list", "post": "create"})),
+    path(
+        PREFIX + "model_prices/<path:model>",
+        views.ModelPriceViewSet.as_view({"get": "retrieve", "delete": "destroy"}),
+    ),
+    path(PREFIX + "costs", views.CostsViewSet.as_view({"get": "retrieve"}), name="organization-costs"),
+    path(
         PREFIX + "projects/<str:project_id>/api_keys",
         views.ProjectApiKeyViewSet.as_view({"get": "list", "post": "create"}),
     ),

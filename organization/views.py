@@ -38,10 +38,18 @@ from rest_framework.response import Response
 
 from api.errors import APIError, invalid_value_error
 from api.protocol import body_too_large_error
-from api.usage_api import ORGANIZATION_GROUPS, build_usage_page, parse_usage_query
+from api.usage_api import (
+    COST_GROUPS,
+    ORGANIZATION_GROUPS,
+    build_costs_page,
+    build_usage_page,
+    parse_costs_query,
+    parse_usage_query,
+)
 from audit.models import AuditLogEntry
 from keys import ids
-from keys.models import APIKey
+from keys.errors import TooManyKeys
+from keys.models import APIKey, ModelPrice, UserLimits
 
 from . import audit_query
 from . import serializers as shapes
@@ -346,7 +354,7 @@ class UserKeysViewSet(OrganizationViewSet):
 
 def _key_columns(fields: dict[str, Any]) -> dict[str, Any]:
     """A key request's fields as ``APIKey`` columns (only those present)."""
-    columns = {shapes.LIMIT_COLUMNS[name]: value for name, value in fields.items() if name in shapes.LIMIT_COLUMNS}
+    columns = shapes.limit_columns(fields)
     if "name" in fields:
         columns["name"] = fields["name"]
     if "models" in fields:
@@ -381,7 +389,10 @@ class ProjectApiKeyViewSet(UserKeysViewSet):
         """A new key for the user, working at once; its ``value`` is in this answer only."""
         user = self.active_user(project_id)
         columns = _key_columns(self.validated(shapes.ProjectApiKeyCreateRequestSerializer))
-        api_key, plaintext = APIKey.objects.create_key(owner=user, **columns)
+        try:
+            api_key, plaintext = APIKey.objects.create_key(owner=user, **columns)
+        except TooManyKeys as error:
+            raise APIError(str(error), status=400, param=None, code="too_many_api_keys") from None
         api_key.value = plaintext  # type: ignore[attr-defined]  # the create response's one sight of the secret
         return Response(shapes.ProjectApiKeyCreateResponseSerializer(api_key).data)
 
@@ -510,3 +521,103 @@ class UsageCompletionsViewSet(OrganizationViewSet):
         # Rounded up: without an end_time, a request made this very second is included.
         query = parse_usage_query(request.query_params, now=math.ceil(time.time()), organization=True)
         return Response(build_usage_page(query))
+
+
+class CostsViewSet(OrganizationViewSet):
+    """``GET /v1/organization/costs``: OpenAI's costs, daily, from the usage records' costs
+    (``keys.pricing``; one implementation with the key-scoped ``GET /v1/costs``, ``api.usage_api``)."""
+
+    @extend_schema(
+        operation_id="usage-costs",
+        responses=shapes.CostsResponseSerializer,
+        parameters=[
+            OpenApiParameter("start_time", int, required=True, description="Unix seconds, inclusive."),
+            OpenApiParameter("end_time", int, description="Unix seconds, exclusive (default: now)."),
+            OpenApiParameter("bucket_width", str, enum=["1d"], description="Only 1d, as OpenAI."),
+            OpenApiParameter("group_by[]", str, many=True, enum=list(COST_GROUPS)),
+            OpenApiParameter("project_ids[]", str, many=True, description="Users stand for projects: user_… ids."),
+            OpenApiParameter("limit", int, description="Buckets per page (at most 180)."),
+            OpenApiParameter("page", str, description="The previous answer's next_page."),
+        ],
+    )
+    def retrieve(self, request: Request) -> Response:
+        """Cost per day, grouped by model (``line_item``) and user (``project_id``)."""
+        query = parse_costs_query(request.query_params, now=math.ceil(time.time()), organization=True)
+        return Response(build_costs_page(query))
+
+
+# --- Our extensions: a user's limits across their keys, and the model prices -----------------------
+
+
+class UserLimitsViewSet(OrganizationViewSet):
+    """``/v1/organization/users/{user_id}/limits``: a user's limits across all their keys (our extension)."""
+
+    def own_limits(self, user_id: str) -> UserLimits:
+        """The user's row, or an unsaved one with every field empty (the defaults)."""
+        user = self.active_user(user_id)
+        return UserLimits.objects.filter(user=user).first() or UserLimits(user=user)
+
+    @extend_schema(operation_id="retrieve-user-limits", responses=shapes.UserLimitsSerializer)
+    def retrieve(self, request: Request, user_id: str) -> Response:
+        """The user's own limits (``null``: the default) and those in force."""
+        return Response(shapes.UserLimitsSerializer(self.own_limits(user_id)).data)
+
+    @extend_schema(
+        operation_id="modify-user-limits",
+        request=shapes.UserLimitsUpdateRequestSerializer,
+        responses=shapes.UserLimitsSerializer,
+    )
+    def update(self, request: Request, user_id: str) -> Response:
+        """Set any of the user's limits, from their next request (a key cap from their next key)."""
+        own = self.own_limits(user_id)
+        columns = shapes.limit_columns(
+            self.validated(shapes.UserLimitsUpdateRequestSerializer), shapes.USER_LIMIT_COLUMNS
+        )
+        for column, value in columns.items():
+            setattr(own, column, value)
+        own.save()
+        return Response(shapes.UserLimitsSerializer(own).data)
+
+
+class ModelPriceViewSet(OrganizationViewSet):
+    """``/v1/organization/model_prices[/{model}]``: prices per million tokens (our extension).
+
+    ``POST`` sets a model's prices (creating its row the first time); a change applies to requests
+    admitted after it, and usage records keep the cost they were written with.
+    """
+
+    def cursor_pk(self, public_id: str) -> int | None:
+        return ModelPrice.objects.filter(model=public_id).values_list("pk", flat=True).first()
+
+    def price(self, model: str) -> ModelPrice:
+        found = ModelPrice.objects.filter(model=model).first()
+        if found is None:
+            raise not_found("model price", model)
+        return found
+
+    @extend_schema(operation_id="list-model-prices", responses=shapes.ModelPriceSerializer(many=True))
+    def list(self, request: Request) -> Response:
+        """Every model's prices, in the order they were first set."""
+        return self.listed(ModelPrice.objects.all(), shapes.ModelPriceSerializer)
+
+    @extend_schema(
+        operation_id="set-model-price",
+        request=shapes.ModelPriceRequestSerializer,
+        responses=shapes.ModelPriceSerializer,
+    )
+    def create(self, request: Request) -> Response:
+        """Set one model's prices."""
+        fields = self.validated(shapes.ModelPriceRequestSerializer)
+        price, _ = ModelPrice.objects.update_or_create(model=fields.pop("model"), defaults=fields)
+        return Response(shapes.ModelPriceSerializer(price).data)
+
+    @extend_schema(operation_id="retrieve-model-price", responses=shapes.ModelPriceSerializer)
+    def retrieve(self, request: Request, model: str) -> Response:
+        """One model's prices."""
+        return Response(shapes.ModelPriceSerializer(self.price(model)).data)
+
+    @extend_schema(operation_id="delete-model-price", responses={200: shapes.ModelPriceDeleteResponseSerializer})
+    def destroy(self, request: Request, model: str) -> Response:
+        """Remove a model's prices: its requests cost nothing from now on."""
+        self.price(model).delete()
+        return Response({"object": "organization.model_price.deleted", "model": model, "deleted": True})

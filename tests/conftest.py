@@ -185,7 +185,11 @@ def redis_reachable(url: str) -> bool:
 
 @pytest.fixture(autouse=True)
 def separate_limit_counters(settings):
-    """Each test counts from zero: a Redis key prefix of its own, and so a fresh in-process store."""
+    """Each test counts from zero: a Redis key prefix of its own, and so a fresh in-process store;
+    and each reads the model prices afresh (the database is emptied between tests, silently)."""
+    from keys.pricing import prices
+
+    prices.forget()
     prefix = f"completions-site-test:{uuid.uuid4().hex[:12]}:"
     settings.API_LIMITS_REDIS_PREFIX = prefix
     yield prefix

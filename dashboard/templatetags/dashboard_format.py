@@ -27,3 +27,12 @@ def ms(value: float | None) -> str:
 def thousands(value: int | float | None) -> str:
     """``1234567`` → ``"1,234,567"``; ``None`` → ``"0"``.  Integers stay exact (no float on the way)."""
     return f"{round(value or 0):,}"
+
+
+@register.filter
+def money(nanos: int | None) -> str:
+    """A cost in nanos (``keys.pricing``) as money: ``13000`` → ``"0.000013"``, ``0`` → ``"0.00"``."""
+    from keys.pricing import to_money
+
+    amount = to_money(nanos or 0)
+    return f"{amount:.2f}" if amount == round(amount, 2) else f"{amount:f}"

@@ -1,18 +1,23 @@
-"""Per-key limits and quotas: ``decision`` (values), ``local`` and ``redis`` (counter stores),
-``limiter`` (admission and settlement; see its docstring for the rules)."""
+"""Per-key and per-user limits, quotas and budgets: ``decision`` (values), ``local`` and ``redis``
+(counter stores), ``limiter`` (admission and settlement; see its docstring for the rules)."""
 
 from __future__ import annotations
 
 from .decision import (
+    BUDGET,
     CONCURRENCY,
+    KEY,
     QUOTA,
     REQUESTS,
     TOKENS,
     TOO_LARGE,
+    USER,
     Decision,
     Limits,
-    MonthUnknown,
+    Scope,
     StoreUnavailable,
+    TotalsUnknown,
+    Usage,
 )
 from .limiter import (
     Admission,
@@ -23,28 +28,37 @@ from .limiter import (
     limiter,
     month_tokens_in_database,
     peek,
+    scopes_of,
+    totals_in_database,
 )
 from .local import LocalStore
 from .redis import RedisStore
 
 __all__ = [
+    "BUDGET",
     "CONCURRENCY",
+    "KEY",
     "QUOTA",
     "REQUESTS",
     "TOKENS",
     "TOO_LARGE",
+    "USER",
     "Admission",
     "CounterStore",
     "Decision",
     "Limiter",
     "Limits",
     "LocalStore",
-    "MonthUnknown",
     "RedisStore",
+    "Scope",
     "StoreUnavailable",
+    "TotalsUnknown",
+    "Usage",
     "admit",
     "current_month",
     "limiter",
     "month_tokens_in_database",
     "peek",
+    "scopes_of",
+    "totals_in_database",
 ]

@@ -1,19 +1,26 @@
-"""Per-key limits: requests and tokens per minute, concurrent requests, tokens per calendar month.
+"""Per-key and per-user limits: requests and tokens per minute, concurrent requests, tokens per
+calendar month, and a money budget per period.
+
+Every request counts in two scopes (:class:`~keys.limits.decision.Scope`): its key's and its
+user's, the user's counters being shared by all of the user's keys.  Each scope has its own limits
+(the key's, :meth:`Limits.of`; the user's, :meth:`Limits.of_user`); both are checked, and the request
+counted in both, in the one atomic step described below, so neither scope can overshoot.
 
 The API calls :func:`admit` once a request is validated and its prompt tokenised, before the
 engine sees it.  ``admit`` checks every limit and, if all allow the request, counts it and
 *reserves* its largest possible cost (prompt tokens plus ``max_tokens`` times the number of
-choices) in one atomic step; :meth:`Admission.settle` later replaces the reservation with the
-tokens really used and frees the concurrency slot.  So concurrent requests can never overshoot a
+choices, and those tokens' price, :mod:`keys.pricing`) in one atomic step; :meth:`Admission.settle`
+later replaces the reservation with the tokens and cost really used and frees the concurrency slot.  So concurrent requests can never overshoot a
 token limit or a quota by what they have not generated yet (LiteLLM counts tokens only after the
 response, and concurrent requests overshoot).
 
 Windows are sliding: at most ``rpm`` requests, and at most ``tpm`` tokens, in any 60 seconds.
 Tokens count at the moment of their request's admission.  A refused request counts for nothing,
 so the wait it is told is the exact wait before the same request would be admitted.  The monthly
-quota counts the key's month-to-date tokens (:func:`keys.usage.month_tokens`) plus the
-reservations in flight; its counter starts from the database the first time it is needed, so a
-restart or a lost Redis does not forget what was used.
+quota counts the scope's month-to-date tokens (:func:`keys.usage.month_tokens`) plus the
+reservations in flight, and the budget its period's cost (:func:`keys.usage.spend_nanos`) likewise;
+their counters start from the database the first time they are needed, so a restart or a lost
+Redis does not forget what was used.
 
 Where the counters live: with ``REDIS_URL`` set, in Redis (:mod:`keys.limits.redis`), shared by
 every process and machine.  Without it, in this process (:mod:`keys.limits.local`).  When Redis
@@ -34,7 +41,9 @@ import logging
 import math
 import time
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Protocol
 
 from django.conf import settings
@@ -44,10 +53,10 @@ from django.dispatch import receiver
 from keys import metrics, periods
 from keys.db import DATABASE_DOWN, db_call
 from keys.errors import DatabaseUnavailable, LimiterUnavailable, LimitRefused
-from keys.models import APIKey
-from keys.usage import month_tokens
+from keys.models import APIKey, UserLimits
+from keys.usage import month_tokens, spend_nanos
 
-from .decision import Decision, Limits, MonthUnknown, StoreUnavailable
+from .decision import KEY, USER, Decision, Limits, Scope, StoreUnavailable, TotalsUnknown
 from .local import LocalStore
 from .redis import RedisStore
 
@@ -58,24 +67,29 @@ class CounterStore(Protocol):
     """Where counters live; :class:`LocalStore` and :class:`RedisStore` implement the same rules."""
 
     async def acquire(
-        self, key_id: int, request_id: str, limits: Limits, tokens: int, month: str, dry_run: bool
+        self, scopes: Sequence[Scope], request_id: str, tokens: int, cost: int, dry_run: bool
     ) -> Decision:
-        """Check every limit and, unless refused (or ``dry_run``), count the request and reserve
-        ``tokens``.  Raises :class:`MonthUnknown` when the month's counter is missing (never on a
-        dry run) and :class:`StoreUnavailable` when the store does not answer."""
+        """Check every limit of every scope and, unless one refuses (or ``dry_run``), count the
+        request and reserve ``tokens`` and ``cost`` (nanos) in each.  Raises :class:`TotalsUnknown`
+        when a month or budget counter is missing (never on a dry run) and
+        :class:`StoreUnavailable` when the store does not answer."""
         ...
 
-    async def seed_month(self, key_id: int, month: str, tokens: int) -> None:
-        """Start the month's counter at ``tokens`` unless another process started it first."""
+    async def seed(self, scope: Scope, month_tokens: int, spend: int) -> None:
+        """Start the scope's month and budget counters at these totals unless another process did first."""
         ...
 
-    async def settle(self, key_id: int, request_id: str, month: str, reserved: int, used: int) -> None:
-        """Replace the reservation of ``reserved`` tokens with ``used`` and free the concurrency slot."""
+    async def settle(
+        self, scopes: Sequence[Scope], request_id: str, reserved: int, used: int, reserved_cost: int, cost: int
+    ) -> None:
+        """Replace the reservations of ``reserved`` tokens and ``reserved_cost`` nanos with ``used``
+        and ``cost`` and free the concurrency slots."""
         ...
 
-    async def renew(self, key_id: int, request_id: str) -> None:
-        """Extend the lease of a running request's concurrency slot to ``API_LIMITS_CONCURRENCY_LEASE_SECONDS``
-        from now (taking the slot again if it was lost)."""
+    async def renew(self, scopes: Sequence[Scope], request_id: str) -> None:
+        """Extend the leases of a running request's concurrency slots (in the scopes with a
+        concurrency limit) to ``API_LIMITS_CONCURRENCY_LEASE_SECONDS`` from now, taking a slot again
+        if it was lost."""
         ...
 
 
@@ -83,29 +97,33 @@ class CounterStore(Protocol):
 class Admission:
     """An admitted request's reservation; :meth:`settle` it exactly once, when the request ends.
 
-    ``limits`` and ``decision`` are what the headers of its response report.  While the request
-    runs, its concurrency slot's lease is renewed every third of
+    ``scopes`` and ``decision`` are what the headers of its response report (``limits`` is the
+    key's).  While the request runs, its concurrency slots' leases are renewed every third of
     ``API_LIMITS_CONCURRENCY_LEASE_SECONDS`` (:meth:`keep_slot`), so that the slot of a process
     killed without settling frees itself within one lease.
     """
 
     store: CounterStore
-    key_id: int
+    scopes: tuple[Scope, ...]
     request_id: str
-    month: str
     reserved: int
-    limits: Limits
+    reserved_cost: int
     decision: Decision
     settled: bool = field(default=False, init=False)
     renewal: asyncio.Task | None = field(default=None, init=False, repr=False)
 
+    @property
+    def limits(self) -> Limits:
+        """The key's limits."""
+        return self.scopes[0].limits
+
     def keep_slot(self) -> None:
-        """Start renewing the concurrency slot's lease until :meth:`settle` (a key with a concurrency limit)."""
+        """Start renewing the concurrency slots' leases until :meth:`settle` (a scope with a concurrency limit)."""
         interval = settings.API_LIMITS_CONCURRENCY_LEASE_SECONDS / 3
         self.renewal = asyncio.ensure_future(_renew_lease(weakref.ref(self), interval))
 
-    async def settle(self, used_tokens: int) -> None:
-        """Replace the reservation with ``used_tokens`` and free the concurrency slot; never raises."""
+    async def settle(self, used_tokens: int, cost: int = 0) -> None:
+        """Replace the reservation with ``used_tokens`` and ``cost`` (nanos) and free the slots; never raises."""
         if self.settled:
             return
         self.settled = True
@@ -115,35 +133,35 @@ class Admission:
             if self.renewal.get_loop() is asyncio.get_running_loop():  # tests may settle on another loop
                 await asyncio.gather(self.renewal, return_exceptions=True)
         try:
-            await self.store.settle(self.key_id, self.request_id, self.month, self.reserved, used_tokens)
+            await self.store.settle(self.scopes, self.request_id, self.reserved, used_tokens, self.reserved_cost, cost)
         except Exception:
             logger.exception("Could not settle the reservation of %s", self.request_id)
 
 
 async def _renew_lease(ref: weakref.ref[Admission], interval: float) -> None:
-    """Renew the referenced admission's slot every ``interval`` seconds until it is settled or dropped."""
+    """Renew the referenced admission's slots every ``interval`` seconds until it is settled or dropped."""
     while True:
         await asyncio.sleep(interval)
         admission = ref()
         if admission is None or admission.settled:
             return
         try:
-            await admission.store.renew(admission.key_id, admission.request_id)
+            await admission.store.renew(admission.scopes, admission.request_id)
         except Exception as error:  # noqa: BLE001 - the next renewal tries again; the lease is three of them
             logger.warning("Could not renew the concurrency slot of %s: %s", admission.request_id, error)
         del admission  # only the reference at the top of the loop: a dropped request is not kept alive
 
 
-async def admit(api_key: APIKey, request_id: str, tokens: int) -> Admission:
-    """Count and reserve one request of up to ``tokens`` tokens, or refuse it.
+async def admit(api_key: APIKey, request_id: str, tokens: int, cost: int = 0) -> Admission:
+    """Count and reserve one request of up to ``tokens`` tokens costing up to ``cost`` nanos, or refuse it.
 
-    Raises :class:`~keys.errors.LimitRefused` when a limit or the quota refuses it,
-    :class:`~keys.errors.LimiterUnavailable` when Redis is down and ``API_LIMITS_FAIL_MODE`` is
-    ``closed``, and :class:`~keys.errors.DatabaseUnavailable` when the month's quota counter must be
-    read from a database that does not answer.  A client that disconnects while the store answers
-    leaves nothing reserved.
+    Raises :class:`~keys.errors.LimitRefused` when a limit, quota or budget of the key or of its
+    user refuses it, :class:`~keys.errors.LimiterUnavailable` when Redis is down and
+    ``API_LIMITS_FAIL_MODE`` is ``closed``, and :class:`~keys.errors.DatabaseUnavailable` when a
+    counter must be read from a database that does not answer.  A client that disconnects while
+    the store answers leaves nothing reserved.
     """
-    task = asyncio.ensure_future(_admit(api_key, request_id, tokens))
+    task = asyncio.ensure_future(_admit(api_key, request_id, tokens, cost))
     try:
         return await asyncio.shield(task)
     except asyncio.CancelledError:
@@ -155,43 +173,77 @@ async def admit(api_key: APIKey, request_id: str, tokens: int) -> Admission:
         raise
 
 
-async def peek(api_key: APIKey) -> tuple[Limits, Decision] | None:
-    """The key's limits and current counts without counting anything; ``None`` without per-minute
-    limits, or when the counters cannot be read (the limiter logged why)."""
-    limits = Limits.of(api_key)
-    if not (limits.rpm or limits.tpm):
-        return None
+async def peek(api_key: APIKey) -> tuple[tuple[Scope, ...], Decision] | None:
+    """The key's and its user's scopes and current counts without counting anything; ``None``
+    without per-minute limits, or when the counters cannot be read (the limiter logged why)."""
     try:
-        _, decision = await limiter().acquire(api_key.pk, "", limits, 0, current_month(), True)
+        scopes = await scopes_of(api_key)
     except Exception:  # noqa: BLE001 - a courtesy for the headers; never a reason to fail a response
         return None
-    return limits, decision
+    if not any(scope.limits.rpm or scope.limits.tpm for scope in scopes):
+        return None
+    try:
+        _, decision = await limiter().acquire(scopes, "", 0, 0, True)
+    except Exception:  # noqa: BLE001 - as above
+        return None
+    return scopes, decision
 
 
-async def _admit(api_key: APIKey, request_id: str, tokens: int) -> Admission:
-    limits = Limits.of(api_key)
-    month = current_month()
+async def scopes_of(api_key: APIKey, moment: datetime | None = None) -> tuple[Scope, Scope]:
+    """The key's scope and its owner's, with their limits in force and their current periods."""
+    own = await _user_limits_row(api_key)
+    key_limits, user_limits = Limits.of(api_key), Limits.of_user(own)
+    month = periods.month_name(moment)
+    owner = api_key.owner_id
+    return (
+        Scope(KEY, api_key.pk, owner, key_limits, month, periods.budget_period_name(key_limits.budget_period, moment)),
+        Scope(USER, owner, owner, user_limits, month, periods.budget_period_name(user_limits.budget_period, moment)),
+    )
+
+
+async def _user_limits_row(api_key: APIKey) -> UserLimits | None:
+    """The owner's :class:`UserLimits` row: loaded with the key by authentication, else read now."""
+    owner = api_key._state.fields_cache.get("owner")
+    if owner is not None and "limits" in owner._state.fields_cache:
+        return owner._state.fields_cache["limits"]
+    try:
+        return await db_call(UserLimits.objects.filter(user_id=api_key.owner_id).first)
+    except DATABASE_DOWN as error:
+        raise DatabaseUnavailable(error) from error
+
+
+async def _admit(api_key: APIKey, request_id: str, tokens: int, cost: int) -> Admission:
+    scopes = await scopes_of(api_key)
     proc = limiter()
     for _ in range(3):
         try:
-            store, decision = await proc.acquire(api_key.pk, request_id, limits, tokens, month, False)
-        except MonthUnknown:
-            try:
-                used = await db_call(month_tokens_in_database, api_key.pk, month)
-            except DATABASE_DOWN as error:
-                raise DatabaseUnavailable(error) from error
-            await proc.seed_month(api_key.pk, month, used)
+            store, decision = await proc.acquire(scopes, request_id, tokens, cost, False)
+        except TotalsUnknown:
+            for scope in scopes:
+                try:
+                    month_tokens, spend = await db_call(totals_in_database, scope)
+                except DATABASE_DOWN as error:
+                    raise DatabaseUnavailable(error) from error
+                await proc.seed(scope, month_tokens, spend)
             continue
         if proc.serving_locally(store):
             metrics.limiter_fail_open_requests.inc()  # once per request, whatever it took to admit it
         if decision.refusal is not None:
             metrics.refused(decision.refusal)
-            raise LimitRefused(decision, limits, tokens, month)
-        admission = Admission(store, api_key.pk, request_id, month, tokens, limits, decision)
-        if limits.max_concurrent:
+            raise LimitRefused(decision, scopes, tokens, cost)
+        admission = Admission(store, scopes, request_id, tokens, cost, decision)
+        if any(scope.limits.max_concurrent for scope in scopes):
             admission.keep_slot()
         return admission
     raise LimiterUnavailable(closed=False, retry_after_seconds=1)
+
+
+def totals_in_database(scope: Scope) -> tuple[int, int]:
+    """The scope's tokens in its month and cost (nanos) in its budget window, from the usage records."""
+    if scope.kind == KEY:
+        return month_tokens_in_database(scope.id, scope.month), spend_nanos(scope.budget_window, api_key_id=scope.id)
+    month = month_tokens(scope.month, owner_ids=[scope.id]).get(scope.id, 0)
+    return month, spend_nanos(scope.budget_window, owner_id=scope.id)
 
 
 def month_tokens_in_database(key_id: int, month: str) -> int:
@@ -255,37 +307,31 @@ class Limiter:
             settings.API_LIMITS_REDIS_RETRY_SECONDS,
         )
 
+    async def _call(self, method: str, *args: Any) -> tuple[CounterStore, Any]:
+        """``method`` of the store in charge; after a Redis failure, of the store in charge then."""
+        store = self._store()
+        try:
+            return store, await getattr(store, method)(*args)
+        except StoreUnavailable as error:
+            self._redis_failed(error)
+        store = self._store()
+        return store, await getattr(store, method)(*args)
+
     async def acquire(
-        self, key_id: int, request_id: str, limits: Limits, tokens: int, month: str, dry_run: bool
+        self, scopes: Sequence[Scope], request_id: str, tokens: int, cost: int, dry_run: bool
     ) -> tuple[CounterStore, Decision]:
         """:meth:`CounterStore.acquire` on the store in charge; returns that store and its decision."""
-        store = self._store()
-        try:
-            return store, await store.acquire(key_id, request_id, limits, tokens, month, dry_run)
-        except StoreUnavailable as error:
-            self._redis_failed(error)
-        store = self._store()
-        return store, await store.acquire(key_id, request_id, limits, tokens, month, dry_run)
+        return await self._call("acquire", scopes, request_id, tokens, cost, dry_run)
 
-    async def seed_month(self, key_id: int, month: str, tokens: int) -> None:
-        """:meth:`CounterStore.seed_month` on the store in charge."""
-        store = self._store()
-        try:
-            await store.seed_month(key_id, month, tokens)
-            return
-        except StoreUnavailable as error:
-            self._redis_failed(error)
-        await self._store().seed_month(key_id, month, tokens)
+    async def seed(self, scope: Scope, month_tokens: int, spend: int) -> None:
+        """:meth:`CounterStore.seed` on the store in charge."""
+        await self._call("seed", scope, month_tokens, spend)
 
-    async def settle(self, key_id: int, request_id: str, month: str, reserved: int, used: int) -> None:
+    async def settle(
+        self, scopes: Sequence[Scope], request_id: str, reserved: int, used: int, reserved_cost: int = 0, cost: int = 0
+    ) -> None:
         """:meth:`CounterStore.settle` on the store in charge (tests; requests settle their :class:`Admission`)."""
-        store = self._store()
-        try:
-            await store.settle(key_id, request_id, month, reserved, used)
-            return
-        except StoreUnavailable as error:
-            self._redis_failed(error)
-        await self._store().settle(key_id, request_id, month, reserved, used)
+        await self._call("settle", scopes, request_id, reserved, used, reserved_cost, cost)
 
 
 def _redacted(url: str) -> str:

@@ -2,14 +2,16 @@
 
 ``acquire.lua``, ``settle.lua`` and ``renew.lua`` beside this module are the rules (the same as ``local.py``'s);
 each runs atomically in one round trip, timed by the Redis server's clock, so the machines'
-clocks do not matter.  A key's counters share the hash tag ``{<key id>}`` so that they stay on one
-Redis Cluster node.
+clocks do not matter.  The counters of a user and of each of their keys share the hash tag
+``{u<user id>}``, so that one script can check a key's and its user's together on one Redis Cluster
+node.
 """
 
 from __future__ import annotations
 
 import asyncio
 import weakref
+from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
 from typing import Any, Final
@@ -17,10 +19,14 @@ from typing import Any, Final
 from django.conf import settings
 
 from . import decision
-from .decision import REFUSALS, Decision, Limits, MonthUnknown, StoreUnavailable
+from .decision import REFUSALS, Decision, Scope, StoreUnavailable, TotalsUnknown, Usage
 
-MONTH_TTL_SECONDS: Final = 40 * 24 * 3600  # a month counter outlives its month, then goes
+# A month's or a budget window's counter outlives a month, then goes: the next request seeds it
+# again from the database (so a budget that never resets is read again every 40 days).
+TOTAL_TTL_SECONDS: Final = 40 * 24 * 3600
 _ACQUIRE, _SETTLE, _RENEW = 1, 2, 3  # indexes of the registered scripts in a client entry
+_ACQUIRE_KEYS = ("requests", "tokens", "token_amounts", "token_sum", "in_flight", "month", "spend")
+_SETTLE_KEYS = ("token_amounts", "token_sum", "in_flight", "month", "spend")
 
 
 @cache
@@ -45,16 +51,17 @@ class RedisStore:
             weakref.WeakKeyDictionary()
         )
 
-    def key_names(self, key_id: int, month: str) -> dict[str, str]:
-        """The Redis keys of ``key_id``'s counters (and of its ``month``'s quota counter)."""
-        base = f"{self.prefix}{{{key_id}}}"
+    def key_names(self, scope: Scope) -> dict[str, str]:
+        """The Redis keys of ``scope``'s counters (its month's quota and its budget window's spend too)."""
+        base = f"{self.prefix}{{u{scope.owner_id}}}:{scope.kind}:{scope.id}"
         return {
             "requests": f"{base}:requests",
             "tokens": f"{base}:tokens",
             "token_amounts": f"{base}:token-amounts",
             "token_sum": f"{base}:token-sum",
             "in_flight": f"{base}:in-flight",
-            "month": f"{base}:month:{month}",
+            "month": f"{base}:month:{scope.month}",
+            "spend": f"{base}:spend:{scope.budget_window}",
         }
 
     def _client(self) -> tuple[Any, ...]:
@@ -86,53 +93,49 @@ class RedisStore:
             raise StoreUnavailable(f"{type(error).__name__}: {error}") from error
 
     async def acquire(
-        self, key_id: int, request_id: str, limits: Limits, tokens: int, month: str, dry_run: bool
+        self, scopes: Sequence[Scope], request_id: str, tokens: int, cost: int, dry_run: bool
     ) -> Decision:
         """See :meth:`keys.limits.limiter.CounterStore.acquire`."""
-        names = self.key_names(key_id, month)
-        lease_ms = _lease_ms()
+        keys, limits = [], []
+        for scope in scopes:
+            names = self.key_names(scope)
+            keys += [names[n] for n in _ACQUIRE_KEYS]
+            lim = scope.limits
+            limits += [lim.rpm, lim.tpm, lim.max_concurrent, lim.monthly_tokens, lim.budget]
         reply = await self._run(
-            _ACQUIRE,
-            [names[n] for n in ("requests", "tokens", "token_amounts", "token_sum", "in_flight", "month")],
-            [
-                request_id,
-                limits.rpm,
-                limits.tpm,
-                limits.max_concurrent,
-                limits.monthly_tokens,
-                tokens,
-                decision.WINDOW_MS,
-                lease_ms,
-                int(dry_run),
-            ],
+            _ACQUIRE, keys, [request_id, tokens, cost, decision.WINDOW_MS, _lease_ms(), int(dry_run), *limits]
         )
         if reply[0] == -1:
-            raise MonthUnknown
-        refusal, requests, used, in_flight, month_tokens, reset_requests, reset_tokens, retry = map(int, reply)
-        return Decision(REFUSALS[refusal], requests, used, in_flight, month_tokens, reset_requests, reset_tokens, retry)
+            raise TotalsUnknown
+        refusal, refused_by, retry, *counts = map(int, reply)
+        usages = tuple(Usage(*counts[i : i + 7]) for i in range(0, len(counts), 7))
+        return Decision(REFUSALS[refusal], usages, refused_by, retry)
 
-    async def seed_month(self, key_id: int, month: str, tokens: int) -> None:
-        """See :meth:`keys.limits.limiter.CounterStore.seed_month`."""
+    async def seed(self, scope: Scope, month_tokens: int, spend: int) -> None:
+        """See :meth:`keys.limits.limiter.CounterStore.seed`."""
         from redis.exceptions import RedisError
 
+        names = self.key_names(scope)
         try:
-            await self._client()[0].set(self.key_names(key_id, month)["month"], tokens, nx=True, ex=MONTH_TTL_SECONDS)
+            async with self._client()[0].pipeline(transaction=False) as pipe:
+                pipe.set(names["month"], month_tokens, nx=True, ex=TOTAL_TTL_SECONDS)
+                pipe.set(names["spend"], spend, nx=True, ex=TOTAL_TTL_SECONDS)
+                await pipe.execute()
         except (TimeoutError, RedisError, OSError) as error:
             raise StoreUnavailable(f"{type(error).__name__}: {error}") from error
 
-    async def settle(self, key_id: int, request_id: str, month: str, reserved: int, used: int) -> None:
+    async def settle(
+        self, scopes: Sequence[Scope], request_id: str, reserved: int, used: int, reserved_cost: int, cost: int
+    ) -> None:
         """See :meth:`keys.limits.limiter.CounterStore.settle`."""
-        names = self.key_names(key_id, month)
-        await self._run(
-            _SETTLE,
-            [names[n] for n in ("token_amounts", "token_sum", "in_flight", "month")],
-            [request_id, used, reserved],
-        )
+        keys = [self.key_names(scope)[n] for scope in scopes for n in _SETTLE_KEYS]
+        await self._run(_SETTLE, keys, [request_id, used, reserved, cost, reserved_cost])
 
-    async def renew(self, key_id: int, request_id: str) -> None:
+    async def renew(self, scopes: Sequence[Scope], request_id: str) -> None:
         """See :meth:`keys.limits.limiter.CounterStore.renew`."""
-        in_flight = self.key_names(key_id, "")["in_flight"]
-        await self._run(_RENEW, [in_flight], [request_id, _lease_ms()])
+        keys = [self.key_names(scope)["in_flight"] for scope in scopes if scope.limits.max_concurrent]
+        if keys:
+            await self._run(_RENEW, keys, [request_id, _lease_ms()])
 
 
 def _lease_ms() -> int:

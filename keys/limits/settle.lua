@@ -1,13 +1,22 @@
--- Replace a request's token reservation with the tokens it used and free its concurrency slot.
--- KEYS: 1 token amounts, 2 token sum, 3 in flight, 4 month counter. ARGV: request id, used, reserved.
-redis.call('ZREM', KEYS[3], ARGV[1])
+-- Replace a request's token and cost reservations with what it used and free its concurrency slot,
+-- in each of its scopes.
+-- KEYS: 5 per scope: token amounts, token sum, in flight, month tokens, budget spend.
+-- ARGV: request id, used tokens, reserved tokens, used cost, reserved cost.
+local id = ARGV[1]
 local used, reserved = tonumber(ARGV[2]), tonumber(ARGV[3])
-local held = redis.call('HGET', KEYS[1], ARGV[1])
-if held and redis.call('EXISTS', KEYS[2]) == 1 then
-  redis.call('HSET', KEYS[1], ARGV[1], used)
-  redis.call('INCRBY', KEYS[2], used - tonumber(held))
-end
-if redis.call('EXISTS', KEYS[4]) == 1 then
-  redis.call('INCRBY', KEYS[4], used - reserved)
+local cost, reserved_cost = tonumber(ARGV[4]), tonumber(ARGV[5])
+for k = 0, #KEYS - 1, 5 do
+  redis.call('ZREM', KEYS[k + 3], id)
+  local held = redis.call('HGET', KEYS[k + 1], id)
+  if held and redis.call('EXISTS', KEYS[k + 2]) == 1 then
+    redis.call('HSET', KEYS[k + 1], id, used)
+    redis.call('INCRBY', KEYS[k + 2], used - tonumber(held))
+  end
+  if redis.call('EXISTS', KEYS[k + 4]) == 1 then
+    redis.call('INCRBY', KEYS[k + 4], used - reserved)
+  end
+  if redis.call('EXISTS', KEYS[k + 5]) == 1 then
+    redis.call('INCRBY', KEYS[k + 5], cost - reserved_cost)
+  end
 end
 return 1

@@ -51,6 +51,8 @@ def test_a_key_is_openais_project_api_key_with_its_settings(admin_key, user, val
         "max_tokens_per_1_minute": None,
         "max_concurrent_requests": None,
         "max_tokens_per_1_month": None,
+        "max_budget": None,
+        "budget_period": None,
     }
 
 

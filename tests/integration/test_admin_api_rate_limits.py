@@ -32,6 +32,8 @@ def test_each_key_has_one_rate_limit_with_the_limits_in_force(settings, admin_ke
             "api_key_id": f"key_{limited_key.api_key.prefix}",
             "max_concurrent_requests": 2,
             "max_tokens_per_1_month": 777,  # the site's default
+            "max_budget": 0.0,
+            "budget_period": "monthly",
         },
         {
             "object": "project.rate_limit",
@@ -42,6 +44,8 @@ def test_each_key_has_one_rate_limit_with_the_limits_in_force(settings, admin_ke
             "api_key_id": f"key_{restricted_key.api_key.prefix}",
             "max_concurrent_requests": settings.API_DEFAULT_MAX_CONCURRENT,
             "max_tokens_per_1_month": 777,
+            "max_budget": 0.0,
+            "budget_period": "monthly",
         },
     ]
     assert get(limits_path(user), admin_key.plaintext, after=page["first_id"]).body["data"] == page["data"][1:]

@@ -253,6 +253,10 @@ def test_the_schema_is_served_without_a_key_and_covers_every_route(ours):
         f"{BASE}/projects/{{project_id}}/rate_limits/{{rate_limit_id}}",
         f"{BASE}/audit_logs",
         f"{BASE}/usage/completions",
+        f"{BASE}/users/{{user_id}}/limits",
+        f"{BASE}/model_prices",
+        f"{BASE}/model_prices/{{model}}",
+        f"{BASE}/costs",
     }
     assert ours["components"]["securitySchemes"] == {
         "AdminApiKeyAuth": {"type": "http", "scheme": "bearer", "description": "An admin key, sk-cs-admin-..."}

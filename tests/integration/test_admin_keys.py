@@ -53,7 +53,15 @@ def add_key(client, user, name="from the admin", **fields):
 # --- Adding a key -------------------------------------------------------------------------------
 
 
-LIMIT_FIELDS = ["rpm_limit", "tpm_limit", "max_concurrent", "monthly_token_quota", "allowed_models"]
+LIMIT_FIELDS = [
+    "rpm_limit",
+    "tpm_limit",
+    "max_concurrent",
+    "monthly_token_quota",
+    "budget",
+    "budget_period",
+    "allowed_models",
+]
 
 
 def test_the_add_form_asks_name_owner_expiry_limits_and_models_only(staff_client):

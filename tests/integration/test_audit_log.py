@@ -98,6 +98,9 @@ def form_data(response) -> dict:
             data[name] = list(value)
         elif value is not None:
             data[name] = value
+    for inline in response.context.get("inline_admin_formsets", ()):  # e.g. the user's limits, left empty
+        management = inline.formset.management_form
+        data.update({management[name].html_name: management[name].value() for name in management.fields})
     return data
 
 

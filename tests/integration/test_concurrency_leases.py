@@ -67,7 +67,8 @@ def test_a_slot_lost_while_its_request_runs_is_taken_again_at_the_next_renewal(o
 
     async def scenario():
         running = await limits.admit(one_at_a_time, "cmpl-running", 1)
-        in_flight = limits.limiter().redis.key_names(one_at_a_time.pk, "")["in_flight"]
+        key_scope = (await limits.scopes_of(one_at_a_time))[0]
+        in_flight = limits.limiter().redis.key_names(key_scope)["in_flight"]
         redis.Redis.from_url(TEST_REDIS_URL).delete(in_flight)
         lost = await admitted(one_at_a_time, "cmpl-while-lost")
         await asyncio.sleep(LEASE / 3 * 1.5)

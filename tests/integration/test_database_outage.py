@@ -68,7 +68,7 @@ def test_healthz_says_the_database_is_unreachable_while_it_lasts(tiny_api, valid
 
 def test_a_quota_that_must_be_read_from_an_unreachable_database_is_a_503(tiny_api, quota_key, monkeypatch):
     limiter_module = sys.modules["keys.limits.limiter"]  # the package's "limiter" is its function
-    monkeypatch.setattr(limiter_module, "month_tokens_in_database", database_down)
+    monkeypatch.setattr(limiter_module, "totals_in_database", database_down)
 
     reply = post(quota_key.plaintext, body(max_tokens=2))
 

@@ -27,20 +27,27 @@ pytestmark = pytest.mark.django_db(transaction=True)
 MONTH = "2026-11"
 
 
+def key_scope(key_id: int, limits_: Limits) -> limits.Scope:
+    """Key ``key_id``'s scope (its owner's id the same number), in ``MONTH``."""
+    return limits.Scope(limits.KEY, key_id, key_id, limits_, MONTH, MONTH)
+
+
 def acquire(key_id: int, request_id: str, limits_: Limits, tokens: int, dry_run: bool = False):
+    scopes = [key_scope(key_id, limits_)]
+
     async def call():
         try:
-            return (await limits.limiter().acquire(key_id, request_id, limits_, tokens, MONTH, dry_run))[1]
-        except limits.MonthUnknown:
-            await limits.limiter().seed_month(key_id, MONTH, 0)
-            return (await limits.limiter().acquire(key_id, request_id, limits_, tokens, MONTH, dry_run))[1]
+            return (await limits.limiter().acquire(scopes, request_id, tokens, 0, dry_run))[1]
+        except limits.TotalsUnknown:
+            await limits.limiter().seed(scopes[0], 0, 0)
+            return (await limits.limiter().acquire(scopes, request_id, tokens, 0, dry_run))[1]
 
     return async_to_sync(call)()
 
 
 def settle(key_id: int, request_id: str, reserved: int, used: int) -> None:
     async def call():
-        await limits.limiter().settle(key_id, request_id, MONTH, reserved, used)
+        await limits.limiter().settle([key_scope(key_id, Limits())], request_id, reserved, used)
 
     async_to_sync(call)()
 
@@ -179,8 +186,8 @@ def test_a_key_without_limits_of_its_own_gets_the_defaults_and_zero_means_none(u
     default = issue(user, "default").api_key
     own = issue(user, "own", rpm_limit=0, tpm_limit=5, max_concurrent=3, monthly_token_quota=9).api_key
 
-    assert Limits.of(default) == Limits(rpm=7, tpm=700, max_concurrent=0, monthly_tokens=0)
-    assert Limits.of(own) == Limits(rpm=0, tpm=5, max_concurrent=3, monthly_tokens=9)
+    assert Limits.of(default) == Limits(rpm=7, tpm=700, max_concurrent=0, monthly_tokens=0, budget=0)
+    assert Limits.of(own) == Limits(rpm=0, tpm=5, max_concurrent=3, monthly_tokens=9, budget=0)
 
 
 def refusal_of(api_key, tokens: int, count: int = 1, finish: bool = True) -> LimitExceeded:

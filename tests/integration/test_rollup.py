@@ -13,7 +13,7 @@ import pytest
 from asgiref.sync import async_to_sync
 from django.core.management import call_command
 
-from keys.models import ROLLUP_FIELDS, DailyUsage, UsageRecord
+from keys.models import ROLLUP_FIELDS, DailyUsage, ModelPrice, UsageRecord
 from keys.usage import record_usage
 from tests.inprocess_api import MODEL, body, post
 
@@ -36,6 +36,7 @@ def rollup() -> dict[tuple, dict[str, int]]:
 
 
 def test_each_record_adds_to_its_days_row(valid_key):
+    ModelPrice.objects.create(model="m", prompt_per_million=1, completion_per_million=2)  # 1000, 2000 nanos a token
     key = valid_key.api_key
     record(key, "a", prompt_tokens=5, completion_tokens=7, latency_ms=10.4, time_to_first_token_ms=2.6)
     record(key, "b", status_code=400, latency_ms=1.5)
@@ -49,6 +50,7 @@ def test_each_record_adds_to_its_days_row(valid_key):
             "rate_limited": 1,
             "prompt_tokens": 8,
             "completion_tokens": 8,
+            "cost_nanos": (5 * 1000 + 7 * 2000) + (3 * 1000 + 1 * 2000),
             "latency_ms_sum": 10 + 2 + 0 + 3,
             "first_token_requests": 1,
             "time_to_first_token_ms_sum": 3,

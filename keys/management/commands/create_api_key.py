@@ -18,6 +18,7 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
+from keys.errors import TooManyKeys
 from keys.models import APIKey, parse_model_list
 
 if TYPE_CHECKING:
@@ -80,7 +81,10 @@ class Command(BaseCommand):
             api_key.full_clean(exclude=["prefix", "hashed_key"])
         except ValidationError as error:
             raise CommandError("; ".join(error.messages)) from None
-        plaintext = APIKey.objects.issue(api_key)
+        try:
+            plaintext = APIKey.objects.issue(api_key)
+        except TooManyKeys as error:
+            raise CommandError(str(error)) from None
         self.stdout.write(
             f"Created API key “{api_key.name}” for {owner.get_username()} (prefix {api_key.prefix}). "
             "It is shown only this once; store it now:"
