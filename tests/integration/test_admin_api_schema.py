@@ -49,10 +49,12 @@ EXTENSIONS = {
     "User": {"username"},
     "ProjectApiKey": {
         "expires_at", "models", "max_requests_per_1_minute", "max_tokens_per_1_minute", "max_concurrent_requests",
-        "max_tokens_per_1_month",
+        "max_tokens_per_1_month", "max_budget", "budget_period",
     },
-    "ProjectRateLimit": {"api_key_id", "max_concurrent_requests", "max_tokens_per_1_month"},
-    "ProjectRateLimitUpdateRequest": {"max_concurrent_requests", "max_tokens_per_1_month"},
+    "ProjectRateLimit": {
+        "api_key_id", "max_concurrent_requests", "max_tokens_per_1_month", "max_budget", "budget_period",
+    },
+    "ProjectRateLimitUpdateRequest": {"max_concurrent_requests", "max_tokens_per_1_month", "max_budget", "budget_period"},
     "AuditLog": {
         "actor.system",
         "api_key.created.data.user_id", *(f"api_key.created.data.{name}" for name in KEY_FIELDS),
