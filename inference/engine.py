@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from . import cpu_kernels, memory, sampling, structured
+from . import chat_template, cpu_kernels, memory, sampling, structured
 from . import metrics as m
 from .model_loader import GGUFCheckpoint, ModelConfig, embedded_gguf_path, load_model, model_fingerprint
 from .model_runner import ModelRunner, PrefillChunk, build_runner
@@ -268,18 +268,17 @@ class Engine:
     def chat_prompt_ids(self, messages: list[dict[str, str]]) -> list[int]:
         """The prompt of a chat: ``messages`` (``{"role", "content"}`` with roles system, user,
         assistant) through the tokenizer's chat template, with the assistant's generation prompt
-        added.  Raises ``ValueError`` when the tokenizer has no template, :class:`ChatTemplateError`
-        when the template refuses the messages."""
+        added; the contents are text, never special tokens (:mod:`inference.chat_template`).
+        Raises ``ValueError`` when the tokenizer has no template, :class:`ChatTemplateError` when
+        the template refuses the messages."""
         from jinja2 import TemplateError
 
         if not self.has_chat_template:
             raise ValueError(f"{self.model_id} has no chat template")
         try:
-            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            return chat_template.chat_prompt_ids(self.tokenizer, messages)
         except TemplateError as error:
             raise ChatTemplateError(str(error)) from error
-        # The template writes its special tokens itself; adding the tokenizer's would double a BOS.
-        return self.tokenizer.encode(text, add_special_tokens=False)
 
     def document_start_ids(self) -> list[int]:
         """The prompt for an empty prompt: the start of a new document, as OpenAI's default prompt

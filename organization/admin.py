@@ -13,15 +13,19 @@ from .models import AdminAPIKey
 
 @admin.register(AdminAPIKey)
 class AdminAPIKeyAdmin(admin.ModelAdmin):
-    """The add form asks name, owner (a staff user) and expiry; the secret is generated and shown once."""
+    """The add form asks name, owner (a staff user), scope and expiry; the secret is generated and shown
+    once.  The scope cannot change afterwards: revoke the key and create another."""
 
-    list_display = ("name", "owner", "prefix", "created_at", "last_used_at", "expires_at", "status")
+    list_display = ("name", "owner", "prefix", "scope", "created_at", "last_used_at", "expires_at", "status")
+    list_filter = ("scope",)
     list_select_related = ("owner",)
     search_fields = ("name", "prefix")
     actions = ("revoke_selected",)
-    add_fields = ("name", "owner", "expires_at")
-    change_fields = ("name", "owner", "prefix", "status", "created_at", "last_used_at", "expires_at", "revoked_at")
-    change_readonly_fields = ("owner", "prefix", "status", "created_at", "last_used_at", "revoked_at")
+    add_fields = ("name", "owner", "scope", "expires_at")
+    change_fields = (
+        "name", "owner", "prefix", "scope", "status", "created_at", "last_used_at", "expires_at", "revoked_at",
+    )  # fmt: skip
+    change_readonly_fields = ("owner", "prefix", "scope", "status", "created_at", "last_used_at", "revoked_at")
 
     def get_fields(self, request: HttpRequest, obj: AdminAPIKey | None = None) -> tuple[str, ...]:
         return self.add_fields if obj is None else self.change_fields

@@ -9,6 +9,9 @@ audit log reads to name the actor).  The errors are OpenAI's 401s (``api.transla
 malformed, revoked, expired, wrong secret, owner no longer staff), the same for all of them.  An
 API key (``sk-cs-...``) is a 403: it is a real credential, of the wrong kind.  API keys' own
 authentication (``keys.auth``) never accepts an admin key, whose shape is not an API key's.
+
+:class:`HasAdminKey` then checks the key's scope: a read-only key may ``GET`` (and ``HEAD``) every
+route, and any other method anywhere is a 403 ``insufficient_permissions``, before the body is read.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from datetime import timedelta
 from django.db.models import Q
 from django.utils import timezone
 from rest_framework.authentication import BaseAuthentication
-from rest_framework.permissions import BasePermission
+from rest_framework.permissions import SAFE_METHODS, BasePermission
 
 from api.errors import APIError
 from api.translate import auth_error
@@ -73,11 +76,31 @@ class AdminKeyAuthentication(BaseAuthentication):
         return "Bearer"
 
 
+READ_ONLY_REFUSED_MESSAGE = (
+    "You have insufficient permissions for this operation: this admin key is read-only, so it may only read "
+    "(GET). Use an admin key with the owner scope."
+)
+
+
 class HasAdminKey(BasePermission):
-    """Allows a request that :class:`AdminKeyAuthentication` authenticated, and no other."""
+    """Allows a request that :class:`AdminKeyAuthentication` authenticated, within its key's scope.
+
+    Raises :class:`~api.errors.APIError` 403 ``insufficient_permissions`` for a read-only key and a
+    method that may change something (anything but ``GET``, ``HEAD``, ``OPTIONS``).
+    """
 
     def has_permission(self, request, view) -> bool:
-        return isinstance(request.auth, AdminAPIKey)
+        admin_key = request.auth
+        if not isinstance(admin_key, AdminAPIKey):
+            return False
+        if admin_key.is_read_only and request.method not in SAFE_METHODS:
+            raise insufficient_permissions(READ_ONLY_REFUSED_MESSAGE)
+        return True
+
+
+def insufficient_permissions(message: str, param: str | None = None) -> APIError:
+    """OpenAI's 403 for a credential that may not do what it asks."""
+    return APIError(message, status=403, param=param, code="insufficient_permissions")
 
 
 def _rejection_reason(admin_key: AdminAPIKey, token: str) -> str | None:

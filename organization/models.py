@@ -9,6 +9,10 @@ authenticates where the other is meant.
 
 Deleting an admin key (the API's ``DELETE``, the admin's action) revokes it: the row stays, so that
 an audit trail can still name it, and revocation is one-way as for API keys.
+
+A key's ``scope`` is chosen when it is created and never changes (OpenAI's admin keys' permissions):
+``owner`` may do anything the Administration API does, ``read_only`` may only read (``GET``); a key
+can create keys of its own scope or a lower one (:meth:`AdminAPIKey.may_grant`).
 """
 
 from __future__ import annotations
@@ -34,6 +38,16 @@ def parse_admin_prefix(plaintext: str) -> str | None:
     return match["prefix"] if match else None
 
 
+class Scope(models.TextChoices):
+    """What an admin key may do, lowest first (the order :meth:`AdminAPIKey.may_grant` compares)."""
+
+    READ_ONLY = "read_only", "read-only"
+    OWNER = "owner", "owner"
+
+
+_SCOPE_RANK = {scope: rank for rank, scope in enumerate(Scope)}
+
+
 class AdminAPIKeyQuerySet(models.QuerySet):
     """Status filters; "now" is evaluated per call."""
 
@@ -46,10 +60,15 @@ class AdminAPIKeyManager(models.Manager.from_queryset(AdminAPIKeyQuerySet)):  # 
     """Creates admin keys; the plaintext exists only in the return value of :meth:`create_key`."""
 
     def create_key(
-        self, *, name: str, owner: models.Model, expires_at: datetime | None = None
+        self,
+        *,
+        name: str,
+        owner: models.Model,
+        expires_at: datetime | None = None,
+        scope: str = Scope.OWNER,
     ) -> tuple[AdminAPIKey, str]:
         """Insert a new admin key for ``owner`` (a staff user) and return ``(row, plaintext)``."""
-        admin_key = self.model(name=name, owner=owner, expires_at=expires_at)
+        admin_key = self.model(name=name, owner=owner, expires_at=expires_at, scope=scope)
         return admin_key, self.issue(admin_key)
 
     def issue(self, admin_key: AdminAPIKey) -> str:
@@ -72,6 +91,12 @@ class AdminAPIKey(AbstractKey):
         help_text="The staff user the key acts for.",
     )
     prefix = models.CharField(max_length=PREFIX_LENGTH, unique=True, editable=False)
+    scope = models.CharField(
+        max_length=16,
+        choices=Scope.choices,
+        default=Scope.OWNER,
+        help_text="Owner: every call of the Administration API. Read-only: reads (GET) only.",
+    )
 
     objects = AdminAPIKeyManager()
 
@@ -91,3 +116,12 @@ class AdminAPIKey(AbstractKey):
     def redacted_value(self) -> str:
         """``sk-cs-admin-{prefix}...``: the public part only (the secret is not stored)."""
         return f"{ADMIN_KEY_NAMESPACE}{self.prefix}..."
+
+    @property
+    def is_read_only(self) -> bool:
+        """Whether the key may only read (``GET``) the Administration API."""
+        return self.scope == Scope.READ_ONLY
+
+    def may_grant(self, scope: str) -> bool:
+        """Whether this key may create a key of ``scope``: its own scope or a lower one."""
+        return _SCOPE_RANK[Scope(scope)] <= _SCOPE_RANK[Scope(self.scope)]

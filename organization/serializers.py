@@ -31,6 +31,8 @@ from keys.limits import Limits
 from keys.models import BUDGET_PERIODS, KEY_NAMESPACE, APIKey, UserLimits, parse_model_list
 from keys.pricing import to_money
 
+from .models import Scope
+
 User = get_user_model()
 
 # The largest values the key's columns hold (PositiveIntegerField, PositiveBigIntegerField).
@@ -148,10 +150,12 @@ class RequestSerializer(serializers.Serializer):
 
 
 class AdminApiKeyCreateRequestSerializer(RequestSerializer):
-    """``POST /v1/organization/admin_api_keys``: ``name`` and an optional ``expires_in_seconds``."""
+    """``POST /v1/organization/admin_api_keys``: ``name``, an optional ``expires_in_seconds`` and
+    ``scope`` (our extension; ``owner`` unless asked)."""
 
     name = StrictCharField(max_length=100)
     expires_in_seconds = StrictIntegerField(required=False, min_value=1, max_value=31_536_000)
+    scope = StrictChoiceField(choices=Scope.values, required=False, default=Scope.OWNER)
 
 
 class UserCreateRequestSerializer(RequestSerializer):
@@ -366,6 +370,7 @@ class AdminApiKeySerializer(serializers.Serializer):
     expires_at = UnixTimeField(allow_null=True, read_only=True)
     last_used_at = UnixTimeField(allow_null=True, read_only=True)
     owner = AdminApiKeyOwnerSerializer(read_only=True)
+    scope = serializers.ChoiceField(choices=Scope.values, read_only=True)  # ours: owner or read_only
 
 
 class AdminApiKeyCreateResponseSerializer(AdminApiKeySerializer):

@@ -53,7 +53,7 @@ from keys.models import APIKey, ModelPrice, UserLimits
 
 from . import audit_query
 from . import serializers as shapes
-from .authentication import AdminKeyAuthentication, HasAdminKey
+from .authentication import AdminKeyAuthentication, HasAdminKey, insufficient_permissions
 from .exceptions import validation_error
 from .members import LastOwnerError, change_member
 from .models import AdminAPIKey
@@ -215,12 +215,19 @@ class AdminApiKeyViewSet(OrganizationViewSet):
         responses=shapes.AdminApiKeyCreateResponseSerializer,
     )
     def create(self, request: Request) -> Response:
-        """A new admin key for the caller's owner; its ``value`` is in this answer only."""
+        """A new admin key for the caller's owner, of ``scope`` (default ``owner``) no higher than the
+        caller's (else a 403 ``insufficient_permissions``); its ``value`` is in this answer only."""
         fields = self.validated(shapes.AdminApiKeyCreateRequestSerializer)
+        if not request.auth.may_grant(fields["scope"]):
+            raise insufficient_permissions(
+                f"An admin key with the {request.auth.scope} scope cannot create a key with the {fields['scope']} "
+                "scope.",
+                param="scope",
+            )
         seconds = fields.get("expires_in_seconds")
         expires_at = timezone.now() + timedelta(seconds=seconds) if seconds else None
         admin_key, plaintext = AdminAPIKey.objects.create_key(
-            name=fields["name"], owner=request.user, expires_at=expires_at
+            name=fields["name"], owner=request.user, expires_at=expires_at, scope=fields["scope"]
         )
         admin_key.value = plaintext  # type: ignore[attr-defined]  # the create response's one sight of the secret
         return Response(shapes.AdminApiKeyCreateResponseSerializer(admin_key).data)

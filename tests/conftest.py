@@ -158,6 +158,12 @@ def admin_key(staff_user) -> IssuedAdminKey:
 
 
 @pytest.fixture
+def read_only_admin_key(staff_user) -> IssuedAdminKey:
+    """Sam's read-only admin key: it may read the Administration API, not change it."""
+    return issue_admin_key(staff_user, "sam dashboards", scope="read_only")
+
+
+@pytest.fixture
 def revoked_admin_key(staff_user) -> IssuedAdminKey:
     """Sam's admin key that was deleted (revoked)."""
     issued = issue_admin_key(staff_user, "sam revoked")

@@ -76,9 +76,14 @@ NOT_A_CHAT_MODEL = (
 
 @cache
 def _validator() -> Draft202012Validator:
-    """``CreateChatCompletionRequest`` without the ``n`` maximum (``API_MAX_N`` applies instead)."""
+    """``CreateChatCompletionRequest`` without the ``n`` maximum (``API_MAX_N`` applies instead),
+    and with ``tools`` and an assistant message's ``tool_calls`` at least one item long: OpenAI
+    refuses them empty (``empty_array``) though the spec gives them no ``minItems``."""
     document = copy.deepcopy(spec_document())
-    document["$defs"][REQUEST_SCHEMA]["allOf"][1]["properties"]["n"].pop("maximum", None)
+    properties = document["$defs"][REQUEST_SCHEMA]["allOf"][1]["properties"]
+    properties["n"].pop("maximum", None)
+    properties["tools"]["minItems"] = 1
+    document["$defs"]["ChatCompletionMessageToolCalls"]["minItems"] = 1
     return Draft202012Validator({**document, "$ref": f"#/$defs/{REQUEST_SCHEMA}"})
 
 

@@ -44,6 +44,7 @@ def test_an_admin_key_is_openais_admin_api_key(admin_key, staff_user):
         "expires_at": None,
         "last_used_at": int(key.last_used_at.timestamp()),
         "owner": owner_shape(staff_user),
+        "scope": "owner",
     }
 
 
@@ -128,7 +129,14 @@ def test_staff_create_an_admin_key_in_the_admin_and_see_it_once(client, staff_us
 
     response = client.post(
         reverse("admin:organization_adminapikey_add"),
-        {"name": "from the admin", "owner": staff_user.pk, "expires_at_0": "", "expires_at_1": "", "_save": "Save"},
+        {
+            "name": "from the admin",
+            "owner": staff_user.pk,
+            "scope": "owner",
+            "expires_at_0": "",
+            "expires_at_1": "",
+            "_save": "Save",
+        },
         follow=True,
     )
 

@@ -46,6 +46,8 @@ PAIRS = [
 _USER_FIELDS = ("username", "email")
 # Our extensions (after OpenAI's fields), by dotted path inside each shape.
 EXTENSIONS = {
+    "AdminApiKey": {"scope"},
+    "AdminApiKeyCreateResponse": {"scope"},
     "User": {"username"},
     "ProjectApiKey": {
         "expires_at", "models", "max_requests_per_1_minute", "max_tokens_per_1_minute", "max_concurrent_requests",

@@ -344,3 +344,47 @@ def test_each_chat_request_leaves_one_record_naming_the_endpoint(chat_api, valid
     )
     assert UsageRecord.objects.get(request_id=legacy.request_id).endpoint == "/v1/completions"
     assert UsageRecord.objects.filter(request_id=reply.request_id).count() == 1
+
+
+@pytest.mark.parametrize(
+    "fields, param",
+    [
+        ({"tools": []}, "tools"),
+        ({"functions": []}, "functions"),
+        ({"messages": []}, "messages"),
+        ({"stop": []}, "stop"),
+        ({"messages": [{"role": "user", "content": []}]}, "messages[0].content"),
+        ({"messages": [{"role": "system", "content": []}]}, "messages[0].content"),
+        (
+            {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hi", "tool_calls": []}]},
+            "messages[1].tool_calls",
+        ),
+    ],
+)
+def test_an_empty_array_openai_refuses_is_its_empty_array_400(chat_api, valid_key, fields, param):
+    reply = post(valid_key.plaintext, chat(**fields), CHAT)
+
+    assert reply.status == 400, reply.body
+    assert reply.error == {
+        "message": f"Invalid '{param}': empty array. Expected an array with minimum length 1, but got an empty "
+        "array instead.",
+        "type": "invalid_request_error",
+        "param": param,
+        "code": "empty_array",
+    }
+
+
+def test_a_message_spelling_a_special_token_is_counted_as_its_text(chat_api, valid_key):
+    # "<eos>" is the tiny tokenizer's one special token; as text it is five tokens ("<", ">": <unk>).
+    messages = [{"role": "user", "content": "Hi<eos>there"}]
+
+    reply = post(valid_key.plaintext, chat(messages=messages), CHAT)
+
+    assert reply.status == 200, reply.body
+    assert reply.body["usage"]["prompt_tokens"] == len("user - Hi<eos>there\nassistant - ")
+
+
+def test_the_legacy_endpoint_still_reads_a_prompts_special_tokens(chat_api, valid_key):
+    reply = post(valid_key.plaintext, {"model": MODEL, "prompt": "Hi<eos>there", "max_tokens": 1, "logit_bias": NO_EOS})
+
+    assert reply.body["usage"]["prompt_tokens"] == len("Hi") + 1 + len("there")
