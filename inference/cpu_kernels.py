@@ -66,10 +66,10 @@ GGML_BLOCKS = {
     14: (256, 210),  # Q6_K
     30: (1, 2),  # BF16
 }
-# The whole-step table (:meth:`CPUKernels.decode_layers`): 8 fields a layer, then 4 products of
+# The whole-step table (:meth:`CPUKernels.decode_layers`): 10 fields a layer, then 4 products of
 # STEP_PARTS parts of 5 fields (the kinds: weights.STEP_Q4_1 and the others).
 STEP_PARTS = 3
-STEP_TABLE_FIELDS = 8 + 4 * STEP_PARTS * 5
+STEP_TABLE_FIELDS = 10 + 4 * STEP_PARTS * 5
 _GGML_DTYPES = {0: torch.float32, 1: torch.float16, 30: torch.bfloat16}  # the unquantized types' elements
 
 _lock = threading.Lock()
@@ -113,13 +113,14 @@ class CPUKernels:
         self.activation_bits_available = set(ACTIVATION_BITS)  # until the load's self-check says otherwise
         self._rms_norm = function("rms_norm", pointer, size, size, pointer, real, pointer)
         self._silu_mul = function("silu_mul", pointer, size, size, pointer)
+        self._gelu_mul = function("gelu_mul", pointer, size, size, pointer)
         self._copy_cache_rows = function(
             "copy_cache_rows", pointer, size, size, size, size, size, size, pointer, pointer, pointer, size, size
         )
         layers_types = (pointer, size, size, pointer, size, size, size, size, size, real, pointer, pointer, pointer)
         self._decode_layers = {
-            torch.float32: function("decode_layers_f32", *layers_types, size, size, real, integer),
-            torch.float16: function("decode_layers_f16", *layers_types, size, size, real, integer),
+            torch.float32: function("decode_layers_f32", *layers_types, size, size, real, real, integer, integer),
+            torch.float16: function("decode_layers_f16", *layers_types, size, size, real, real, integer, integer),
         }
         fields = function("decode_layers_fields")
         fields.restype = ctypes.c_int64
@@ -127,8 +128,8 @@ class CPUKernels:
             raise RuntimeError(f"the library's decode step table has {fields()} fields, not {STEP_TABLE_FIELDS}")
         attention_types = (pointer, size, size, size, size, pointer, pointer, pointer, pointer, pointer, size, size)
         self._attention = {
-            torch.float32: function("decode_attention", *attention_types, real, pointer, integer, size),
-            torch.float16: function("decode_attention_f16", *attention_types, real, pointer, integer, size),
+            torch.float32: function("decode_attention", *attention_types, real, pointer, integer, size, real),
+            torch.float16: function("decode_attention_f16", *attention_types, real, pointer, integer, size, real),
         }
         prefill_types = (pointer, size, pointer, size, size, size, pointer, pointer, real, pointer, integer)
         self._prefill_attention = {
@@ -293,6 +294,14 @@ class CPUKernels:
         self._silu_mul(gate_up.data_ptr(), rows, width, out.data_ptr())
         return out
 
+    def gelu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """``gelu(gate) * up`` (GELU's tanh form, torch's ``approximate="tanh"``: Gemma's GeGLU) of
+        ``gate_up [rows, 2 * width]`` (gate first): a new ``[rows, width]``."""
+        rows, width = gate_up.shape[0], gate_up.shape[1] // 2
+        out = torch.empty(rows, width, dtype=torch.float32)
+        self._gelu_mul(gate_up.data_ptr(), rows, width, out.data_ptr())
+        return out
+
     def copy_cache_rows(
         self,
         targets: torch.Tensor,
@@ -335,6 +344,8 @@ class CPUKernels:
         keys: torch.Tensor,
         values: torch.Tensor,
         window: int | None = None,
+        softcap: float | None = None,
+        scale: float | None = None,
     ) -> torch.Tensor:
         """A decode step's attention for ``qkv [rows, (heads + 2 kv_heads) * dim]`` (queries, keys, values).
 
@@ -345,14 +356,16 @@ class CPUKernels:
         torch casts); each row's new key (rotated) and value are written at its position, then its
         queries (rotated) attend over positions ``0..position``, in float32, or over its last
         ``window`` positions (a sliding window, the query's own included) where ``window`` is given.
-        Returns ``[rows, heads * dim]``.  ``dim`` must be even and at most 256.
+        Scores are ``scale`` (default ``dim ** -0.5``) times the dot products, soft-capped to
+        ``softcap * tanh(score / softcap)`` where ``softcap`` is given (Gemma 2's).  Returns ``[rows,
+        heads * dim]``.  ``dim`` must be even and at most 256.
         """
         rows, dim = qkv.shape[0], keys.shape[-1]
         out = torch.empty(rows, heads * dim, dtype=torch.float32)
         self._attention[keys.dtype](
             qkv.data_ptr(), rows, heads, kv_heads, dim, cos.data_ptr(), sin.data_ptr(), positions.data_ptr(),
-            keys.data_ptr(), values.data_ptr(), keys.stride(0), keys.stride(1), dim**-0.5, out.data_ptr(),
-            torch.get_num_threads(), window or 0,
+            keys.data_ptr(), values.data_ptr(), keys.stride(0), keys.stride(1),
+            dim**-0.5 if scale is None else scale, out.data_ptr(), torch.get_num_threads(), window or 0, softcap or 0.0,
         )  # fmt: skip
         return out
 
@@ -408,6 +421,9 @@ class CPUKernels:
         sin: torch.Tensor,
         positions: torch.Tensor,
         keys: torch.Tensor,
+        scale: float | None = None,
+        softcap: float | None = None,
+        gelu: bool = False,
     ) -> None:
         """A decode step's decoder layers in one call, each as LlamaModelRunner's fused step runs it
         (RMSNorm, q/k/v with its bias and per-head q/k RMSNorms where given, :meth:`decode_attention`,
@@ -417,18 +433,20 @@ class CPUKernels:
         ``x``: the residual stream ``[rows, hidden]``, float32, updated in place.  ``table``: int64
         ``[layers, STEP_TABLE_FIELDS]``, per layer the ``data_ptr()`` of its input and post-attention
         RMSNorm scales, its query and key RMSNorm scales and q/k/v bias (0: none), its key and value
-        caches, its sliding window (0: none), then per product (q/k/v, o, gate/up, down) up to
+        caches, its sliding window (0: none), its attention and MLP output RMSNorm scales (Gemma's
+        sandwich norms; 0: none), then per product (q/k/v, o, gate/up, down) up to
         :data:`STEP_PARTS` parts (:meth:`inference.weights.WeightLinear.step_parts`), their outputs
         side by side (``csrc/decode_ops.cpp``'s ``decode_layers_f32`` has the layout).  ``keys``:
         one layer's key cache, for the caches' strides and dtype (float32 or float16, every layer
-        alike).  The rest as :meth:`decode_attention`.
+        alike).  ``gelu``: :meth:`gelu_mul` instead of :meth:`silu_mul`.  The rest as
+        :meth:`decode_attention` (``scale`` and ``softcap`` for every layer).
         """
         rows, hidden = x.shape
         dim = keys.shape[-1]
         self._decode_layers[keys.dtype](
             x.data_ptr(), rows, table.shape[0], table.data_ptr(), hidden, heads, kv_heads, dim, intermediate, eps,
-            cos.data_ptr(), sin.data_ptr(), positions.data_ptr(), keys.stride(0), keys.stride(1), dim**-0.5,
-            torch.get_num_threads(),
+            cos.data_ptr(), sin.data_ptr(), positions.data_ptr(), keys.stride(0), keys.stride(1),
+            dim**-0.5 if scale is None else scale, softcap or 0.0, int(gelu), torch.get_num_threads(),
         )  # fmt: skip
 
 

@@ -160,7 +160,7 @@ def soft_capped_attention(
     queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None, softcap: float
 ) -> torch.Tensor:
     """Attention with scores soft-capped before the softmax (Gemma 2: ``tanh(s / cap) * cap``),
-    in torch's operations (SDPA and our kernels cannot cap): ``queries`` ``[..., q, dim]``,
+    in torch's operations (SDPA and our prefill kernel cannot cap): ``queries`` ``[..., q, dim]``,
     ``keys``/``values`` ``[..., k, dim]`` broadcast against them, ``mask`` boolean broadcast to
     ``[..., q, k]`` (True: attend) or None; scores scaled by ``dim ** -0.5`` (queries carry any
     other scale), softmax in float32 as transformers' eager attention; returns ``[..., q, dim]``."""
@@ -249,17 +249,11 @@ class LlamaModelRunner:
         # model's scale (Gemma's query_pre_attn_scalar ** -0.5); rope is linear, so before or after it.
         scale = weights.attention_scale
         self._query_scale = None if scale is None or scale == self.head_dim**-0.5 else scale * self.head_dim**0.5
-        # Our attention kernels cannot soft-cap scores (Gemma 2's): such layers attend in torch's operations.
-        self._kernel_attention = all(layer.attention_softcap is None for layer in self._layers)
-        # The whole decode step in one kernel call runs Llama's layer with Qwen's q/k/v bias and q/k
-        # norms, not Gemma's scales, norms and GeGLU.
-        self._llama_layers = (
-            len(self._ropes) == 1
-            and self._hidden_act == "silu"
-            and self._embedding_scale is None
-            and self._query_scale is None
-            and all(layer.attention_output_norm is None for layer in self._layers)
-        )
+        # Our prefill attention kernel cannot soft-cap scores (Gemma 2's): such layers prefill in torch's operations.
+        self._prefill_kernel_attention = all(layer.attention_softcap is None for layer in self._layers)
+        # The whole decode step in one kernel call takes one rotary table and one soft-cap for all
+        # layers: not Gemma 3's local and global rotary bases.
+        self._one_call_layers = len(self._ropes) == 1 and len({layer.attention_softcap for layer in self._layers}) == 1
         self._final_norm = weights.final_norm
         self._lm_head = weights.lm_head
         empty = torch.empty(0, self.head_dim, dtype=dtype, device=self.device)
@@ -450,10 +444,10 @@ class LlamaModelRunner:
         return self._output_norm(layer.down(self._gated(gate_up)), layer.mlp_output_norm)
 
     def _gated(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """``act(gate) * up`` of ``gate_up`` ``[tokens, 2 * intermediate]``: our SiLU kernel where the
-        fused decode ops run, else torch's SiLU or tanh-approximated GELU."""
-        if self._hidden_act == "silu" and self._kernels is not None:
-            return self._kernels.silu_mul(gate_up)
+        """``act(gate) * up`` of ``gate_up`` ``[tokens, 2 * intermediate]``: our SiLU or GELU kernel
+        where the fused decode ops run, else torch's SiLU or tanh-approximated GELU."""
+        if self._kernels is not None:
+            return self._kernels.silu_mul(gate_up) if self._hidden_act == "silu" else self._kernels.gelu_mul(gate_up)
         gate, up = gate_up.split(self.intermediate_size, dim=-1)
         if self._hidden_act == "silu":
             return F.silu(gate) * up
@@ -534,7 +528,7 @@ class LlamaModelRunner:
         qk_width = (heads + kv_heads) * dim
         x = self._embed(ids)  # [tokens, hidden]
         tokens = x.shape[0]
-        fits = self._prefill_attention_fits() and self._kernel_attention and not self._past_window(end)
+        fits = self._prefill_attention_fits() and self._prefill_kernel_attention and not self._past_window(end)
         tables = self._prefill_tables(chunks, partials) if fits else None
         if tables is None:
             # Each chunk's attention in blocks of ATTENTION_QUERIES queries: (first, end, mask) per
@@ -824,15 +818,17 @@ class LlamaModelRunner:
         self._rope_table(longest)
         self._reserve(rows, longest)
         positions = torch.tensor(self._lengths, device=self.device)
-        if self._kernels is not None and self._kernel_attention:
+        if self._kernels is not None:
             # The whole-step kernel attends to every earlier position: not past a window.
-            whole_step = self._llama_layers and not self._past_window(longest)
+            whole_step = self._one_call_layers and not self._past_window(longest)
             table = self._whole_step_table(rows) if whole_step else None
             if table is not None:
                 hidden = self._embed(torch.tensor(input_ids))
                 self._kernels.decode_layers(
                     hidden, table, self.num_heads, self.num_kv_heads, self.intermediate_size, self.eps,
                     self._cos, self._sin, positions, self._layer_keys[0],
+                    scale=self.head_dim**-0.5 * (self._query_scale or 1.0),
+                    softcap=self._layers[0].attention_softcap, gelu=self._hidden_act != "silu",
                 )  # fmt: skip
             else:
                 hidden = self._decode_layers_fused(torch.tensor(input_ids), positions)
@@ -918,6 +914,7 @@ class LlamaModelRunner:
                 self._layer_keys[index],
                 self._layer_values[index],
                 layer.window,
+                layer.attention_softcap,
             )
             self._attention_add(layer, attended, x)
             self._mlp_add(layer, x)
@@ -941,6 +938,8 @@ class LlamaModelRunner:
                     0,  # the key and value caches: _point_at_caches
                     0,
                     layer.window or 0,
+                    _address(layer.attention_output_norm),
+                    _address(layer.mlp_output_norm),
                 ]
                 for parts in products:
                     assert parts is not None

@@ -51,6 +51,24 @@ inline __m256 exp256(__m256 x) {
   return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
 }
 
+// tanh(x) = sign(x) (1 - e) / (1 + e), e = exp(-2 |x|): exp256's relative error, a NaN kept.
+inline __m256 tanh256(__m256 x) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const __m256 e = exp256(_mm256_mul_ps(_mm256_set1_ps(-2.0f), _mm256_andnot_ps(sign, x)));
+  const __m256 one = _mm256_set1_ps(1.0f);
+  const __m256 t = _mm256_div_ps(_mm256_sub_ps(one, e), _mm256_add_ps(one, e));
+  return _mm256_or_ps(t, _mm256_and_ps(sign, x));
+}
+
+// Gemma 2's soft-capped scores in place: s = cap tanh(s / cap).
+inline void soft_cap(float* scores, int64_t n, float cap) {
+  const __m256 c = _mm256_set1_ps(cap), inverse = _mm256_set1_ps(1.0f / cap);
+  int64_t t = 0;
+  for (; t + 8 <= n; t += 8)
+    _mm256_storeu_ps(scores + t, _mm256_mul_ps(c, tanh256(_mm256_mul_ps(_mm256_loadu_ps(scores + t), inverse))));
+  for (; t < n; ++t) scores[t] = cap * tanhf(scores[t] / cap);
+}
+
 // A KV cache holds float32 or IEEE float16 (uint16_t bits, converted by F16C's instructions with
 // round-to-nearest-even, as torch's casts round).
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
@@ -125,7 +143,7 @@ inline void weighted_sum_any(const float* weights, float norm, const T* values, 
 template <typename T>
 void attend(const float* qkv, int64_t rows, int64_t heads, int64_t kv_heads, int64_t dim, const float* cos,
             const float* sin, const int64_t* positions, T* keys, T* values, int64_t row_stride, int64_t head_stride,
-            float scale, float* out, int threads, int64_t window = 0) {
+            float scale, float* out, int threads, int64_t window = 0, float softcap = 0.0f) {
   const int64_t group = heads / kv_heads;
   const int64_t width = (heads + 2 * kv_heads) * dim;
   // Small steps on the calling thread alone (see block_gemm.cpp's SMALL_WORK): multiply-adds of the
@@ -156,11 +174,10 @@ void attend(const float* qkv, int64_t rows, int64_t heads, int64_t kv_heads, int
       for (int64_t g = 0; g < group; ++g) {
         const int64_t head = h * group + g;
         rotate(row + head * dim, c, s, dim, query);
+        for (int64_t t = 0; t < length; ++t) scores[t] = dot(query, window_keys + t * dim, dim) * scale;
+        if (softcap > 0.0f) soft_cap(scores.data(), length, softcap);
         float largest = -INFINITY;
-        for (int64_t t = 0; t < length; ++t) {
-          scores[t] = dot(query, window_keys + t * dim, dim) * scale;
-          largest = scores[t] > largest ? scores[t] : largest;
-        }
+        for (int64_t t = 0; t < length; ++t) largest = scores[t] > largest ? scores[t] : largest;
         const __m256 top = _mm256_set1_ps(largest);
         __m256 sums = _mm256_setzero_ps();
         int64_t t = 0;
@@ -519,26 +536,51 @@ KERNEL_EXPORT void silu_mul(const float* gate_up, int64_t rows, int64_t width, f
   }
 }
 
+// gate_up: [rows, 2 * width] (gate then up); out: [rows, width] = gelu(gate) * up, GELU's tanh form
+// (Hendrycks & Gimpel 2016; torch's approximate="tanh"), Gemma's GeGLU.
+KERNEL_EXPORT void gelu_mul(const float* gate_up, int64_t rows, int64_t width, float* out) {
+  constexpr float ROOT_2_OVER_PI = 0.7978845608028654f, CUBIC = 0.044715f;
+  const __m256 half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* gate = gate_up + r * 2 * width;
+    const float* up = gate + width;
+    float* o = out + r * width;
+    int64_t i = 0;
+    for (; i + 8 <= width; i += 8) {
+      const __m256 g = _mm256_loadu_ps(gate + i);
+      const __m256 inner = _mm256_mul_ps(_mm256_set1_ps(ROOT_2_OVER_PI),
+                                         _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(CUBIC), g), _mm256_mul_ps(g, g), g));
+      const __m256 gelu = _mm256_mul_ps(_mm256_mul_ps(half, g), _mm256_add_ps(one, tanh256(inner)));
+      _mm256_storeu_ps(o + i, _mm256_mul_ps(gelu, _mm256_loadu_ps(up + i)));
+    }
+    for (; i < width; ++i) {
+      const float g = gate[i];
+      o[i] = 0.5f * g * (1.0f + tanhf(ROOT_2_OVER_PI * (g + CUBIC * g * g * g))) * up[i];
+    }
+  }
+}
+
 // qkv: [rows, (heads + 2 kv_heads) * dim], queries then keys then values.
 // cos, sin: [positions, dim] tables; positions: [rows], the position of each row's new token.
 // keys, values: caches, row r's kv head h at keys + r * row_stride + h * head_stride, [capacity, dim].
 // out: [rows, heads * dim].  dim even and at most 256.  window: a query attends to its last `window`
-// positions (a sliding window), or 0 to all.
+// positions (a sliding window), or 0 to all.  softcap: scores become softcap tanh(score / softcap)
+// before the softmax (Gemma 2's attn_logit_softcapping), or 0 for none.
 KERNEL_EXPORT void decode_attention(const float* qkv, int64_t rows, int64_t heads, int64_t kv_heads, int64_t dim,
                                    const float* cos, const float* sin, const int64_t* positions, float* keys,
                                    float* values, int64_t row_stride, int64_t head_stride, float scale, float* out,
-                                   int threads, int64_t window) {
+                                   int threads, int64_t window, float softcap) {
   attend(qkv, rows, heads, kv_heads, dim, cos, sin, positions, keys, values, row_stride, head_stride, scale, out,
-         threads, window);
+         threads, window, softcap);
 }
 
 // decode_attention with float16 caches (IEEE half bits).
 KERNEL_EXPORT void decode_attention_f16(const float* qkv, int64_t rows, int64_t heads, int64_t kv_heads, int64_t dim,
                                        const float* cos, const float* sin, const int64_t* positions, uint16_t* keys,
                                        uint16_t* values, int64_t row_stride, int64_t head_stride, float scale,
-                                       float* out, int threads, int64_t window) {
+                                       float* out, int threads, int64_t window, float softcap) {
   attend(qkv, rows, heads, kv_heads, dim, cos, sin, positions, keys, values, row_stride, head_stride, scale, out,
-         threads, window);
+         threads, window, softcap);
 }
 
 // A prefill pass's attention (prefill_attend above).  qkv: [tokens, (heads + 2 kv_heads) * dim], the
@@ -582,7 +624,9 @@ extern "C" void ggml_gemm(int type, const float* x, int64_t M, int64_t K, const 
 namespace {
 
 // One layer's row of the table: pointers as int64, then its products' parts.
-enum LayerField : int64_t { INPUT_NORM, POST_NORM, Q_NORM, K_NORM, QKV_BIAS, KEYS, VALUES, WINDOW, PRODUCTS };
+enum LayerField : int64_t {
+  INPUT_NORM, POST_NORM, Q_NORM, K_NORM, QKV_BIAS, KEYS, VALUES, WINDOW, ATTENTION_OUTPUT_NORM, MLP_OUTPUT_NORM, PRODUCTS
+};
 // A product (q/k/v, o, gate/up, down) is up to PARTS weights over the same input, their outputs side by
 // side, each PART_FIELDS int64: its kind (0 after the last), three operands, its output columns.
 enum PartKind : int64_t { PART_END, PART_Q4_1, PART_Q8_0, PART_GGML };
@@ -635,9 +679,10 @@ void product(const int64_t* parts, const float* in, int64_t rows, int64_t K, flo
 template <typename T>
 void decode_layers(float* x, int64_t rows, int64_t layers, const int64_t* table, int64_t hidden, int64_t heads,
                    int64_t kv_heads, int64_t dim, int64_t inter, float eps, const float* cos, const float* sin,
-                   const int64_t* positions, int64_t row_stride, int64_t head_stride, float scale, int threads) {
+                   const int64_t* positions, int64_t row_stride, int64_t head_stride, float scale, float softcap,
+                   int gelu, int threads) {
   const int64_t qkv_width = (heads + 2 * kv_heads) * dim;
-  std::vector<float> normed(static_cast<size_t>(rows * (hidden > inter ? hidden : inter)));
+  std::vector<float> normed(static_cast<size_t>(rows * (hidden > inter ? hidden : inter))), output;
   std::vector<float> qkv(static_cast<size_t>(rows * qkv_width)), attended(static_cast<size_t>(rows * heads * dim));
   std::vector<float> gate_up(static_cast<size_t>(rows * 2 * inter)), scratch;
   for (int64_t layer = 0; layer < layers; ++layer) {
@@ -660,12 +705,24 @@ void decode_layers(float* x, int64_t rows, int64_t layers, const int64_t* table,
       }
     }
     attend(qkv.data(), rows, heads, kv_heads, dim, cos, sin, positions, static_cast<T*>(pointer(f[KEYS])),
-           static_cast<T*>(pointer(f[VALUES])), row_stride, head_stride, scale, attended.data(), threads, f[WINDOW]);
-    gemm(O, attended.data(), heads * dim, x, hidden, 1);
+           static_cast<T*>(pointer(f[VALUES])), row_stride, head_stride, scale, attended.data(), threads, f[WINDOW],
+           softcap);
+    // x += the product, through its output norm (Gemma's sandwich norms) where the layer has one.
+    auto add_normed = [&](Product which, const float* in, int64_t K, LayerField norm) {
+      if (f[norm] == 0) {
+        gemm(which, in, K, x, hidden, 1);
+        return;
+      }
+      output.resize(static_cast<size_t>(rows * hidden));
+      gemm(which, in, K, output.data(), hidden, 0);
+      rms_norm(output.data(), rows, hidden, static_cast<const float*>(pointer(f[norm])), eps, output.data());
+      for (int64_t i = 0; i < rows * hidden; ++i) x[i] += output[i];
+    };
+    add_normed(O, attended.data(), heads * dim, ATTENTION_OUTPUT_NORM);
     rms_norm(x, rows, hidden, static_cast<const float*>(pointer(f[POST_NORM])), eps, normed.data());
     gemm(GATE_UP, normed.data(), hidden, gate_up.data(), 2 * inter, 0);
-    silu_mul(gate_up.data(), rows, inter, normed.data());
-    gemm(DOWN, normed.data(), inter, x, hidden, 1);
+    (gelu ? gelu_mul : silu_mul)(gate_up.data(), rows, inter, normed.data());
+    add_normed(DOWN, normed.data(), inter, MLP_OUTPUT_NORM);
   }
 }
 
@@ -674,27 +731,29 @@ void decode_layers(float* x, int64_t rows, int64_t layers, const int64_t* table,
 extern "C" {
 
 // x: [rows, hidden] float32, the residual stream (the embeddings in, the last layer's output out).
-// table: [layers, 68] int64, per layer: the addresses of its RMSNorm scales (input, post-attention),
+// table: [layers, 70] int64, per layer: the addresses of its RMSNorm scales (input, post-attention),
 // of its per-head query and key RMSNorm scales [dim] and q/k/v bias [(heads + 2 kv_heads) dim] (0
 // where the layer has none), of its key and value caches (float32 here, float16 bits in
-// decode_layers_f16), its sliding window (0: none); then its q/k/v, o, gate/up and down products,
+// decode_layers_f16), its sliding window (0: none), its attention and MLP output RMSNorm scales
+// (Gemma's; 0: none); then its q/k/v, o, gate/up and down products,
 // 3 parts of 5 each: kind (1 Q4_1: qs, d, m as q4_1_gemm takes them; 2 Q8_0: qs, d; 3 ggml blocks:
 // the weight, its ggml type; 0 after the last part), the three operands, the part's output columns.
-// The rest as rms_norm, silu_mul and decode_attention take them; inter: the MLP's width.
+// The rest as rms_norm, silu_mul and decode_attention take them; inter: the MLP's width; softcap:
+// decode_attention's, every layer's; gelu: GeGLU (gelu_mul) where nonzero, else SwiGLU (silu_mul).
 KERNEL_EXPORT void decode_layers_f32(float* x, int64_t rows, int64_t layers, const int64_t* table, int64_t hidden,
                                      int64_t heads, int64_t kv_heads, int64_t dim, int64_t inter, float eps,
                                      const float* cos, const float* sin, const int64_t* positions, int64_t row_stride,
-                                     int64_t head_stride, float scale, int threads) {
+                                     int64_t head_stride, float scale, float softcap, int gelu, int threads) {
   decode_layers<float>(x, rows, layers, table, hidden, heads, kv_heads, dim, inter, eps, cos, sin, positions,
-                       row_stride, head_stride, scale, threads);
+                       row_stride, head_stride, scale, softcap, gelu, threads);
 }
 
 KERNEL_EXPORT void decode_layers_f16(float* x, int64_t rows, int64_t layers, const int64_t* table, int64_t hidden,
                                      int64_t heads, int64_t kv_heads, int64_t dim, int64_t inter, float eps,
                                      const float* cos, const float* sin, const int64_t* positions, int64_t row_stride,
-                                     int64_t head_stride, float scale, int threads) {
+                                     int64_t head_stride, float scale, float softcap, int gelu, int threads) {
   decode_layers<uint16_t>(x, rows, layers, table, hidden, heads, kv_heads, dim, inter, eps, cos, sin, positions,
-                          row_stride, head_stride, scale, threads);
+                          row_stride, head_stride, scale, softcap, gelu, threads);
 }
 
 // The table's width (LAYER_FIELDS), for the caller to check against its own.

@@ -158,6 +158,27 @@ def test_rms_norm_and_silu_mul_are_torchs(rows):
     gate_up = torch.randn(rows, 2 * 44, generator=generator) * 4
     gate, up = gate_up.split(44, dim=-1)
     torch.testing.assert_close(KERNELS.silu_mul(gate_up), F.silu(gate) * up)
+    torch.testing.assert_close(KERNELS.gelu_mul(gate_up), F.gelu(gate, approximate="tanh") * up)
+
+
+@needs_kernels
+def test_decode_attention_soft_caps_scores_as_gemma_2_does():
+    """Scores scaled, then ``cap * tanh(score / cap)`` before the softmax (inference.llama's
+    soft_capped_attention, transformers' Gemma 2), at a cap the scores reach."""
+    from inference.llama import soft_capped_attention
+
+    generator = torch.Generator().manual_seed(1)
+    heads, kv_heads, dim, capacity, position, scale, cap = 4, 2, 16, 24, 20, 0.4, 5.0
+    qkv = torch.randn(1, (heads + 2 * kv_heads) * dim, generator=generator) * 3
+    cos, sin = torch.ones(capacity, dim), torch.zeros(capacity, dim)  # no rotation
+    keys = torch.randn(1, kv_heads, capacity, dim, generator=generator) * 3
+    values = torch.randn(1, kv_heads, capacity, dim, generator=generator)
+    got = KERNELS.decode_attention(
+        qkv, heads, kv_heads, cos, sin, torch.tensor([position]), keys, values, softcap=cap, scale=scale
+    )
+    queries = qkv[:, : heads * dim].view(1, kv_heads, heads // kv_heads, dim) * (scale * dim**0.5)
+    expected = soft_capped_attention(queries, keys[:, :, : position + 1], values[:, :, : position + 1], None, cap)
+    torch.testing.assert_close(got, expected.reshape(1, heads * dim), rtol=1e-5, atol=1e-5)
 
 
 @needs_kernels

@@ -201,10 +201,13 @@ def test_a_q4_k_file_gives_transformers_logits_on_its_blocks(name, tmp_path):
 
 
 @pytest.mark.parametrize("source", ["Q4_K", "Q8_0"])
-@pytest.mark.parametrize("name", ["qwen2", "qwen3"])
-def test_one_kernel_call_per_step_runs_qwens_bias_and_norms_as_the_per_operation_step(name, source, tmp_path):
-    """A Qwen file's decode step is one call of our kernels (CPUKernels.decode_layers), its q/k/v bias
-    and per-head q/k norms inside it: the per-operation step's logits within float32 rounding."""
+@pytest.mark.parametrize("name", ["qwen2", "qwen3", "gemma2"])
+def test_one_kernel_call_per_step_runs_each_familys_layer_as_the_per_operation_step(
+    name, source, tmp_path, monkeypatch
+):
+    """A Qwen or Gemma 2 file's decode step is one call of our kernels (CPUKernels.decode_layers), with
+    Qwen's q/k/v bias and per-head q/k norms, Gemma 2's output norms, GeGLU, attention scale and
+    soft-capped scores inside it: the per-operation step's logits within float32 rounding."""
     if cpu_kernels.load(None) is None:
         pytest.skip("our CPU kernels cannot run here")
     model = tiny_families.tiny_family_model(name, **Q4_K_SHAPE, head_dim=64)
@@ -217,13 +220,22 @@ def test_one_kernel_call_per_step_runs_qwens_bias_and_norms_as_the_per_operation
         for _ in "ab"
     )
     per_operation._whole_step_table = lambda rows: None
+    calls = []
+    one_call = cpu_kernels.CPUKernels.decode_layers
+    monkeypatch.setattr(
+        cpu_kernels.CPUKernels, "decode_layers", lambda *args, **kw: calls.append(1) or one_call(*args, **kw)
+    )
     with torch.inference_mode():
         for runner in (whole, per_operation):
-            runner.prefill([PrefillChunk(key, ids, 0, False) for key, ids in enumerate(PROMPTS)])
+            runner.prefill(
+                [PrefillChunk(key, ids[:3], 0, False) for key, ids in enumerate(PROMPTS)]
+            )  # within Gemma 2's window of 6
             runner.join(0, 1)
             runner.join(1, 1)
         table = whole._whole_step_table(2)
-        assert table is not None and bool(table[:, 2 if name == "qwen3" else 4].all())  # the norms or the bias
+        field = {"qwen2": 4, "qwen3": 2, "gemma2": 8}[name]  # the bias, the q/k norms, the output norms
+        assert table is not None and bool(table[:, field].all())
         for tokens in ([4, 8], [15, 16], [23, 42]):
             expected = per_operation.decode(tokens)
             assert (whole.decode(tokens) - expected).abs().max() <= 1e-5 * expected.abs().max()
+    assert len(calls) == 3  # every step of `whole` was the one call
