@@ -29,6 +29,7 @@ PROC_STAT = "/proc/stat"
 # /proc/stat's busy columns: user, nice, system, irq, softirq (not idle, iowait, steal or the guest
 # columns, which user and nice already hold).
 BUSY_COLUMNS = (0, 1, 2, 5, 6)
+NICE_COLUMN = 1
 
 
 def thread_cpu_clock(native_id: int) -> int:
@@ -56,7 +57,7 @@ def python_thread_cpu_times(exclude: int) -> dict[int, float]:
 
 def cpus_busy_seconds(cpus: frozenset[int], path: str = PROC_STAT) -> float | None:
     """CPU seconds that the CPUs ``cpus`` (their numbers) have spent busy since boot, by every
-    process, from Linux's ``/proc/stat`` (in ``USER_HZ`` ticks: 10 ms resolution); None where that
+    process (niced ones only where this process is niced too), from Linux's ``/proc/stat`` (in ``USER_HZ`` ticks: 10 ms resolution); None where that
     file is missing or unreadable (not Linux), or names none of ``cpus`` (a container's own
     numbering, say).  Lines it cannot read (a ``cpufreq`` line, a column that is no number) are
     left out: an emulated ``/proc`` must not stop the engine."""
@@ -65,6 +66,13 @@ def cpus_busy_seconds(cpus: frozenset[int], path: str = PROC_STAT) -> float | No
             lines = stat.read().splitlines()
     except (OSError, UnicodeDecodeError):
         return None
+    # Niced work (a build, a background job) yields its core to a thread of ours at once unless
+    # this process is niced too: it counts only then.
+    columns_read = (
+        BUSY_COLUMNS
+        if os.getpriority(os.PRIO_PROCESS, 0) > 0
+        else tuple(column for column in BUSY_COLUMNS if column != NICE_COLUMN)
+    )
     ticks, found = 0, False
     for line in lines:
         name, *columns = line.split() or [""]
@@ -72,7 +80,7 @@ def cpus_busy_seconds(cpus: frozenset[int], path: str = PROC_STAT) -> float | No
         if not (name.startswith("cpu") and number.isascii() and number.isdigit()) or int(number) not in cpus:
             continue
         try:
-            ticks += sum(int(columns[column]) for column in BUSY_COLUMNS if column < len(columns))
+            ticks += sum(int(columns[column]) for column in columns_read if column < len(columns))
         except ValueError:
             continue
         found = True

@@ -163,6 +163,18 @@ def test_reads_the_busy_time_of_the_named_cpus_only(tmp_path):
     assert cpus_busy_seconds(frozenset({0}), str(tmp_path / "missing")) is None
 
 
+@pytest.mark.parametrize("own_nice", [0, 10])
+def test_niced_work_counts_only_where_this_process_is_niced_too(tmp_path, monkeypatch, own_nice):
+    """A niced neighbour (a build) yields its core to our threads: its time counts only where the
+    server runs niced itself, competing with it on equal terms."""
+    stat = tmp_path / "stat"
+    stat.write_text("cpu0 100 50 10 300 3 1 1 7 0 0\n")  # 50 ticks of niced work
+    monkeypatch.setattr(os, "getpriority", lambda which, who: own_nice)
+    ticks = os.sysconf("SC_CLK_TCK")
+    expected = (162 if own_nice else 112) / ticks
+    assert cpus_busy_seconds(frozenset({0}), str(stat)) == pytest.approx(expected)
+
+
 def test_other_processes_time_is_the_cpus_busy_time_less_this_process(tmp_path):
     stat = tmp_path / "stat"
     ticks = os.sysconf("SC_CLK_TCK")
@@ -192,7 +204,7 @@ def test_lines_it_cannot_read_are_left_out_and_other_numbering_reads_as_unknown(
         "\n"
         "cpufreq 1 2 3\n"
         "cpu0\t100 0 10 300 3 1 1 7 0 0\n"  # a tab after the name
-        "cpu1 200 x 20 600 6 2 2 0 0 0\n"  # a column that is no number
+        "cpu1 200 0 x 600 6 2 2 0 0 0\n"  # a column that is no number
         "cpu\u00b2 5 5 5 5\n"
     )
     assert cpus_busy_seconds(frozenset({0, 1}), str(stat)) == pytest.approx(112 / ticks)
