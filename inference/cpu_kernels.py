@@ -99,6 +99,8 @@ class CPUKernels:
         self._set_avx512 = function("set_avx512", integer)
         self._ggml_gemm = function("ggml_gemm", integer, pointer, size, size, pointer, size, pointer, integer, integer)
         self._ggml_dequantize_rows = function("ggml_dequantize_rows", integer, pointer, size, pointer, size, pointer)
+        self._ggml_to_bfloat16 = function("ggml_to_bfloat16", integer, pointer, size, size, pointer, integer)
+        self._ggml_to_bfloat16.restype = ctypes.c_int
         self._ggml_set_avx512 = function("ggml_set_avx512", integer)
         self._set_activation_bits = function("set_activation_bits", integer)
         self._ggml_set_k_quant_int8 = function("ggml_set_k_quant_int8", integer)
@@ -264,6 +266,24 @@ class CPUKernels:
             ggml_type, x.data_ptr(), rows, width, weight.data_ptr(), weight.shape[0], out.data_ptr(), add,
             torch.get_num_threads(),
         )  # fmt: skip
+        return out
+
+    def ggml_to_bfloat16(
+        self, weight: torch.Tensor, ggml_type: int, K: int, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """A block-quantized ``weight`` (uint8 ``[N, row bytes]``, as :meth:`ggml_gemm` takes it) as
+        bfloat16 ``[N, K]``: its dequantized values rounded to nearest even, as torch's cast rounds
+        them; into ``out`` (contiguous bfloat16 ``[N, K]``) where given, else a new tensor.  Raises
+        ``ValueError`` for a float type or one the kernels lack."""
+        block, size = _ggml_block(ggml_type)
+        _check_ggml_weight(weight, ggml_type, K, block, size)
+        if out is None:
+            out = torch.empty(weight.shape[0], K, dtype=torch.bfloat16)
+        done = self._ggml_to_bfloat16(
+            ggml_type, weight.data_ptr(), weight.shape[0], K, out.data_ptr(), torch.get_num_threads()
+        )
+        if not done:
+            raise ValueError(f"no bfloat16 copy of ggml type {ggml_type} here")
         return out
 
     def ggml_dequantize_rows(self, weight: torch.Tensor, ggml_type: int, K: int, rows: torch.Tensor) -> torch.Tensor:

@@ -268,6 +268,16 @@ KERNEL_EXPORT void ggml_dequantize_rows(int type, const uint8_t* w, int64_t K, c
     avx2::dequantize_type(type, w, K, rows, n, out);
 }
 
+// out[N, K] = the weight's values as bfloat16 bits, rounded to nearest even (a long prefill chunk's
+// product in bfloat16, from a copy made for that call); K a multiple of the type's block; a float type
+// or an unknown one leaves out untouched and returns 0.
+KERNEL_EXPORT int ggml_to_bfloat16(int type, const uint8_t* w, int64_t N, int64_t K, uint16_t* out, int threads) {
+  return (use_avx512 ? avx512::to_bfloat16_type(type, w, N, K, out, threads)
+                     : avx2::to_bfloat16_type(type, w, N, K, out, threads))
+             ? 1
+             : 0;
+}
+
 // Whether the K-quants' products round x to 8 bits (ggml_int8.h) where the activation
 // bits are 16, as they do where they are 8; off at load.
 KERNEL_EXPORT void ggml_set_k_quant_int8(int on) { k_quant_int8 = on != 0; }

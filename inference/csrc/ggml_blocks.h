@@ -540,6 +540,54 @@ void dequantize_rows(const uint8_t* w, int64_t K, const int64_t* indices, int64_
     }
 }
 
+// x[0 .. n) as bfloat16 bits, each rounded to nearest even as torch's cast rounds a finite value.
+inline void round_to_bfloat16(const float* x, int64_t n, uint16_t* out) {
+  const __m256i bias = _mm256_set1_epi32(0x7FFF), one = _mm256_set1_epi32(1);
+  auto rounded = [&](const float* p) {
+    const __m256i bits = _mm256_castps_si256(_mm256_loadu_ps(p));
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), one);
+    return _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(bias, lsb)), 16);
+  };
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    // packus works within 128-bit lanes: a0-3 b0-3 a4-7 b4-7, put back in order.
+    const __m256i packed = _mm256_packus_epi32(rounded(x + i), rounded(x + i + 8));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm256_permute4x64_epi64(packed, 0xD8));
+  }
+  for (; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, x + i, 4);
+    out[i] = static_cast<uint16_t>((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
+  }
+}
+
+// The whole weight [N, K] as bfloat16 bits into out [N, K] (dequantize_rows' values, rounded), rows
+// split between threads.
+template <typename L>
+void to_bfloat16(const uint8_t* w, int64_t N, int64_t K, uint16_t* out, int threads) {
+  kernels::parallel_for(N, threads, [&](int64_t first, int64_t last) {
+    std::vector<float> row(static_cast<size_t>(K));
+    for (int64_t n = first; n < last; ++n) {
+      dequantize_rows<L>(w, K, &n, 1, row.data());
+      round_to_bfloat16(row.data(), K, out + n * K);
+    }
+  });
+}
+
+inline bool to_bfloat16_type(int type, const uint8_t* w, int64_t N, int64_t K, uint16_t* out, int threads) {
+  switch (type) {
+    case TYPE_Q4_0: to_bfloat16<Q4_0>(w, N, K, out, threads); return true;
+    case TYPE_Q4_1: to_bfloat16<Q4_1>(w, N, K, out, threads); return true;
+    case TYPE_Q5_0: to_bfloat16<Q5_0>(w, N, K, out, threads); return true;
+    case TYPE_Q5_1: to_bfloat16<Q5_1>(w, N, K, out, threads); return true;
+    case TYPE_Q8_0: to_bfloat16<Q8_0>(w, N, K, out, threads); return true;
+    case TYPE_Q4_K: to_bfloat16<Q4_K>(w, N, K, out, threads); return true;
+    case TYPE_Q5_K: to_bfloat16<Q5_K>(w, N, K, out, threads); return true;
+    case TYPE_Q6_K: to_bfloat16<Q6_K>(w, N, K, out, threads); return true;
+    default: return false;
+  }
+}
+
 // The product of a ggml type id (false: not one of ours).
 inline bool gemm_type(int type, const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, float* y, bool add,
                       int threads) {

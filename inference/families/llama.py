@@ -420,6 +420,13 @@ def gguf_weights(file: GGUFFile, config, dtype: torch.dtype, weights: str = "aut
                 rope=ropes[index],
             )
         )
+    bfloat16_prefill = (
+        weights == "auto"
+        and dtype == torch.float32
+        and ggml.choose_bfloat16_prefill(
+            [linear for layer in layers for linear in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+        )
+    )
     tied = "output.weight" not in file.tensors
     lm_head = build("token_embd.weight" if tied else "output.weight")
     embedding, embedding_rows = None, None
@@ -437,6 +444,8 @@ def gguf_weights(file: GGUFFile, config, dtype: torch.dtype, weights: str = "aut
         inv_freq = inv_freq / file.floats("rope_freqs.weight").reshape(-1)
     described = ", ".join(f"{name} x {count}" for name, count in sorted(counts.items(), key=lambda c: -c[1]))
     kind = "GGUF blocks as stored" if weights == "auto" else f"{weights} from the GGUF"
+    if bfloat16_prefill:
+        described += f"; prefill chunks of {formats.BFLOAT16_PREFILL_ROWS}+ rows in bfloat16"
     return LlamaWeights(
         config=config,
         inv_freq=inv_freq,

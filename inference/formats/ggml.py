@@ -25,12 +25,18 @@ No Django, no transformers here.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 
 from ..weights import (
+    BFLOAT16_PREFILL_GAIN,
+    BFLOAT16_PREFILL_ROWS,
+    PREFILL_TIMING_ROWS,
     STEP_GGML,
     Float32Linear,
     Q4_1Linear,
@@ -39,7 +45,13 @@ from ..weights import (
     WeightLinear,
     _BlockLinear,
     _cpu_kernels,
+    bfloat16_prefill_available,
 )
+
+logger = logging.getLogger(__name__)
+# The bfloat16 copy of a layer a long prefill chunk multiplies (GGMLLinear._bfloat16_weight): one a
+# thread, as large as the largest layer, for as long as the thread lives.
+_scratch = threading.local()
 
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 6, 7, 8, 12, 13, 14, 30
 
@@ -251,7 +263,18 @@ class GGMLLinear(_BlockLinear):
             return many._product(x, out=out)
         return self.kernels.ggml_gemm(x, self.raw, self.kind, out=out)
 
+    def _bfloat16_weight(self) -> torch.Tensor:
+        # Into one buffer a thread, reused: a fresh tensor's pages cost as much as the copy itself.
+        size = self.out_features * self.in_features
+        buffer = getattr(_scratch, "buffer", None)
+        if buffer is None or buffer.numel() < size:
+            buffer = _scratch.buffer = torch.empty(size, dtype=torch.bfloat16)
+        out = buffer[:size].view(self.out_features, self.in_features)
+        return self.kernels.ggml_to_bfloat16(self.raw, self.kind, self.in_features, out=out)
+
     def step_parts(self, rows: int) -> list[StepPart] | None:
+        if self._in_bfloat16(rows):
+            return None
         if self._uses_many(rows):
             many = self.many
             return None if many is None or self.bias is not None else many.step_parts(rows)
@@ -293,3 +316,49 @@ class StackedLinear(WeightLinear):
     @property
     def nbytes(self) -> int:
         return sum(part.nbytes for part in self.parts)
+
+
+def choose_bfloat16_prefill(linears: Sequence[object], repeats: int = 3) -> bool:
+    """Whether long prefill chunks (:data:`inference.weights.BFLOAT16_PREFILL_ROWS` rows and more) of
+    the :class:`GGMLLinear` layers among ``linears`` (stacked parts included) run in bfloat16, on a
+    copy of the blocks made for each such call and oneDNN's product, and if so sets their
+    ``bfloat16_rows``.  Only where the CPU runs bfloat16 natively
+    (:func:`inference.weights.bfloat16_prefill_available`) and a timing of the largest such layer at
+    :data:`inference.weights.PREFILL_TIMING_ROWS` rows, the two forms taking turns, finds the copy and
+    its product under :data:`inference.weights.BFLOAT16_PREFILL_GAIN` of our products' time.  Rounds
+    x and the weights to bfloat16 there: a prompt's log-probabilities then depend on its chunks."""
+    blocks = [
+        part
+        for linear in linears
+        for part in (linear.parts if isinstance(linear, StackedLinear) else [linear])
+        if isinstance(part, GGMLLinear) and part.kind not in (F32, F16, BF16)
+    ]
+    if not blocks or not bfloat16_prefill_available():
+        return False
+    largest = max(blocks, key=lambda linear: linear.out_features * linear.in_features)
+    x = torch.randn(PREFILL_TIMING_ROWS, largest.in_features, generator=torch.Generator().manual_seed(0))
+    best = {"ours": float("inf"), "bfloat16": float("inf")}
+    with torch.inference_mode():
+        for repeat in range(repeats + 1):  # the first of each a warm-up
+            for name in ("ours", "bfloat16") if repeat % 2 else ("bfloat16", "ours"):
+                largest.bfloat16_rows = 1 if name == "bfloat16" else None
+                started = time.perf_counter()
+                largest(x)
+                if repeat:
+                    best[name] = min(best[name], time.perf_counter() - started)
+    largest.bfloat16_rows = None
+    chosen = best["bfloat16"] < BFLOAT16_PREFILL_GAIN * best["ours"]
+    logger.info(
+        "prefill chunks of %d rows and more: %s (a %d x %d layer at %d rows: ours %.1f ms, bfloat16 copy %.1f ms)",
+        BFLOAT16_PREFILL_ROWS,
+        "bfloat16" if chosen else "our block products",
+        largest.out_features,
+        largest.in_features,
+        PREFILL_TIMING_ROWS,
+        best["ours"] * 1e3,
+        best["bfloat16"] * 1e3,
+    )
+    if chosen:
+        for linear in blocks:
+            linear.bfloat16_rows = BFLOAT16_PREFILL_ROWS
+    return chosen

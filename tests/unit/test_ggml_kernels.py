@@ -94,6 +94,24 @@ def test_dequantized_rows_are_gguf_py_s_values(isa, qtype):
     np.testing.assert_array_equal(got.numpy(), reference(data, qtype, width)[rows.numpy()])
 
 
+@pytest.mark.parametrize(
+    "qtype", [qtype for qtype in TYPES if qtype not in (T.F32, T.F16, T.BF16)], ids=lambda t: t.name
+)
+def test_a_bfloat16_copy_is_the_dequantized_weight_rounded_as_torch_rounds(isa, qtype):
+    width = width_for(qtype)
+    data = blocks(qtype, 37, width, seed=3)
+    expected = torch.from_numpy(reference(data, qtype, width)).bfloat16()
+    assert torch.equal(KERNELS.ggml_to_bfloat16(torch.from_numpy(data), int(qtype), width), expected)
+    out = torch.full((37, width), float("nan"), dtype=torch.bfloat16)
+    assert KERNELS.ggml_to_bfloat16(torch.from_numpy(data), int(qtype), width, out=out) is out
+    assert torch.equal(out, expected)
+
+
+def test_a_float_type_has_no_bfloat16_copy():
+    with pytest.raises(ValueError):
+        KERNELS.ggml_to_bfloat16(torch.from_numpy(blocks(T.F16, 2, 64)), int(T.F16), 64)
+
+
 @pytest.mark.parametrize("qtype", [T.F32, T.F16, T.BF16], ids=lambda t: t.name)
 def test_unquantized_rows_of_any_width(isa, qtype):
     data = blocks(qtype, 8, 40, seed=5)

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 gguf = pytest.importorskip("gguf")
 
@@ -224,3 +225,50 @@ def test_every_end_of_generation_token_of_a_file_stops_generation(tmp_path):
     writer.close()
     file = GGUFFile(tmp_path / "tokens.gguf")
     assert end_of_generation_ids(file) == [2, 3, 4]
+
+
+def random_q4_k(rows: int, width: int, seed: int) -> torch.Tensor:
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, size=(rows, width // 256, 144), dtype=np.uint8)
+    blocks[..., 0:4] = rng.uniform(1e-3, 1e-1, size=(rows, width // 256, 2)).astype(np.float16).view(np.uint8)
+    return torch.from_numpy(blocks.reshape(rows, -1))
+
+
+def test_a_long_chunk_of_a_k_quant_layer_multiplies_a_bfloat16_copy(sixteen_bits):
+    """From bfloat16_rows rows on, the product is oneDNN's of x and the weight rounded to bfloat16
+    (a copy made per call, into a reused buffer); below it, our block products; not a one-call step part."""
+    if not cpu_kernels.avx512_products():
+        pytest.skip("the bfloat16 copies need the AVX-512 products")
+    raw = random_q4_k(24, 512, seed=3)
+    layer = ggml.linear(raw, ggml.Q4_K, 512)
+    assert isinstance(layer, ggml.GGMLLinear)
+    layer.bfloat16_rows = 5
+    weight = ggml.dequantize(raw, ggml.Q4_K, 512).bfloat16()
+    for rows in (5, 9):
+        x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows))
+        assert torch.equal(layer(x), F.linear(x.bfloat16(), weight).float())
+    x = torch.randn(4, 512, generator=torch.Generator().manual_seed(4))
+    assert torch.equal(layer(x), cpu_kernels.load(None).ggml_gemm(x, raw, ggml.Q4_K))
+    assert layer.step_parts(5) is None and layer.step_parts(4) is not None
+
+
+@pytest.mark.parametrize("copy_seconds", [1.0, 3.0])
+def test_bfloat16_prefill_is_chosen_where_the_copy_and_its_product_take_under_our_time(monkeypatch, copy_seconds):
+    """The timing of the largest block layer decides for every layer, stacked parts too."""
+    if cpu_kernels.load(None) is None:
+        pytest.skip("no CPU kernels here")
+    from inference import weights
+
+    clock = [0.0]
+    monkeypatch.setattr(ggml, "bfloat16_prefill_available", lambda: True)
+    monkeypatch.setattr(ggml.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(ggml.GGMLLinear, "compute", lambda self, x: clock.__setitem__(0, clock[0] + (
+        copy_seconds if self._in_bfloat16(x.shape[0]) else 2.0)))  # fmt: skip
+    monkeypatch.setattr(ggml.GGMLLinear, "_in_bfloat16", lambda self, rows: self.bfloat16_rows is not None)
+    small, large, part = (ggml.linear(random_q4_k(rows, 256, rows), ggml.Q4_K, 256) for rows in (8, 32, 16))
+    stacked = ggml.StackedLinear([part, ggml.linear(random_q4_k(8, 256, 9), ggml.Q4_K, 256)])
+    chosen = ggml.choose_bfloat16_prefill([small, large, stacked, lambda x: x])
+    assert chosen == (copy_seconds < 2.0 * weights.BFLOAT16_PREFILL_GAIN)
+    expected = weights.BFLOAT16_PREFILL_ROWS if chosen else None
+    assert [small.bfloat16_rows, large.bfloat16_rows, part.bfloat16_rows] == [expected] * 3
+    assert not ggml.choose_bfloat16_prefill([lambda x: x])  # no block layer: nothing timed
