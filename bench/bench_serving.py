@@ -301,6 +301,8 @@ class Server:
         return {**body, **self.extra_body}
 
 
+# Every phase's deadline and the warm-up's limit times this (--deadline-factor).
+DEADLINE_FACTOR = 1.0
 # The GGUF file both servers serve (--model); None: the embedded model's.
 MODEL_FILE: Path | None = None
 
@@ -479,9 +481,9 @@ class Stream:
     max_gap: float = 0.0  # the longest wait between two chunks
 
     def tokens(self, server: Server) -> int:
-        if server.one_chunk_per_token or self.usage_tokens is None:
-            return self.chunks
-        return self.usage_tokens
+        # The usage where it came: a server may hold a token's text back (a partial UTF-8 character
+        # of a random-weight model's output) and send it with the next token's.
+        return self.chunks if self.usage_tokens is None else self.usage_tokens
 
     @property
     def ttft(self) -> float:
@@ -1107,8 +1109,8 @@ async def warm_up(bench: Bench, limit: float = 40.0) -> None:
             return
         if result.error:
             raise RuntimeError(f"{bench.server.name}: the warm-up request failed: {result.error}")
-        if bench.server.one_chunk_per_token and result.chunks != 8:
-            raise RuntimeError(f"{bench.server.name}: the warm-up made {result.chunks} tokens, not 8")
+        if bench.server.one_chunk_per_token and result.tokens(bench.server) != 8:
+            raise RuntimeError(f"{bench.server.name}: the warm-up made {result.tokens(bench.server)} tokens, not 8")
         if result.prompt_tokens not in (None, length):
             raise RuntimeError(f"{bench.server.name}: a {length}-token prompt counted {result.prompt_tokens} tokens")
 
@@ -1237,7 +1239,7 @@ async def _run_phases(
                         f"/healthz: {bench.results['warmup']['first_s']}",
                         flush=True,
                     )
-                await warm_up(bench)
+                await warm_up(bench, limit=40.0 * DEADLINE_FACTOR)
                 await settle(bench, "the warm-up")
             idle_rss = rss.rss() / MB
             steps: dict[str, tuple[str, Callable[[], Any]]] = {
@@ -1531,6 +1533,13 @@ def main(argv: list[str] | None = None) -> int:
         "llama-server serve instead of the embedded model (transformers is then left out)",
     )
     parser.add_argument(
+        "--deadline-factor",
+        type=float,
+        default=1.0,
+        metavar="F",
+        help="every phase's deadline times F (an 8B model's streams need several times the embedded one's)",
+    )
+    parser.add_argument(
         "--baseline",
         type=Path,
         metavar="JSON",
@@ -1543,6 +1552,18 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown phases: {', '.join(sorted(unknown))}")
     plan = Plan(**{**plan.__dict__, "concurrency": tuple(n for n in plan.concurrency if f"n{n}" in phases)})
+    global DEADLINE_FACTOR
+    DEADLINE_FACTOR = args.deadline_factor
+    if args.deadline_factor != 1.0:  # a bigger model's phases take longer than the embedded one's
+        plan = Plan(
+            **{
+                **plan.__dict__,
+                "deadlines": {name: seconds * args.deadline_factor for name, seconds in plan.deadlines.items()},
+                "peer_deadlines": {
+                    name: seconds * args.deadline_factor for name, seconds in plan.peer_deadlines.items()
+                },
+            }
+        )
     if "context" not in phases:
         plan = Plan(**{**plan.__dict__, "context_streams": 0})
     # A SIGTERM (a CI timeout, say) unwinds like Ctrl-C so that every server is stopped.
