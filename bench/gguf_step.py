@@ -59,6 +59,8 @@ def main() -> None:
                 runner.join(key, 1)
             times: dict[bool, list[float]] = {True: [], False: []}
             whole_step_table = runner._whole_step_table
+            if args.per_operation:  # the engine's default products
+                kernels.set_k_quant_int8(True)
             for _ in range(args.rounds):
                 for int8 in (True, False):
                     if args.per_operation:  # True: the one call; False: per operation
