@@ -2,8 +2,9 @@
 
 Every setting has a default that lets a fresh checkout run alone (SQLite, in-process limits,
 the embedded SmolLM2 model); production deployments override them with environment variables
-or a `.env` file beside `manage.py`.  `completions_site.checks` refuses a production start
-(``DJANGO_DEBUG=false``) with the default secret key.
+or a `.env` file beside `manage.py`.  Debug mode is off unless asked for (``make run`` asks on
+the loopback); `completions_site.checks` refuses a production start (``DJANGO_DEBUG=false``) with
+the default secret key and a start that other machines reach with debug on.
 """
 
 from __future__ import annotations
@@ -22,9 +23,27 @@ if (BASE_DIR / ".env").is_file():
 
 DEFAULT_SECRET_KEY = "insecure-development-key-change-me"
 SECRET_KEY = env.str("DJANGO_SECRET_KEY", default=DEFAULT_SECRET_KEY)
-DEBUG = env.bool("DJANGO_DEBUG", default=True)
+DEBUG = env.bool("DJANGO_DEBUG", default=False)
 ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
+# Error reports (the debug page, mailed 500s) mask credentials inside URLs too (REDIS_URL's password).
+DEFAULT_EXCEPTION_REPORTER_FILTER = "completions_site.errors.SafeSettingsFilter"
+SILENCED_SYSTEM_CHECKS = env.list("DJANGO_SILENCED_SYSTEM_CHECKS", default=[])
+
+# --- HTTPS (docs/deployment.md#https): off by default, since `make run` serves plain HTTP ---------
+# The session and CSRF cookies only over HTTPS.
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env.bool("DJANGO_SECURE_COOKIES", default=False)
+SECURE_HSTS_SECONDS = env.int("DJANGO_SECURE_HSTS_SECONDS", default=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS", default=False)
+SECURE_HSTS_PRELOAD = env.bool("DJANGO_SECURE_HSTS_PRELOAD", default=False)
+SECURE_SSL_REDIRECT = env.bool("DJANGO_SECURE_SSL_REDIRECT", default=False)
+# Scraped and probed over the internal network's plain HTTP: never redirected.
+SECURE_REDIRECT_EXEMPT = [r"^metrics$", r"^healthz$"]
+# The header by which the proxy in front says a request came over HTTPS, e.g. X-Forwarded-Proto
+# (its value must then be "https"); only for a proxy that sets it on every request.
+_proxy_ssl_header = env.str("DJANGO_SECURE_PROXY_SSL_HEADER", default="")
+if _proxy_ssl_header:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_" + _proxy_ssl_header.upper().replace("-", "_"), "https")
 
 INSTALLED_APPS = [
     "daphne",
