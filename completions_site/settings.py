@@ -62,6 +62,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "organization",  # the Administration API (/v1/organization/) and admin keys
     "audit",  # the audit log of keys, users and sign-ins, from every surface
+    "corsheaders",  # CORS on the API's paths (api/handlers.py); the app checks its settings
 ]
 
 MIDDLEWARE = [
@@ -241,6 +242,47 @@ SHUTDOWN_GRACE_SECONDS = env.float("SHUTDOWN_GRACE_SECONDS", default=30.0)
 # empty: "<hostname>-<pid>".
 USAGE_JOURNAL_DIR = env.path("USAGE_JOURNAL_DIR", default=BASE_DIR / "var" / "journal")
 USAGE_JOURNAL_ID = env.str("USAGE_JOURNAL_ID", default="")
+
+# --- Browsers calling the API (CORS) ------------------------------------------------------------
+# Origins whose pages may call /v1/... (scheme://host[:port], comma-separated; "*": any page).
+# django-cors-headers' middleware runs in the API's handler (api/handlers.py), not on the site's
+# pages.  Keys authenticate the API, not cookies: no credentials, so "*" never comes with them.
+API_CORS_ALLOWED_ORIGINS = env.list("API_CORS_ALLOWED_ORIGINS", default=[])
+CORS_ALLOW_ALL_ORIGINS = "*" in API_CORS_ALLOWED_ORIGINS
+CORS_ALLOWED_ORIGINS = [] if CORS_ALLOW_ALL_ORIGINS else API_CORS_ALLOWED_ORIGINS
+CORS_ALLOW_CREDENTIALS = False
+CORS_URLS_REGEX = r"^/v1/"
+# What OpenAI's clients send: its own headers and the Stainless SDKs' (a browser asks for each).
+CORS_ALLOW_HEADERS = [
+    "accept",
+    "authorization",
+    "content-type",
+    "user-agent",
+    "x-requested-with",
+    "x-request-id",
+    "idempotency-key",
+    "openai-beta",
+    "openai-organization",
+    "openai-project",
+    "x-stainless-arch",
+    "x-stainless-async",
+    "x-stainless-helper-method",
+    "x-stainless-lang",
+    "x-stainless-os",
+    "x-stainless-package-version",
+    "x-stainless-raw-response",
+    "x-stainless-retry-count",
+    "x-stainless-runtime",
+    "x-stainless-runtime-version",
+    "x-stainless-timeout",
+]
+# The answers' headers a page's script may read (request id, limits, when to retry).
+CORS_EXPOSE_HEADERS = [
+    "x-request-id",
+    "retry-after",
+    "x-should-retry",
+    *(f"x-ratelimit-{kind}-{name}" for kind in ("limit", "remaining", "reset") for name in ("requests", "tokens")),
+]
 
 # --- Per-key limits (keys/limits/) --------------------------------------------------------------
 # Defaults for keys without their own; 0 means no limit.  A dimension without a limit sends no

@@ -15,7 +15,7 @@ import json
 from django.conf import settings
 import django
 django.setup()
-print(json.dumps({name: getattr(settings, name, None) for name in %r}))
+print(json.dumps({name: getattr(settings, name, None) for name in %r}, default=str))
 """
 NAMES = [
     "DEBUG",
@@ -30,12 +30,12 @@ NAMES = [
 ]
 
 
-def settings_under(environment: dict[str, str]) -> dict:
+def settings_under(environment: dict[str, str], names: list[str] = NAMES) -> dict:
     """The settings a fresh process reads with ``environment`` (and none of this one's DJANGO_*)."""
     env = {name: value for name, value in os.environ.items() if not name.startswith("DJANGO_")}
     env.update(environment, DJANGO_SETTINGS_MODULE="completions_site.settings")
     result = subprocess.run(
-        [sys.executable, "-c", READ % NAMES], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", READ % names], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -78,3 +78,25 @@ def test_the_https_settings_follow_the_environment():
         "SECURE_PROXY_SSL_HEADER": ["HTTP_X_FORWARDED_PROTO", "https"],
         "SILENCED_SYSTEM_CHECKS": ["security.W021", "axes.W002"],
     }
+
+
+CORS = ["CORS_ALLOWED_ORIGINS", "CORS_ALLOW_ALL_ORIGINS", "CORS_ALLOW_CREDENTIALS"]
+
+
+def test_cors_allows_no_origin_by_default_and_never_credentials():
+    assert settings_under({}, CORS) == {
+        "CORS_ALLOWED_ORIGINS": [],
+        "CORS_ALLOW_ALL_ORIGINS": False,
+        "CORS_ALLOW_CREDENTIALS": False,
+    }
+    assert settings_under({"API_CORS_ALLOWED_ORIGINS": "https://a.example,http://localhost:3000"}, CORS) == {
+        "CORS_ALLOWED_ORIGINS": ["https://a.example", "http://localhost:3000"],
+        "CORS_ALLOW_ALL_ORIGINS": False,
+        "CORS_ALLOW_CREDENTIALS": False,
+    }
+    assert settings_under({"API_CORS_ALLOWED_ORIGINS": "*"}, CORS) == {
+        "CORS_ALLOWED_ORIGINS": [],
+        "CORS_ALLOW_ALL_ORIGINS": True,
+        "CORS_ALLOW_CREDENTIALS": False,
+    }
+
