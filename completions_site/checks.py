@@ -119,3 +119,19 @@ def check_metrics_settings(app_configs, **kwargs) -> list[Error]:
                 )
             )
     return errors
+
+
+@register(Tags.security)
+def check_signin_settings(app_configs, **kwargs) -> list[Error]:
+    """The sign-in lock-out's settings: a failure limit of 0 (no lock-out) or more, a lock of a minute or more."""
+    if settings.SIGNIN_FAILURE_LIMIT >= 0 and settings.SIGNIN_LOCKOUT_MINUTES >= 1:
+        return []
+    return [
+        Error(
+            f"SIGNIN_FAILURE_LIMIT is {settings.SIGNIN_FAILURE_LIMIT} and SIGNIN_LOCKOUT_MINUTES "
+            f"{settings.SIGNIN_LOCKOUT_MINUTES}.",
+            hint="SIGNIN_FAILURE_LIMIT counts failed sign-ins before a lock (0: no lock-out); "
+            "SIGNIN_LOCKOUT_MINUTES is how long a lock lasts, at least 1.",
+            id="completions_site.E011",
+        )
+    ]

@@ -9,6 +9,7 @@ the default secret key and a start that other machines reach with debug on.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 import environ
@@ -63,6 +64,7 @@ INSTALLED_APPS = [
     "organization",  # the Administration API (/v1/organization/) and admin keys
     "audit",  # the audit log of keys, users and sign-ins, from every surface
     "corsheaders",  # CORS on the API's paths (api/handlers.py); the app checks its settings
+    "axes",  # the sign-in lock-out (completions_site/signin.py)
 ]
 
 MIDDLEWARE = [
@@ -74,6 +76,7 @@ MIDDLEWARE = [
     "audit.middleware.AuditActorMiddleware",  # who acts, for the audit log (after authentication)
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "axes.middleware.AxesMiddleware",  # a locked-out sign-in's 429 page (last, as axes asks)
 ]
 
 ROOT_URLCONF = "completions_site.urls"
@@ -129,6 +132,27 @@ elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
             "max_size": _pool_size,
             "timeout": env.float("DATABASE_POOL_TIMEOUT", default=30.0),
         }
+
+# The lock-out's backend refuses a locked-out sign-in before ModelBackend checks the password.
+AUTHENTICATION_BACKENDS = [
+    "completions_site.signin.LockoutBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+# --- Sign-in lock-out (django-axes; completions_site/signin.py) -----------------------------------
+# After SIGNIN_FAILURE_LIMIT failed sign-ins with one username from one address (0: no lock-out),
+# that pair is refused for SIGNIN_LOCKOUT_MINUTES, on the admin's login and /account/login/ alike.
+SIGNIN_FAILURE_LIMIT = env.int("SIGNIN_FAILURE_LIMIT", default=5)
+SIGNIN_LOCKOUT_MINUTES = env.int("SIGNIN_LOCKOUT_MINUTES", default=15)
+AXES_ENABLED = SIGNIN_FAILURE_LIMIT > 0
+AXES_FAILURE_LIMIT = max(SIGNIN_FAILURE_LIMIT, 1)
+AXES_COOLOFF_TIME = timedelta(minutes=max(SIGNIN_LOCKOUT_MINUTES, 1))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True  # a successful sign-in forgets the pair's failures
+# The lock lasts SIGNIN_LOCKOUT_MINUTES from when it began, however often it is knocked on.
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
+AXES_CLIENT_IP_CALLABLE = "audit.context.client_ip"  # REMOTE_ADDR, as the audit log reads it
+AXES_LOCKOUT_CALLABLE = "completions_site.signin.lockout_response"
+AXES_VERBOSE = False  # the audit log records every failure and lock-out
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

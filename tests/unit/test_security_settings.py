@@ -100,3 +100,18 @@ def test_cors_allows_no_origin_by_default_and_never_credentials():
         "CORS_ALLOW_CREDENTIALS": False,
     }
 
+
+def test_the_sign_in_lock_out_follows_the_environment():
+    names = ["AXES_ENABLED", "AXES_FAILURE_LIMIT", "AXES_COOLOFF_TIME", "AXES_LOCKOUT_PARAMETERS"]
+
+    assert settings_under({}, names) == {
+        "AXES_ENABLED": True,
+        "AXES_FAILURE_LIMIT": 5,
+        "AXES_COOLOFF_TIME": "0:15:00",
+        "AXES_LOCKOUT_PARAMETERS": [["username", "ip_address"]],
+    }
+    assert (
+        settings_under({"SIGNIN_FAILURE_LIMIT": "3", "SIGNIN_LOCKOUT_MINUTES": "60"}, names)["AXES_COOLOFF_TIME"]
+        == "1:00:00"
+    )
+    assert settings_under({"SIGNIN_FAILURE_LIMIT": "0"}, names)["AXES_ENABLED"] is False

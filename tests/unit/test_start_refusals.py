@@ -105,3 +105,11 @@ def test_manage_py_commands_run_with_the_default_key_and_debug_off(monkeypatch, 
     from django.core import checks
 
     assert [m.id for m in checks.run_checks() if m.is_serious()] == []
+
+
+@pytest.mark.parametrize(("limit", "minutes"), [(-1, 15), (5, 0)])
+def test_a_sign_in_lock_out_that_cannot_work_is_refused(settings, limit, minutes):
+    settings.SIGNIN_FAILURE_LIMIT, settings.SIGNIN_LOCKOUT_MINUTES = limit, minutes
+    from completions_site.checks import check_signin_settings
+
+    assert [error.id for error in check_signin_settings(None)] == ["completions_site.E011"]
