@@ -11,8 +11,8 @@ from asgiref.sync import async_to_sync
 from django.test import Client, RequestFactory
 
 from api.handlers import APIHandler
-from tests.integration.test_chat_completions import TEMPLATE as CHAT_TEMPLATE
 from tests.inprocess_api import MODEL, NO_EOS, body
+from tests.integration.test_chat_completions import TEMPLATE as CHAT_TEMPLATE
 
 pytestmark = pytest.mark.django_db
 
