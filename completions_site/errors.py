@@ -26,6 +26,6 @@ class SafeSettingsFilter(SafeExceptionReporterFilter):
 
     def cleanse_setting(self, key: Any, value: Any) -> Any:
         cleansed = super().cleanse_setting(key, value)
-        if isinstance(cleansed, str):
-            return mask_url_passwords(cleansed, self.cleansed_substitute)
+        if isinstance(cleansed, str):  # lazy strings too (axes' messages), rendered here
+            return mask_url_passwords(str(cleansed), self.cleansed_substitute)
         return cleansed
