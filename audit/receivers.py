@@ -20,7 +20,10 @@ What is recorded, and when (the actor is ``audit.context.current_actor()`` unles
 - ``login.succeeded`` (actor: the person who signed in) and ``login.failed`` (actor: an
   anonymous session, or the account the username names; payload ``error_code``,
   ``error_message`` and our ``username``), from ``django.contrib.auth``'s signals, so the
-  account login page and the admin's alike.
+  account login page and the admin's alike.  A wrong password is ``invalid_credentials``; the
+  sign-in lock-out (django-axes, ``completions_site/signin.py``) adds one ``locked_out`` entry
+  when it locks a username and address, and one for every sign-in it refuses while locked
+  (whose password is never checked, so no ``invalid_credentials`` entry for it).
 
 Entries are written in the transaction of the change, so a rolled-back change leaves none.
 Fixture loading (``raw``) records nothing.
@@ -30,6 +33,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from axes.signals import user_locked_out
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.signals import user_logged_in, user_login_failed
 from django.db.models import Model
@@ -57,6 +62,8 @@ USER_FIELDS = ("username", "email", "first_name", "last_name", "is_active", "is_
 _BEFORE = "_audit_before"
 LOGIN_FAILED_CODE = "invalid_credentials"
 LOGIN_FAILED_MESSAGE = "The username or password was wrong, or the account is inactive."
+LOCKED_OUT_CODE = "locked_out"
+_REFUSED_BY_LOCKOUT = "_audit_refused_by_lockout"
 
 
 def record(event_type: str, resource_id: str, details: dict[str, Any], actor: Actor | None = None) -> AuditLogEntry:
@@ -84,6 +91,7 @@ def connect() -> None:
     post_delete.connect(_user_deleted, sender=user_model, dispatch_uid="audit-user-deleted")
     user_logged_in.connect(_logged_in, dispatch_uid="audit-login")
     user_login_failed.connect(_login_failed, dispatch_uid="audit-login-failed")
+    user_locked_out.connect(_locked_out, dispatch_uid="audit-locked-out")
 
 
 # --- Keys --------------------------------------------------------------------------------------
@@ -181,11 +189,31 @@ def _logged_in(sender: type, request: HttpRequest | None, user: Any, **kwargs: A
     record(events.LOGIN_SUCCEEDED, user_id(user.pk), {}, actor=user_actor(user, client_ip(request)))
 
 
+def mark_refused_by_lockout(request: HttpRequest) -> None:
+    """Say that ``request``'s sign-in was refused by the lock-out, its password unchecked: the
+    ``login.failed`` entry for it is the lock-out's (:func:`_locked_out`), not a wrong password."""
+    setattr(request, _REFUSED_BY_LOCKOUT, True)
+
+
 def _login_failed(sender: Any, credentials: dict[str, Any], request: HttpRequest | None = None, **kwargs: Any) -> None:
+    if getattr(request, _REFUSED_BY_LOCKOUT, False):
+        return
+    username = credentials.get(get_user_model().USERNAME_FIELD)
+    details = {"error_code": LOGIN_FAILED_CODE, "error_message": LOGIN_FAILED_MESSAGE, "username": username}
+    _record_failed_sign_in(username, request, details)
+
+
+def _locked_out(sender: Any, request: HttpRequest | None, username: str | None, **kwargs: Any) -> None:
+    minutes = max(1, int(settings.AXES_COOLOFF_TIME.total_seconds()) // 60)
+    message = f"Too many failed sign-ins with this username from this address: refused for {minutes} minutes."
+    details = {"error_code": LOCKED_OUT_CODE, "error_message": message, "username": username}
+    _record_failed_sign_in(username, request, details)
+
+
+def _record_failed_sign_in(username: str | None, request: HttpRequest | None, details: dict[str, Any]) -> None:
+    """A ``login.failed`` entry: by the account ``username`` names, else by an anonymous session."""
     user_model = get_user_model()
-    username = credentials.get(user_model.USERNAME_FIELD)
     user = user_model._default_manager.filter(**{user_model.USERNAME_FIELD: username}).first() if username else None
     ip_address = client_ip(request)
     actor = actor_for(user, ip_address) if user is not None else Actor("session", ip_address=ip_address)
-    details = {"error_code": LOGIN_FAILED_CODE, "error_message": LOGIN_FAILED_MESSAGE, "username": username}
     record(events.LOGIN_FAILED, user_id(user.pk) if user is not None else "", details, actor=actor)

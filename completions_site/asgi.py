@@ -6,7 +6,8 @@ WebSockets go to the channels routes of ``dashboard/routing.py``.
 
 Starting the server also starts the engine's worker thread, which loads the model in the
 background (``/healthz`` answers 503 until it is ready).  The system checks run first, so a
-production start with the default secret key refuses to serve.
+production start with the default secret key, or one that other machines reach in debug mode,
+refuses to serve: the process exits with the checks' messages, which say what to set.
 
 The OpenMP wait policy is set first of all (``completions_site/threads.py``): torch's threads must
 not spin while another process needs the cores.
@@ -58,8 +59,15 @@ application = ProtocolTypeRouter(
     }
 )
 
+import sys  # noqa: E402
+
+from django.core.exceptions import ImproperlyConfigured  # noqa: E402
+
 from completions_site.metrics import forget_live_gauges_at_exit  # noqa: E402
 from completions_site.startup import start_server  # noqa: E402
 
 forget_live_gauges_at_exit()
-start_server()
+try:
+    start_server()
+except ImproperlyConfigured as refusal:
+    sys.exit(str(refusal))  # the message alone, not a traceback through daphne's import

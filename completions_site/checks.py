@@ -5,17 +5,42 @@ from __future__ import annotations
 from django.conf import settings
 from django.core.checks import Error, Tags, register
 
+SECRET_KEY_HINT = (
+    "Set DJANGO_SECRET_KEY (in the environment or in .env beside manage.py) to a long random value, "
+    "e.g. the output of `python3 -c 'import secrets; print(secrets.token_urlsafe(50))'`."
+)
 
-@register(Tags.security, deploy=False)
+
+@register(Tags.security, deploy=True)
 def check_secret_key(app_configs, **kwargs) -> list[Error]:
-    """A production start (DJANGO_DEBUG=false) must not use the well-known default secret key."""
-    if not settings.DEBUG and settings.SECRET_KEY == settings.DEFAULT_SECRET_KEY:
+    """A deployment (``check --deploy``; a server start with debug off or reachable from other
+    machines, ``completions_site/startup.py``) must not use the well-known default secret key."""
+    if settings.SECRET_KEY == settings.DEFAULT_SECRET_KEY:
         return [
             Error(
-                "DJANGO_SECRET_KEY is the default development key while DJANGO_DEBUG is false.",
-                hint="Set DJANGO_SECRET_KEY to a long random value, e.g. "
-                "`python -c 'import secrets; print(secrets.token_urlsafe(50))'`.",
+                "DJANGO_SECRET_KEY is the default development key, which anyone can read in the source: "
+                "sessions and password-reset links could be forged.",
+                hint=SECRET_KEY_HINT,
                 id="completions_site.E001",
+            )
+        ]
+    return []
+
+
+@register(Tags.security)
+def check_debug_exposed(app_configs, **kwargs) -> list[Error]:
+    """A daphne server that other machines reach must not run in debug mode, whose error pages show
+    the code and the settings (``completions_site/serving.py``: silent outside daphne)."""
+    from completions_site.serving import exposed
+
+    endpoints = exposed()
+    if settings.DEBUG and endpoints:
+        return [
+            Error(
+                f"DJANGO_DEBUG is true while serving on {', '.join(endpoints)}, which other machines reach.",
+                hint="Set DJANGO_DEBUG=false (make run turns debug on for a loopback HOST only), "
+                "or bind 127.0.0.1 for a development server.",
+                id="completions_site.E010",
             )
         ]
     return []
@@ -94,3 +119,19 @@ def check_metrics_settings(app_configs, **kwargs) -> list[Error]:
                 )
             )
     return errors
+
+
+@register(Tags.security)
+def check_signin_settings(app_configs, **kwargs) -> list[Error]:
+    """The sign-in lock-out's settings: a failure limit of 0 (no lock-out) or more, a lock of a minute or more."""
+    if settings.SIGNIN_FAILURE_LIMIT >= 0 and settings.SIGNIN_LOCKOUT_MINUTES >= 1:
+        return []
+    return [
+        Error(
+            f"SIGNIN_FAILURE_LIMIT is {settings.SIGNIN_FAILURE_LIMIT} and SIGNIN_LOCKOUT_MINUTES "
+            f"{settings.SIGNIN_LOCKOUT_MINUTES}.",
+            hint="SIGNIN_FAILURE_LIMIT counts failed sign-ins before a lock (0: no lock-out); "
+            "SIGNIN_LOCKOUT_MINUTES is how long a lock lasts, at least 1.",
+            id="completions_site.E011",
+        )
+    ]

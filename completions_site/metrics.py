@@ -25,7 +25,8 @@ from functools import cache
 from pathlib import Path
 
 from django.conf import settings
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed
+from django.views.decorators.csrf import csrf_exempt
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest, multiprocess
 
 import api.metrics  # noqa: F401 - registers the gateway's metrics
@@ -33,10 +34,14 @@ import inference.metrics  # noqa: F401 - registers the engine's metrics
 import keys.metrics  # noqa: F401 - registers the limiter's metrics
 
 
+@csrf_exempt  # no cookie authenticates it: another method is a plain 405, not the CSRF page
 def metrics(request: HttpRequest) -> HttpResponse:
-    """The metrics, or 404 for a client neither allowed by address nor holding the token."""
+    """The metrics, or 404 for a client neither allowed by address nor holding the token, or an
+    empty 405 for an allowed client's method other than GET and HEAD."""
     if not allowed(request):
         raise Http404
+    if request.method not in ("GET", "HEAD"):
+        return HttpResponseNotAllowed(["GET", "HEAD"])
     return HttpResponse(generate_latest(_registry()), content_type=CONTENT_TYPE_LATEST)
 
 

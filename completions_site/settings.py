@@ -2,12 +2,14 @@
 
 Every setting has a default that lets a fresh checkout run alone (SQLite, in-process limits,
 the embedded SmolLM2 model); production deployments override them with environment variables
-or a `.env` file beside `manage.py`.  `completions_site.checks` refuses a production start
-(``DJANGO_DEBUG=false``) with the default secret key.
+or a `.env` file beside `manage.py`.  Debug mode is off unless asked for (``make run`` asks on
+the loopback); `completions_site.checks` refuses a production start (``DJANGO_DEBUG=false``) with
+the default secret key and a start that other machines reach with debug on.
 """
 
 from __future__ import annotations
 
+from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
 
@@ -23,9 +25,27 @@ if (BASE_DIR / ".env").is_file():
 
 DEFAULT_SECRET_KEY = "insecure-development-key-change-me"
 SECRET_KEY = env.str("DJANGO_SECRET_KEY", default=DEFAULT_SECRET_KEY)
-DEBUG = env.bool("DJANGO_DEBUG", default=True)
+DEBUG = env.bool("DJANGO_DEBUG", default=False)
 ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
+# Error reports (the debug page, mailed 500s) mask credentials inside URLs too (REDIS_URL's password).
+DEFAULT_EXCEPTION_REPORTER_FILTER = "completions_site.errors.SafeSettingsFilter"
+SILENCED_SYSTEM_CHECKS = env.list("DJANGO_SILENCED_SYSTEM_CHECKS", default=[])
+
+# --- HTTPS (docs/deployment.md#https): off by default, since `make run` serves plain HTTP ---------
+# The session and CSRF cookies only over HTTPS.
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env.bool("DJANGO_SECURE_COOKIES", default=False)
+SECURE_HSTS_SECONDS = env.int("DJANGO_SECURE_HSTS_SECONDS", default=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS", default=False)
+SECURE_HSTS_PRELOAD = env.bool("DJANGO_SECURE_HSTS_PRELOAD", default=False)
+SECURE_SSL_REDIRECT = env.bool("DJANGO_SECURE_SSL_REDIRECT", default=False)
+# Scraped and probed over the internal network's plain HTTP: never redirected.
+SECURE_REDIRECT_EXEMPT = [r"^metrics$", r"^healthz$"]
+# The header by which the proxy in front says a request came over HTTPS, e.g. X-Forwarded-Proto
+# (its value must then be "https"); only for a proxy that sets it on every request.
+_proxy_ssl_header = env.str("DJANGO_SECURE_PROXY_SSL_HEADER", default="")
+if _proxy_ssl_header:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_" + _proxy_ssl_header.upper().replace("-", "_"), "https")
 
 INSTALLED_APPS = [
     "daphne",
@@ -44,6 +64,8 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "organization",  # the Administration API (/v1/organization/) and admin keys
     "audit",  # the audit log of keys, users and sign-ins, from every surface
+    "corsheaders",  # CORS on the API's paths (api/handlers.py); the app checks its settings
+    "axes",  # the sign-in lock-out (completions_site/signin.py)
 ]
 
 MIDDLEWARE = [
@@ -55,6 +77,7 @@ MIDDLEWARE = [
     "audit.middleware.AuditActorMiddleware",  # who acts, for the audit log (after authentication)
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "axes.middleware.AxesMiddleware",  # a locked-out sign-in's 429 page (last, as axes asks)
 ]
 
 ROOT_URLCONF = "completions_site.urls"
@@ -110,6 +133,27 @@ elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
             "max_size": _pool_size,
             "timeout": env.float("DATABASE_POOL_TIMEOUT", default=30.0),
         }
+
+# The lock-out's backend refuses a locked-out sign-in before ModelBackend checks the password.
+AUTHENTICATION_BACKENDS = [
+    "completions_site.signin.LockoutBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+# --- Sign-in lock-out (django-axes; completions_site/signin.py) -----------------------------------
+# After SIGNIN_FAILURE_LIMIT failed sign-ins with one username from one address (0: no lock-out),
+# that pair is refused for SIGNIN_LOCKOUT_MINUTES, on the admin's login and /account/login/ alike.
+SIGNIN_FAILURE_LIMIT = env.int("SIGNIN_FAILURE_LIMIT", default=5)
+SIGNIN_LOCKOUT_MINUTES = env.int("SIGNIN_LOCKOUT_MINUTES", default=15)
+AXES_ENABLED = SIGNIN_FAILURE_LIMIT > 0
+AXES_FAILURE_LIMIT = max(SIGNIN_FAILURE_LIMIT, 1)
+AXES_COOLOFF_TIME = timedelta(minutes=max(SIGNIN_LOCKOUT_MINUTES, 1))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True  # a successful sign-in forgets the pair's failures
+# The lock lasts SIGNIN_LOCKOUT_MINUTES from when it began, however often it is knocked on.
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
+AXES_CLIENT_IP_CALLABLE = "audit.context.client_ip"  # REMOTE_ADDR, as the audit log reads it
+AXES_LOCKOUT_CALLABLE = "completions_site.signin.lockout_response"
+AXES_VERBOSE = False  # the audit log records every failure and lock-out
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
@@ -223,6 +267,47 @@ SHUTDOWN_GRACE_SECONDS = env.float("SHUTDOWN_GRACE_SECONDS", default=30.0)
 # empty: "<hostname>-<pid>".
 USAGE_JOURNAL_DIR = env.path("USAGE_JOURNAL_DIR", default=BASE_DIR / "var" / "journal")
 USAGE_JOURNAL_ID = env.str("USAGE_JOURNAL_ID", default="")
+
+# --- Browsers calling the API (CORS) ------------------------------------------------------------
+# Origins whose pages may call /v1/... (scheme://host[:port], comma-separated; "*": any page).
+# django-cors-headers' middleware runs in the API's handler (api/handlers.py), not on the site's
+# pages.  Keys authenticate the API, not cookies: no credentials, so "*" never comes with them.
+API_CORS_ALLOWED_ORIGINS = env.list("API_CORS_ALLOWED_ORIGINS", default=[])
+CORS_ALLOW_ALL_ORIGINS = "*" in API_CORS_ALLOWED_ORIGINS
+CORS_ALLOWED_ORIGINS = [] if CORS_ALLOW_ALL_ORIGINS else API_CORS_ALLOWED_ORIGINS
+CORS_ALLOW_CREDENTIALS = False
+CORS_URLS_REGEX = r"^/v1/"
+# What OpenAI's clients send: its own headers and the Stainless SDKs' (a browser asks for each).
+CORS_ALLOW_HEADERS = [
+    "accept",
+    "authorization",
+    "content-type",
+    "user-agent",
+    "x-requested-with",
+    "x-request-id",
+    "idempotency-key",
+    "openai-beta",
+    "openai-organization",
+    "openai-project",
+    "x-stainless-arch",
+    "x-stainless-async",
+    "x-stainless-helper-method",
+    "x-stainless-lang",
+    "x-stainless-os",
+    "x-stainless-package-version",
+    "x-stainless-raw-response",
+    "x-stainless-retry-count",
+    "x-stainless-runtime",
+    "x-stainless-runtime-version",
+    "x-stainless-timeout",
+]
+# The answers' headers a page's script may read (request id, limits, when to retry).
+CORS_EXPOSE_HEADERS = [
+    "x-request-id",
+    "retry-after",
+    "x-should-retry",
+    *(f"x-ratelimit-{kind}-{name}" for kind in ("limit", "remaining", "reset") for name in ("requests", "tokens")),
+]
 
 # --- Per-key limits (keys/limits/) --------------------------------------------------------------
 # Defaults for keys without their own; 0 means no limit.  A dimension without a limit sends no

@@ -4,26 +4,28 @@ draining (``completions_site/shutdown.py``)."""
 
 from __future__ import annotations
 
+import logging
+
 from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 
 from completions_site import shutdown
+from completions_site.serving import exposed
 from inference import memory
 from keys.journal import get_journal
 
+logger = logging.getLogger(__name__)
+
 
 def start_server() -> None:
-    """Refuse to serve on a failed system check; open the usage journal and start its flusher;
-    start loading the model unless disabled.
+    """Refuse to serve on a failed system check (:func:`check_before_serving`); open the usage
+    journal and start its flusher; start loading the model unless disabled.
 
-    Raises ``ImproperlyConfigured`` listing the failed checks (e.g. the default secret key with
-    ``DJANGO_DEBUG=false``), ``RuntimeError`` when another live process holds this process's
-    journal (one ``USAGE_JOURNAL_ID`` for two processes).
+    Raises ``ImproperlyConfigured`` as :func:`check_before_serving` does, ``RuntimeError`` when
+    another live process holds this process's journal (one ``USAGE_JOURNAL_ID`` for two processes).
     """
-    errors = [m for m in checks.run_checks(include_deployment_checks=False) if m.is_serious()]
-    if errors:
-        raise ImproperlyConfigured("Refusing to start:\n" + "\n".join(str(e) for e in errors))
+    check_before_serving()
     get_journal().start_flusher()  # writes what an earlier process left, then whatever waits
     memory.mmap_large_allocations()
     shutdown.install_when_served()  # under daphne: SIGTERM drains instead of cutting requests off
@@ -31,3 +33,20 @@ def start_server() -> None:
         from api.engine import get_engine
 
         get_engine().start()
+
+
+def check_before_serving() -> None:
+    """Run the system checks, and Django's deployment checks (``check --deploy``) too for a
+    production start (debug off) or one that other machines reach; log the warnings (no HSTS,
+    cookies without ``Secure``).
+
+    Raises ``ImproperlyConfigured`` listing the errors, each with its hint: e.g. the default secret
+    key (``completions_site.E001``), debug on a non-loopback bind (``completions_site.E010``).
+    """
+    deployment = not settings.DEBUG or bool(exposed())
+    messages = [m for m in checks.run_checks(include_deployment_checks=deployment) if not m.is_silenced()]
+    errors = [m for m in messages if m.is_serious()]
+    if errors:
+        raise ImproperlyConfigured("Refusing to start:\n" + "\n".join(str(e) for e in errors))
+    for warning in messages:
+        logger.warning("%s", warning)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import socket
 import sqlite3
 import subprocess
@@ -24,6 +25,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "smollm2-135m-instruct"
+# One key for every server of the session (servers sharing a database read each other's sessions):
+# debug is off, as in production, and a server with debug off refuses the default key.
+SECRET_KEY = secrets.token_urlsafe(50)
 
 
 def free_port() -> int:
@@ -112,6 +116,7 @@ def start_server(
     port = free_port()
     env = {
         "MODEL_WEIGHTS": "float32",
+        "DJANGO_SECRET_KEY": SECRET_KEY,
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "completions_site.settings",
         "DATABASE_URL": database_url or f"sqlite:///{database}",

@@ -1,7 +1,7 @@
 """nginx from Debian's package in front of live servers, run as a foreground process by any user.
 
 ``deploy/nginx.conf`` (the site the deployment ships) is rendered into a temporary directory with
-the servers' addresses, and wrapped in a minimal main configuration whose pid file, temporary
+the servers' addresses and a self-signed certificate for its HTTPS port, and wrapped in a minimal main configuration whose pid file, temporary
 paths and logs all lie in that directory, so no root and no ``/var`` is needed.  The e2e test of
 the deployment (``tests/e2e/test_deployment.py``) and ``bench/soak.py`` use it.
 """
@@ -50,10 +50,26 @@ def nginx_binary() -> str | None:
     return next((path for path in NGINX_CANDIDATES if Path(path).exists()), None)
 
 
-def render_site(upstreams: list[str], listen: str, max_body_bytes: int) -> str:
-    """``deploy/nginx.conf`` with its three placeholders filled in (nginx's own ``$variables`` stay)."""
+def self_signed_certificate(directory: Path) -> tuple[Path, Path]:
+    """A certificate for ``localhost`` and 127.0.0.1 and its key (``openssl``), valid for a day."""
+    certificate, key = directory / "localhost.crt", directory / "localhost.key"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout", str(key), "-out", str(certificate)],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    return certificate, key
+
+
+def render_site(
+    upstreams: list[str], listen: str, max_body_bytes: int, listen_tls: str, certificate: Path, key: Path
+) -> str:
+    """``deploy/nginx.conf`` with its placeholders filled in (nginx's own ``$variables`` stay)."""
     values = {
         "COMPLETIONS_LISTEN": listen,
+        "COMPLETIONS_LISTEN_TLS": listen_tls,
+        "COMPLETIONS_TLS_CERTIFICATE": str(certificate),
+        "COMPLETIONS_TLS_CERTIFICATE_KEY": str(key),
         "COMPLETIONS_UPSTREAMS": " ".join(f"server {address};" for address in upstreams),
         "API_MAX_BODY_BYTES": str(max_body_bytes),
     }
@@ -65,11 +81,13 @@ def render_site(upstreams: list[str], listen: str, max_body_bytes: int) -> str:
 
 @dataclass
 class Nginx:
-    """A running nginx: its ``base_url``, process and run directory (with ``access.log``)."""
+    """A running nginx: its plain ``base_url``, its ``tls_url`` (a self-signed certificate), process
+    and run directory (with ``access.log``)."""
 
     base_url: str
     process: subprocess.Popen
     run_dir: Path
+    tls_url: str = ""
 
     def stop(self) -> None:
         self.process.terminate()  # SIGTERM: nginx's fast shutdown
@@ -106,13 +124,16 @@ class Nginx:
 
 
 def start_nginx(run_dir: Path, upstreams: list[str], max_body_bytes: int) -> Nginx:
-    """Render the configuration into ``run_dir``, check it (``nginx -t``) and start nginx on a free port."""
+    """Render the configuration into ``run_dir``, check it (``nginx -t``) and start nginx on two free
+    ports, plain HTTP and HTTPS."""
     binary = nginx_binary()
     if binary is None:
         raise RuntimeError("nginx is not installed (.ci/install-nginx)")
     run_dir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    (run_dir / "site.conf").write_text(render_site(upstreams, f"127.0.0.1:{port}", max_body_bytes))
+    port, tls_port = free_port(), free_port()
+    certificate, key = self_signed_certificate(run_dir)
+    site = render_site(upstreams, f"127.0.0.1:{port}", max_body_bytes, f"127.0.0.1:{tls_port}", certificate, key)
+    (run_dir / "site.conf").write_text(site)
     config = run_dir / "nginx.conf"
     # Run as root, nginx's workers would switch to "nobody", who cannot write request bodies into
     # the temporary paths in run_dir (a 0700 directory of root's): they stay root's here.
@@ -123,7 +144,7 @@ def start_nginx(run_dir: Path, upstreams: list[str], max_body_bytes: int) -> Ngi
     if check.returncode != 0:
         raise RuntimeError(f"nginx -t failed:\n{check.stderr}")
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    nginx = Nginx(f"http://127.0.0.1:{port}", process, run_dir)
+    nginx = Nginx(f"http://127.0.0.1:{port}", process, run_dir, f"https://127.0.0.1:{tls_port}")
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         if process.poll() is not None:

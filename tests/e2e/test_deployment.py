@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from testing.live_server import MODEL, LiveServer, _manage, start_server, stop_server
+from testing.live_server import MODEL, LiveServer, _manage, free_port, start_server, stop_server
 from testing.nginx import Nginx, nginx_binary, start_nginx
 from testing.postgres import POSTGRES_URL, postgres_reachable, scratch_database
 from tests.conftest import TEST_REDIS_URL, redis_reachable
@@ -159,6 +159,31 @@ def test_an_oversized_body_gets_nginx_413_and_never_reaches_daphne(deployment, f
     assert "x-request-id" not in response.headers  # every answer of ours has one
     assert deployment.nginx.logged_after(logged, 1) == [(413, "POST", "/v1/completions", "-")]
     assert [completions_served(server) for server in deployment.servers] == before
+
+
+def test_https_serves_the_same_site_with_the_certificate_by_path(deployment):
+    response = httpx.get(deployment.nginx.tls_url + "/healthz", verify=False, timeout=30)
+
+    assert response.status_code == 200
+    assert response.http_version == "HTTP/1.1"
+    models = httpx.get(
+        deployment.nginx.tls_url + "/v1/models", headers={"Authorization": f"Bearer {deployment.key}"}, verify=False
+    )
+    assert models.status_code == 200 and models.json()["data"][0]["id"] == MODEL
+
+
+def test_nginx_renders_and_serves_tls_before_any_server_answers(tmp_path):
+    if nginx_binary() is None:
+        pytest.skip("nginx is not installed (.ci/install-nginx)")
+    nobody = f"127.0.0.1:{free_port()}"  # nothing listens there: nginx answers 502 itself
+    nginx = start_nginx(tmp_path, [nobody], MAX_BODY_BYTES)
+    try:
+        assert httpx.get(nginx.tls_url + "/healthz", verify=False, timeout=30).status_code == 502
+        assert httpx.get(nginx.tls_url + "/metrics", verify=False, timeout=30).status_code == 404
+        with pytest.raises(httpx.ConnectError):  # the certificate is self-signed: checked, refused
+            httpx.get(nginx.tls_url + "/healthz", timeout=30)
+    finally:
+        nginx.stop()
 
 
 @pytest.mark.parametrize("forwarded_for", [None, "127.0.0.1", "::1, 127.0.0.1"])

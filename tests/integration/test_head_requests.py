@@ -26,4 +26,4 @@ def test_head_without_a_key_is_the_same_401(tiny_api):
 def test_a_405_lists_head_beside_get(tiny_api, valid_key):
     response = Client().post("/v1/models", headers={"Authorization": f"Bearer {valid_key.plaintext}"})
 
-    assert response.status_code == 405 and response["Allow"] == "GET, HEAD"
+    assert response.status_code == 405 and response["Allow"] == "GET, HEAD, OPTIONS"

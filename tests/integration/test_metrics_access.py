@@ -78,3 +78,19 @@ def test_a_bad_metrics_allowed_ips_entry_is_a_system_check_error(settings):
     settings.METRICS_ALLOWED_IPS = ["127.0.0.1", "10.0.0.0/8", "not-an-address"]
 
     assert [error.id for error in check_metrics_settings(None)] == ["completions_site.E006"]
+
+
+@pytest.mark.parametrize("method", ["post", "put", "delete"])
+def test_another_method_is_a_plain_405_not_the_csrf_page(method):
+    response = getattr(Client(REMOTE_ADDR="127.0.0.1", enforce_csrf_checks=True), method)("/metrics")
+
+    assert response.status_code == 405
+    assert response["Allow"] == "GET, HEAD"
+    assert response.content == b""
+
+
+def test_another_method_from_a_client_not_allowed_is_still_a_404():
+    response = Client(REMOTE_ADDR="192.0.2.7", enforce_csrf_checks=True).post("/metrics")
+
+    assert response.status_code == 404
+    assert b"CSRF" not in response.content

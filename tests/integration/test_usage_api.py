@@ -189,5 +189,5 @@ def test_the_answer_is_a_valid_usage_response_of_openais_spec(client, valid_key,
 def test_another_method_is_a_405_in_openais_shape(client, valid_key):
     response = client.post(URL, {}, headers={"Authorization": f"Bearer {valid_key.plaintext}"})
 
-    assert response.status_code == 405 and response["Allow"] == "GET, HEAD"
+    assert response.status_code == 405 and response["Allow"] == "GET, HEAD, OPTIONS"
     assert response.json()["error"]["type"] == "invalid_request_error"
