@@ -14,11 +14,15 @@ from django.views.debug import SafeExceptionReporterFilter
 
 # scheme://user:password@host: the password, up to the last "@" before the host.
 URL_PASSWORD = re.compile(r"(?P<prefix>[a-z][a-z0-9+.-]*://[^/?#:@\s]*:)[^/?#\s]*(?=@)", re.IGNORECASE)
+# ?password=... or &password=... in a URL's query (redis-py reads a password there too).
+QUERY_PASSWORD = re.compile(r"(?P<prefix>[?&]password=)[^&#\s'\"]*", re.IGNORECASE)
 
 
 def mask_url_passwords(text: str, substitute: str) -> str:
-    """``text`` with the password of every ``scheme://user:password@host`` in it replaced."""
-    return URL_PASSWORD.sub(lambda match: match["prefix"] + substitute, text)
+    """``text`` with the password of every ``scheme://user:password@host`` and every ``password=``
+    query parameter in it replaced."""
+    text = URL_PASSWORD.sub(lambda match: match["prefix"] + substitute, text)
+    return QUERY_PASSWORD.sub(lambda match: match["prefix"] + substitute, text)
 
 
 class SafeSettingsFilter(SafeExceptionReporterFilter):

@@ -66,8 +66,9 @@ def _local(endpoint: str) -> bool:
         return False
     # Twisted's description: colon-separated, "\:" inside a value (an IPv6 interface).
     fields = [part.replace("\\:", ":") for part in re.split(r"(?<!\\):", rest)]
-    interface = next((field.partition("=")[2] for field in fields if field.startswith("interface=")), "")
-    return is_loopback(interface)
+    # The last interface= wins, as Twisted's parser keeps the last value of a repeated key.
+    interface = [field.partition("=")[2] for field in fields if field.startswith("interface=")][-1:] or [""]
+    return is_loopback(interface[0])
 
 
 def is_loopback(host: str) -> bool:

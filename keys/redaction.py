@@ -4,8 +4,9 @@ Two shapes are redacted wherever they appear:
 
 - one of our keys, ``sk-cs-<prefix>.<secret>``: the public prefix stays (it is what the admin
   lists), the secret becomes ``***``; anything else after ``sk-cs-`` (a mangled key) goes whole;
-- the value of a query parameter named ``api_key``, ``key``, ``token``, ``access_token`` or
-  ``apikey`` (any case) in a URL or query string: ``?api_key=***``.
+- the value of a query parameter named ``api_key``, ``key``, ``token``, ``access_token``,
+  ``apikey`` or ``password`` (any case) in a URL or query string: ``?api_key=***`` (redis-py reads
+  a ``REDIS_URL``'s password from its query too).
 
 :func:`redact` is pure and idempotent; a text without either shape comes back unchanged.
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 import re
 
 _KEY = re.compile(r"sk-cs-(?:([A-Za-z0-9]{8})\.)?([A-Za-z0-9_\-.~+/=%]*)")
-_QUERY = re.compile(r"(?i)((?:^|[?&;\s\"'])(?:api_key|apikey|key|token|access_token)=)[^&;\s\"'#]*")
+_QUERY = re.compile(r"(?i)((?:^|[?&;\s\"'])(?:api_key|apikey|key|token|access_token|password)=)[^&;\s\"'#]*")
 MASK = "***"
 
 

@@ -54,6 +54,7 @@ from keys import metrics, periods
 from keys.db import DATABASE_DOWN, db_call
 from keys.errors import DatabaseUnavailable, LimiterUnavailable, LimitRefused
 from keys.models import APIKey, UserLimits
+from keys.redaction import redact
 from keys.usage import month_tokens, spend_nanos
 
 from .decision import KEY, USER, Decision, Limits, Scope, StoreUnavailable, TotalsUnknown
@@ -335,11 +336,11 @@ class Limiter:
 
 
 def _redacted(url: str) -> str:
-    """``url`` without its password, for the log."""
+    """``url`` without its password (``user:password@`` or a ``password=`` query parameter), for the log."""
     scheme, sep, rest = url.partition("://")
     if "@" in rest:
         rest = "***@" + rest.rsplit("@", 1)[1]
-    return scheme + sep + rest
+    return redact(scheme + sep + rest)
 
 
 _SETTINGS = {

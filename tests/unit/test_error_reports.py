@@ -58,6 +58,8 @@ def test_the_debug_page_shows_no_secret(redis_with_a_password, settings):
         ("rediss://:a@b@host", "rediss://:***@host"),
         ("redis://host:6379/0", "redis://host:6379/0"),  # no credentials: unchanged
         ("unix:///run/redis.sock", "unix:///run/redis.sock"),
+        ("redis://host:6379/0?password=hunter2&db=1", "redis://host:6379/0?password=***&db=1"),
+        ("unix:///run/redis.sock?password=hunter2", "unix:///run/redis.sock?password=***"),
     ],
 )
 def test_url_passwords_are_masked(text, masked):

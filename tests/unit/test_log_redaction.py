@@ -24,6 +24,10 @@ KEY = "sk-cs-AbCd1234.Zm9vYmFyYmF6cXV4LXNlY3JldC10b2tlbi0wMTIzNDU2Nzg5"
         ("user pasted sk-cs-not-a-real-key here", "user pasted sk-cs-*** here"),
         ("monkey=1&turkey=2&keyboard=3", "monkey=1&turkey=2&keyboard=3"),
         ("nothing to hide", "nothing to hide"),
+        (
+            "Redis redis://r:6379/0?password=hunter2 is unavailable",
+            "Redis redis://r:6379/0?password=*** is unavailable",
+        ),
     ],
 )
 def test_keys_and_secret_query_values_are_redacted(text, expected):

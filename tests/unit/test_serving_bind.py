@@ -52,6 +52,7 @@ def test_anything_but_a_daphne_command_line_binds_nothing(argv):
         ("tcp:port=8000:interface=api.example.org", True),
         ("tcp:8000", True),  # every interface
         ("fd:fileno=3", True),  # unknown: counted as reachable
+        ("tcp:8000:interface=127.0.0.1:interface=0.0.0.0", True),  # Twisted binds the last one
     ],
 )
 def test_only_loopback_interfaces_and_unix_sockets_are_unreachable_from_other_machines(endpoint, reachable):
