@@ -73,6 +73,7 @@ def test_a_model_file_that_cannot_load_ends_the_server_with_its_reason(tmp_path,
         "DJANGO_SETTINGS_MODULE": "completions_site.settings",
         "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}",
         "MODEL_PATH": str(path),
+        "DJANGO_SECRET_KEY": "a-test-secret-key-that-is-not-the-development-one-0123456789",
     }
     process = subprocess.run(
         [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(free_port()), "completions_site.asgi:application"],

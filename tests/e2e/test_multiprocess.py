@@ -381,8 +381,10 @@ def test_200_concurrent_requests_leave_200_records_whose_tokens_are_what_the_res
 
     counters = redis.Redis.from_url(TEST_REDIS_URL)
     month = datetime.now(dt_timezone.utc).strftime("%Y-%m")
-    assert int(counters.get(f"{cluster.redis_prefix}{{{key_id}}}:month:{month}")) == prompt + completion
-    assert int(counters.get(f"{cluster.redis_prefix}{{{key_id}}}:token-sum")) == prompt + completion
+    owner_id = cluster.query("SELECT owner_id FROM keys_apikey WHERE id = %s", key_id)[0][0]
+    base = f"{cluster.redis_prefix}{{u{owner_id}}}:key:{key_id}"  # keys.limits.redis.RedisStore.key_names
+    assert int(counters.get(f"{base}:month:{month}")) == prompt + completion
+    assert int(counters.get(f"{base}:token-sum")) == prompt + completion
     for server in cluster.servers:
         log = server.log.read_text()
         assert "Could not record usage" not in log and "Could not settle" not in log, log[-3000:]
