@@ -147,6 +147,30 @@ def test_a_key_with_rpm_10_gets_exactly_10_successes_out_of_30_requests_over_bot
     assert len(served_by) == 2
 
 
+def test_a_users_rpm_10_binds_across_three_of_their_keys_over_both_processes(cluster, operator):
+    """A user's limit counts every key of theirs, on one shared counter across processes."""
+    admin = operator.admin_key
+    created = cluster.organization(0, "POST", "/users", admin, {"username": "erin", "role": "reader"})
+    assert created.status_code == 200, created.text
+    user = created.json()["id"]
+    limits = cluster.organization(0, "POST", f"/users/{user}/limits", admin, {"max_requests_per_1_minute": 10})
+    assert limits.status_code == 200, limits.text
+    keys = []
+    for name in ("a", "b", "c"):
+        created = cluster.organization(1, "POST", f"/projects/{user}/api_keys", admin, {"name": name})
+        assert created.status_code == 200, created.text
+        keys.append(created.json()["value"])
+
+    with ThreadPoolExecutor(6) as pool:
+        replies = list(pool.map(lambda i: cluster.post(i, keys[i % 3], {"prompt": "Hi", "max_tokens": 1}), range(30)))
+
+    assert Counter(r.status_code for r in replies) == {200: 10, 429: 20}
+    for refused in (r for r in replies if r.status_code == 429):
+        assert refused.json()["error"]["code"] == "rate_limit_exceeded"
+        assert "your account" in refused.json()["error"]["message"]  # the user's limit, not a key's
+    assert len({r.request.url.port for r in replies if r.status_code == 200}) == 2
+
+
 def test_eight_concurrent_requests_do_not_overshoot_a_tpm_limit(cluster):
     key = cluster.create_key("tpm100", "--tpm", "100")
     # A 10-token prompt (token ids) and 20 new tokens: each request reserves, and uses, 30.
