@@ -114,6 +114,7 @@ struct Dot16 {
   static __m256i add(__m256i acc, __m256i a, __m256i b) { return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b)); }
 };
 constexpr int INT8_COLS = 1;  // weight rows a tile: 16 registers hold 4 rows' accumulators for one
+constexpr int INT8_ROWS = 4;  // rows of x a tile
 
 #include "ggml_int8.h"
 
@@ -202,6 +203,7 @@ struct Dot16 {
   static __m256i add(__m256i acc, __m256i a, __m256i b) { return _mm256_dpwssd_epi32(acc, a, b); }
 };
 constexpr int INT8_COLS = 2;
+constexpr int INT8_ROWS = 8;  // 32 registers: 8 rows' integer and float accumulators for one weight row
 
 #include "ggml_int8.h"
 

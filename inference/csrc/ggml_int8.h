@@ -256,7 +256,7 @@ inline void int8_tile(int type, const uint8_t* w, int64_t row_bytes, const Round
   }
 }
 
-// Rows r0 .. r0 + rows (at most 4) of x against weight rows n0 .. n0 + COLS.
+// Rows r0 .. r0 + rows (at most INT8_ROWS) of x against weight rows n0 .. n0 + COLS.
 template <int COLS>
 inline void int8_cols(int type, const uint8_t* w, int64_t row_bytes, const RoundedX8& x, int64_t r0, int64_t rows, int64_t n0,
                       int64_t K, int64_t N, float* y, bool add) {
@@ -264,7 +264,15 @@ inline void int8_cols(int type, const uint8_t* w, int64_t row_bytes, const Round
     case 1: int8_tile<1, COLS>(type, w, row_bytes, x, r0, n0, K, N, y, add); return;
     case 2: int8_tile<2, COLS>(type, w, row_bytes, x, r0, n0, K, N, y, add); return;
     case 3: int8_tile<3, COLS>(type, w, row_bytes, x, r0, n0, K, N, y, add); return;
-    default: int8_tile<4, COLS>(type, w, row_bytes, x, r0, n0, K, N, y, add); return;
+    case 4: int8_tile<4, COLS>(type, w, row_bytes, x, r0, n0, K, N, y, add); return;
+  }
+  if constexpr (INT8_ROWS > 4 && COLS == 1) {
+    switch (rows) {
+      case 5: int8_tile<5, 1>(type, w, row_bytes, x, r0, n0, K, N, y, add); return;
+      case 6: int8_tile<6, 1>(type, w, row_bytes, x, r0, n0, K, N, y, add); return;
+      case 7: int8_tile<7, 1>(type, w, row_bytes, x, r0, n0, K, N, y, add); return;
+      default: int8_tile<8, 1>(type, w, row_bytes, x, r0, n0, K, N, y, add); return;
+    }
   }
 }
 
@@ -274,7 +282,7 @@ inline bool has_int8_form(int type) { return type == TYPE_Q4_K || type == TYPE_Q
 constexpr int64_t INT8_WEIGHT_ROWS = 32;
 
 // y[M, N] (+)= x[M, K] @ W^T for a type of has_int8_form and any M (a row is rounded alone: its result
-// does not depend on the batch), in tiles of 4 rows of x by INT8_COLS weight rows; false, nothing
+// does not depend on the batch), in tiles of INT8_ROWS rows of x by INT8_COLS weight rows (or one, past 4 rows); false, nothing
 // computed, where x cannot be rounded (RoundedX8).
 inline bool int8_gemm(int type, const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, float* y, bool add,
                       int threads) {
@@ -285,10 +293,12 @@ inline bool int8_gemm(int type, const float* x, int64_t M, int64_t K, const uint
   kernels::parallel_for(N, threads, [&](int64_t first, int64_t last) {
     for (int64_t start = first; start < last; start += INT8_WEIGHT_ROWS) {
       const int64_t end = std::min(last, start + INT8_WEIGHT_ROWS);
-      for (int64_t r0 = 0; r0 < M; r0 += 4) {
-        const int64_t rows = std::min<int64_t>(M - r0, 4);
+      for (int64_t r0 = 0; r0 < M; r0 += INT8_ROWS) {
+        const int64_t rows = std::min<int64_t>(M - r0, INT8_ROWS);
         int64_t n = start;
-        if (rows > 2)  // few rows of x keep one weight row's chains in flight: wider tiles only spill
+        // Few rows of x keep one weight row's chains in flight, and more than 4 fill the registers
+        // alone: wider tiles there only spill.
+        if (rows > 2 && rows <= 4)
           for (; n + INT8_COLS <= end; n += INT8_COLS) int8_cols<INT8_COLS>(type, w, row_bytes, rounded, r0, rows, n, K, N, y, add);
         for (; n < end; ++n) int8_cols<1>(type, w, row_bytes, rounded, r0, rows, n, K, N, y, add);
       }
