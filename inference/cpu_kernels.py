@@ -409,7 +409,7 @@ class CPUKernels:
         (the sequences' rows follow one another), its rows, the positions cached before them, the caches' head stride (elements) and the
         addresses of its key and value caches for this layer (``[kv_heads, capacity, dim]`` of
         ``kv_dtype``, float32 or float16); ``cos``/``sin`` as :meth:`decode_attention` takes them;
-        ``out``: ``[tokens, heads * dim]``.  Returns False, nothing done, unless ``dim`` is 64 or 128
+        ``out``: ``[tokens, heads * dim]``.  Returns False, nothing done, unless ``dim`` is 64, 96, 128 or 256
         and ``heads`` a multiple of ``kv_heads``.
         """
         dim = qkv.shape[1] // (heads + 2 * kv_heads)

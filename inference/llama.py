@@ -611,8 +611,13 @@ class LlamaModelRunner:
 
     def _prefill_attention_fits(self) -> bool:
         """Whether a prefill's attention runs in :meth:`CPUKernels.prefill_attention` (our kernels, a
-        head size of 64 or 128, whole groups of query heads) rather than in torch's operations."""
-        return self._kernels is not None and self.head_dim in (64, 128) and self.num_heads % self.num_kv_heads == 0
+        head size of 64, 96 (Phi-3), 128 or 256 (Gemma), whole groups of query heads) rather than in
+        torch's operations."""
+        return (
+            self._kernels is not None
+            and self.head_dim in (64, 96, 128, 256)
+            and self.num_heads % self.num_kv_heads == 0
+        )
 
     def _prefill_tables(self, chunks: Sequence[PrefillChunk], partials: Sequence[_Partial]) -> torch.Tensor | None:
         """The sequences' table of :meth:`CPUKernels.prefill_attention` per layer, int64 ``[layers,

@@ -110,16 +110,17 @@ inline void rotate(const float* x, const float* cos, const float* sin, int64_t d
   for (int64_t i = half; i < dim; ++i) out[i] = x[i] * cos[i] + x[i - half] * sin[i];
 }
 
-// out[0:DIM] = norm * sum_u weights[u] * values[u, 0:DIM], the accumulators in registers.
+// out[0:DIM] = norm * sum_u weights[u] * values[u, 0:DIM] (values' rows `stride` elements apart), the
+// accumulators in registers.
 template <int DIM, typename T>
-inline void weighted_sum(const float* weights, float norm, const T* values, int64_t length, float* out) {
+inline void weighted_sum(const float* weights, float norm, const T* values, int64_t length, int64_t stride, float* out) {
   constexpr int VECTORS = DIM / 8;
   __m256 acc[VECTORS];
 #pragma GCC unroll 16
   for (int i = 0; i < VECTORS; ++i) acc[i] = _mm256_setzero_ps();
   for (int64_t u = 0; u < length; ++u) {
     const __m256 w = _mm256_set1_ps(weights[u]);
-    const T* v = values + u * DIM;
+    const T* v = values + u * stride;
 #pragma GCC unroll 16
     for (int i = 0; i < VECTORS; ++i) acc[i] = _mm256_fmadd_ps(w, load8(v + 8 * i), acc[i]);
   }
@@ -128,9 +129,21 @@ inline void weighted_sum(const float* weights, float norm, const T* values, int6
   for (int i = 0; i < VECTORS; ++i) _mm256_storeu_ps(out + 8 * i, _mm256_mul_ps(acc[i], scale));
 }
 
+// weighted_sum of any head width: in register-sized parts where it is a multiple of 32 (Phi-3's 96,
+// Gemma's 256), else one element at a time.
 template <typename T>
 inline void weighted_sum_any(const float* weights, float norm, const T* values, int64_t length, int64_t dim,
                              float* out) {
+  if (dim == 64) return weighted_sum<64>(weights, norm, values, length, dim, out);
+  if (dim == 96) return weighted_sum<96>(weights, norm, values, length, dim, out);
+  if (dim % 128 == 0) {
+    for (int64_t part = 0; part < dim; part += 128) weighted_sum<128>(weights, norm, values + part, length, dim, out + part);
+    return;
+  }
+  if (dim % 32 == 0) {
+    for (int64_t part = 0; part < dim; part += 32) weighted_sum<32>(weights, norm, values + part, length, dim, out + part);
+    return;
+  }
   for (int64_t i = 0; i < dim; ++i) out[i] = 0.0f;
   for (int64_t u = 0; u < length; ++u) {
     const T* v = values + u * dim;
@@ -192,12 +205,7 @@ void attend(const float* qkv, int64_t rows, int64_t heads, int64_t kv_heads, int
           total += scores[t];
         }
         float* o = out + r * heads * dim + head * dim;
-        if (dim == 64)
-          weighted_sum<64>(scores.data(), 1.0f / total, window_values, length, o);
-        else if (dim == 128)
-          weighted_sum<128>(scores.data(), 1.0f / total, window_values, length, o);
-        else
-          weighted_sum_any(scores.data(), 1.0f / total, window_values, length, dim, o);
+        weighted_sum_any(scores.data(), 1.0f / total, window_values, length, dim, o);
       }
     }
   });
@@ -466,8 +474,12 @@ bool prefill_attention_any(float* qkv, int64_t count, const int64_t* sequences, 
   if (kv_heads <= 0 || heads % kv_heads) return false;
   if (dim == 64)
     prefill_attend<64, T>(qkv, count, sequences, heads, kv_heads, cos, sin, scale, out, threads);
+  else if (dim == 96)
+    prefill_attend<96, T>(qkv, count, sequences, heads, kv_heads, cos, sin, scale, out, threads);
   else if (dim == 128)
     prefill_attend<128, T>(qkv, count, sequences, heads, kv_heads, cos, sin, scale, out, threads);
+  else if (dim == 256)
+    prefill_attend<256, T>(qkv, count, sequences, heads, kv_heads, cos, sin, scale, out, threads);
   else
     return false;
   return true;
@@ -590,7 +602,7 @@ KERNEL_EXPORT void decode_attention_f16(const float* qkv, int64_t rows, int64_t 
 // float32, or float16 bits in prefill_attention_f16), into which its rows' keys and values are
 // written; cos, sin: the rotary tables as decode_attention's.  out: [tokens, heads * dim].
 // The sequences' rows follow one another in qkv (each ROW0 the sum of the rows before it).
-// Returns 0, nothing done, unless dim is 64 or 128 and heads a multiple of kv_heads.
+// Returns 0, nothing done, unless dim is 64, 96, 128 or 256 and heads a multiple of kv_heads.
 KERNEL_EXPORT int prefill_attention(float* qkv, int64_t count, const int64_t* sequences, int64_t heads,
                                     int64_t kv_heads, int64_t dim, const float* cos, const float* sin, float scale,
                                     float* out, int threads) {

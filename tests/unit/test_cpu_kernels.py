@@ -182,10 +182,21 @@ def test_decode_attention_soft_caps_scores_as_gemma_2_does():
 
 
 @needs_kernels
-@pytest.mark.parametrize(("cache_dtype", "dim"), [(torch.float32, 16), (torch.float16, 16), (torch.float16, 64)])
+@pytest.mark.parametrize(
+    ("cache_dtype", "dim"),
+    [
+        (torch.float32, 16),
+        (torch.float16, 16),
+        (torch.float16, 64),
+        (torch.float16, 96),
+        (torch.float32, 160),
+        (torch.float16, 256),
+    ],
+)
 def test_decode_attention_rotates_writes_the_cache_and_attends_over_each_rows_own_length(cache_dtype, dim):
     """float32 caches exactly; float16 ones hold the new key and value rounded as torch's cast rounds,
-    and attention reads them back in float32 (dim 64: the unrolled weighted sum)."""
+    and attention reads them back in float32 (dims 64 and 96: the unrolled weighted sum; 160 in parts
+    of 32, 256 in parts of 128)."""
     generator = torch.Generator().manual_seed(0)
     heads, kv_heads, rows, capacity = 6, 2, 3, 40
     positions = torch.tensor([0, 17, 39])
@@ -224,7 +235,7 @@ def test_decode_attention_rotates_writes_the_cache_and_attends_over_each_rows_ow
 
 @needs_kernels
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (4, 4, 128), (8, 1, 64)])
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (4, 4, 128), (8, 1, 64), (4, 2, 96), (2, 1, 256)])
 def test_prefill_attention_writes_each_sequences_cache_and_attends_causally_as_sdpa_does(
     cache_dtype, heads, kv_heads, dim
 ):
