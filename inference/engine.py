@@ -92,6 +92,7 @@ class EngineConfig:
     prefix_cache_mb: int = 128  # the prefix cache's budget, shared with the running rows' positions
     activation_bits: int = 16  # what one-row Q4_1 products on the AVX2 code round x to: 32, 16 or 8 (cpu_kernels.set_activation_bits; the rest round to 16 under 8)
     k_quant_int8: bool = True  # K-quant products round x to 8 bits (cpu_kernels.set_k_quant_int8)
+    max_context: int = 0  # 0: the model's context; else at most this many positions (prompt and completion)
     freeze_gc: bool = False  # once loaded, gc.freeze() what is alive (a serving process's choice; see Engine._run)
     exit_on_load_failure: bool = False  # a model that cannot load ends the process with status 1 (a server's choice)
 
@@ -407,7 +408,8 @@ class Engine:
             prefix_caching=self.config.prefix_caching,
             prefix_cache_bytes=self.config.prefix_cache_mb << 20,
         )
-        self.max_context = self.runner.max_context or int(tokenizer.model_max_length)
+        model_context = self.runner.max_context or int(tokenizer.model_max_length)
+        self.max_context = min(model_context, self.config.max_context) if self.config.max_context else model_context
         self.vocab_size = self.runner.vocab_size
         eos = set()
         for source in (model.generation_config.eos_token_id, tokenizer.eos_token_id):
