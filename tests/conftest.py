@@ -241,10 +241,28 @@ def tiny_engine():
     engine.stop()
 
 
+def serve(monkeypatch, *served) -> None:
+    """Make the views serve ``served`` (engines, or ``(engine, aliases)`` pairs), in order, instead of
+    the process's own models.  A lone engine answers to ``MODEL_ALIASES`` as the settings say at each
+    request, as a single-model process does."""
+    from django.conf import settings
+
+    from inference.registry import ModelRegistry, ServedModel
+
+    def models() -> ModelRegistry:
+        if len(served) == 1 and not isinstance(served[0], tuple):
+            return ModelRegistry([ServedModel(served[0], tuple(settings.MODEL_ALIASES))])
+        return ModelRegistry(
+            ServedModel(*entry) if isinstance(entry, tuple) else ServedModel(entry) for entry in served
+        )
+
+    monkeypatch.setattr("api.views.get_models", models)
+
+
 @pytest.fixture
 def tiny_api(tiny_engine, monkeypatch):
     """The real views, serving the tiny random model (``tests.inprocess_api`` sends the requests)."""
-    monkeypatch.setattr("api.views.get_engine", lambda: tiny_engine)
+    serve(monkeypatch, tiny_engine)
     return tiny_engine
 
 
