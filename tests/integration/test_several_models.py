@@ -14,42 +14,16 @@ import pytest
 from asgiref.sync import async_to_sync
 from django.test import AsyncClient
 
-from inference.engine import Engine, EngineConfig
-from inference.model_loader import ModelConfig
-from testing import tiny_families
-from tests.conftest import issue, serve
-from tests.inprocess_api import NO_EOS, apost, get, post
+from tests.conftest import issue
+from tests.inprocess_api import MODEL as SMALL
+from tests.inprocess_api import SECOND_ALIAS as BIG_ALIAS
+from tests.inprocess_api import SECOND_MODEL as BIG
+from tests.inprocess_api import apost, get, post
+from tests.inprocess_api import greedy as request
 
 pytest.importorskip("gguf")
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-SMALL, BIG = "tiny", "tiny-qwen3"
-BIG_ALIAS = "qwen-latest"
-QWEN_NO_STOP = tiny_families.no_stop_bias("qwen3")
-
-
-@pytest.fixture(scope="module")
-def qwen3_engine(tmp_path_factory):
-    """The tiny Qwen3 GGUF in float32 (the deterministic mode: batched rows as alone)."""
-    path = tiny_families.write_tiny_gguf(tmp_path_factory.mktemp("qwen3") / "tiny-qwen3.gguf")
-    engine = Engine(ModelConfig(path=str(path), model_id=BIG, weights="float32"), EngineConfig(max_batch_size=8))
-    engine.start()
-    assert engine.wait_ready(300)
-    yield engine
-    engine.stop()
-
-
-@pytest.fixture
-def two_models(tiny_engine, qwen3_engine, monkeypatch):
-    serve(monkeypatch, (tiny_engine, ()), (qwen3_engine, (BIG_ALIAS,)))
-    return tiny_engine, qwen3_engine
-
-
-def request(model: str, prompt: str, max_tokens: int = 6) -> dict:
-    bias = QWEN_NO_STOP if model in (BIG, BIG_ALIAS) else NO_EOS
-    return {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "logit_bias": bias}
-
 
 PROMPTS = ["Hello", "The sky is", "Once upon a time", "One, two, three"]
 
