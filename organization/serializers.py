@@ -575,6 +575,7 @@ def _key_fields() -> dict[str, serializers.Field]:
         max_concurrent=serializers.IntegerField(allow_null=True),
         monthly_token_quota=serializers.IntegerField(allow_null=True),
         allowed_models=serializers.ListField(child=serializers.CharField()),
+        model_limits=serializers.DictField(child=serializers.DictField(child=serializers.IntegerField())),
     )
 
 
