@@ -195,7 +195,9 @@ class Engine:
             return
         if sys.getswitchinterval() == PYTHON_SWITCH_INTERVAL:
             sys.setswitchinterval(GIL_SWITCH_INTERVAL)
-        self._thread = threading.Thread(target=self._run, args=(model, tokenizer), name="engine", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, args=(model, tokenizer), name=f"engine {self.model_id}", daemon=True
+        )
         self._thread.start()
 
     def stop(self, timeout: float = 30) -> None:
@@ -360,10 +362,13 @@ class Engine:
             with torch.inference_mode():
                 self._loaded_runner.warm_up()
             logger.info(
-                "Model runner: %s; warmed up in %.1f s", self._loaded_runner.description, time.perf_counter() - started
+                "Model runner of %s: %s; warmed up in %.1f s",
+                self.model_id,
+                self._loaded_runner.description,
+                time.perf_counter() - started,
             )
         except BaseException as error:  # reported through /healthz and the log
-            logger.exception("The model failed to load")
+            logger.exception("The model %s failed to load", self.model_id)
             self.load_error = error
             if self.config.exit_on_load_failure:
                 # As vLLM and llama-server do: make run shows it, a process manager sees it; a 503 for ever helps no one.
