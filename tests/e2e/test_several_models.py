@@ -130,12 +130,23 @@ def test_interleaved_requests_to_both_models_answer_as_each_model_alone(both):
         (model, prompt): text_of(both.post(body(model, prompt))) for model in (EMBEDDED, TINY) for prompt in PROMPTS
     }
     mixed = [(model, prompt) for prompt in PROMPTS for model in (EMBEDDED, TINY)] * 2
+    before = scrape(both)
 
     with ThreadPoolExecutor(len(mixed)) as pool:
         together = list(pool.map(lambda pair: both.post(body(*pair)), mixed))
 
+    after = scrape(both)
     assert [text_of(response) for response in together] == [alone[pair] for pair in mixed]
     assert [response.json()["model"] for response in together] == [model for model, _ in mixed]
+
+    def moved(name: str, model: str) -> float:
+        key = (name, (("model_name", model),))
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    for model in (EMBEDDED, TINY):  # 6 requests of 8 tokens to each, batched in the model's own engine
+        assert moved("completions_generation_tokens_total", model) == 6 * 8
+        # Fewer decode steps than tokens after each request's first: the requests shared steps.
+        assert moved("completions_decode_step_duration_seconds_count", model) < 6 * 7
 
 
 def test_an_alias_is_served_and_counted_by_its_model(both):
