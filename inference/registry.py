@@ -4,8 +4,9 @@ Each model has its own :class:`~inference.engine.Engine`: its own worker thread,
 and metrics (labelled with its ``model_name``), all in the one process, sharing its cores.  A
 request for one model never waits in another's queue or batch; their steps interleave on the
 cores, and our kernels' thread pool takes one caller at a time (``csrc/pool.h``), so two engines
-never oversubscribe it.  Each engine's thread budget (:mod:`inference.thread_budget`) counts the
-other engine's worker as other work and leaves it a core while it is busy.
+never oversubscribe it.  Where the engines' thread counts are automatic (``ENGINE_NUM_THREADS=0``
+outside the deterministic mode), each one's thread budget (:mod:`inference.thread_budget`) counts
+the other's worker thread as other work and leaves it a core while it is busy.
 
 :class:`ModelRegistry` is made once per process (:mod:`inference.process`), from the configuration
 its reader hands in (``api/engine.py``, from ``MODELS_CONFIG`` or the single ``MODEL_*`` settings).
