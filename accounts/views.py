@@ -176,7 +176,8 @@ def _render_overview(
 
 
 def key_limits(api_key: APIKey) -> list[dict[str, Any]]:
-    """The key's limits as ``{"label", "value", "default"}``, ``value`` already in words.
+    """The key's limits as ``{"label", "value", "default"}``, ``value`` already in words, then its
+    own per-minute limits for each model (``For big``: ``60 requests/min, 100,000 tokens/min``).
 
     ``default`` says the key has no limit of its own and the site's default applies.
     """
@@ -187,6 +188,11 @@ def key_limits(api_key: APIKey) -> list[dict[str, Any]]:
         default = getattr(api_key, field) is None
         found.append({"label": label, "value": "no limit" if value == 0 else f"{value:,}", "default": default})
     found.append({"label": "Models", "value": ", ".join(api_key.models) or "all", "default": False})
+    for model in sorted(api_key.model_limits or {}):
+        own = api_key.limits_for_model(model)
+        if own is not None:
+            words = [f"{n:,} {unit}/min" for n, unit in zip(own, ("requests", "tokens")) if n]
+            found.append({"label": f"For {model}", "value": ", ".join(words), "default": False})
     return found
 
 

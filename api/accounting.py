@@ -67,7 +67,8 @@ class RequestUsage:
         draining.state.opened(self)  # a draining process waits for this record before it exits
 
     async def admit(self, run: Generation) -> None:
-        """The limits hook: reserve the request's largest cost before the engine sees it, or 429.
+        """The limits hook: reserve the request's largest cost before the engine sees it, or 429
+        (the key's, its user's, and the key's for :attr:`model` where it has limits for it).
 
         The largest cost is the prompt tokens plus ``max_tokens`` for every candidate of every
         prompt (``best_of`` candidates, which is ``n`` unless ``best_of`` is sent), and those tokens
@@ -80,7 +81,7 @@ class RequestUsage:
             raise database_error(error) from None
         cost = pricing.cost_nanos(self.price, run.prompt_tokens, largest)
         try:
-            self.admission = await admit(self.api_key, self.request_id, run.prompt_tokens + largest, cost)
+            self.admission = await admit(self.api_key, self.request_id, run.prompt_tokens + largest, cost, self.model)
         except APIError as error:
             self.limit_headers = {k: v for k, v in error.headers.items() if k.startswith("x-ratelimit-")}
             raise
@@ -89,7 +90,7 @@ class RequestUsage:
     async def rate_limit_headers(self) -> dict[str, str]:
         """The key's ``x-ratelimit-*`` headers, as of this request (read, not counted, if refused early)."""
         if self.limit_headers is None:
-            self.limit_headers = await current_headers(self.api_key)
+            self.limit_headers = await current_headers(self.api_key, self.model)
         return self.limit_headers
 
     async def progress(self) -> None:

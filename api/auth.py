@@ -35,11 +35,12 @@ async def authenticate(request: HttpRequest) -> APIKey:
     return api_key
 
 
-async def admit(api_key: APIKey, request_id: str, tokens: int, cost: int = 0) -> limits.Admission:
-    """:func:`keys.limits.admit`, refusals as HTTP: ``LimitExceeded`` (429, with OpenAI's headers)
-    or ``APIError`` 503 when the limits cannot be checked (Redis, or the database for a quota)."""
+async def admit(api_key: APIKey, request_id: str, tokens: int, cost: int = 0, model: str = "") -> limits.Admission:
+    """:func:`keys.limits.admit` (``model``: the served model's id), refusals as HTTP: ``LimitExceeded``
+    (429, with OpenAI's headers) or ``APIError`` 503 when the limits cannot be checked (Redis, or the
+    database for a quota)."""
     try:
-        return await limits.admit(api_key, request_id, tokens, cost)
+        return await limits.admit(api_key, request_id, tokens, cost, model)
     except LimitRefused as refused:
         raise limit_error(refused) from None
     except LimiterUnavailable as error:
@@ -62,7 +63,8 @@ def admission_headers(admission: limits.Admission) -> dict[str, str]:
     return rate_limit_headers(admission.scopes, admission.decision)
 
 
-async def current_headers(api_key: APIKey) -> dict[str, str]:
-    """The key's (and its user's) ``x-ratelimit-*`` headers without counting anything (responses refused early)."""
-    state = await limits.peek(api_key)
+async def current_headers(api_key: APIKey, model: str = "") -> dict[str, str]:
+    """The key's (its user's, and its for ``model``) ``x-ratelimit-*`` headers without counting
+    anything (responses refused early)."""
+    state = await limits.peek(api_key, model)
     return {} if state is None else rate_limit_headers(*state)

@@ -14,7 +14,7 @@ from decimal import Decimal
 
 from keys import journal
 from keys.errors import AuthFailed, DatabaseUnavailable, LimiterUnavailable, LimitRefused
-from keys.limits import BUDGET, CONCURRENCY, KEY, QUOTA, REQUESTS, TOO_LARGE, USER, Decision, Scope
+from keys.limits import BUDGET, CONCURRENCY, KEY, MODEL, QUOTA, REQUESTS, TOO_LARGE, USER, Decision, Scope
 from keys.periods import DAILY, MONTHLY, NEVER, budget_period_bounds, month_bounds
 from keys.pricing import to_money
 
@@ -91,12 +91,23 @@ def format_duration(ms: int) -> str:
 
 # Where a limit applies, as a 429's message says it.
 WHERE = {KEY: "on this API key", USER: "on your account (all of its API keys together)"}
+
+
+def where(scope: Scope) -> str:
+    """Where ``scope``'s limit applies, in a 429's words: ``on this API key``, ``on your account
+    (...)``, or ``for <model> on this API key`` (the key's limits for one model, as OpenAI's
+    messages name the model)."""
+    if scope.kind == MODEL:
+        return f"for {scope.model} on this API key"
+    return WHERE[scope.kind]
+
+
 PERIODS = {MONTHLY: "per calendar month", DAILY: "per day", NEVER: "in all"}
 
 
 def rate_limit_headers(scopes: Sequence[Scope], decision: Decision) -> dict[str, str]:
-    """OpenAI's ``x-ratelimit-*`` headers; for each dimension the scope (key or user) with the least
-    remaining; a dimension without a limit in either scope has none."""
+    """OpenAI's ``x-ratelimit-*`` headers; for each dimension the scope (the key, the user, or the key
+    for the request's model) with the least remaining; a dimension without a limit in any scope has none."""
     headers: dict[str, str] = {}
     dimensions = []
     for name, limit_of, used_of, reset_of in (
@@ -121,10 +132,10 @@ def rate_limit_headers(scopes: Sequence[Scope], decision: Decision) -> dict[str,
 
 
 def limit_error(refused: LimitRefused) -> LimitExceeded:
-    """OpenAI's 429 for a refusal, naming the limit and whether it is the key's or the user's, with
-    its rate-limit headers and when (or whether) to retry."""
+    """OpenAI's 429 for a refusal, naming the limit and whether it is the key's, the user's or the
+    key's for the model, with its rate-limit headers and when (or whether) to retry."""
     decision, scope, tokens = refused.decision, refused.scope, refused.tokens
-    limits, where = scope.limits, WHERE[scope.kind]
+    limits, place = scope.limits, where(scope)
     headers = rate_limit_headers(refused.scopes, decision)
     wait = decision.retry_after_ms
     retry = {"Retry-After": str(max(1, math.ceil(wait / 1000))), "retry-after-ms": str(max(1, wait))}
@@ -156,7 +167,7 @@ def limit_error(refused: LimitRefused) -> LimitExceeded:
         )
     if decision.refusal == TOO_LARGE:
         return LimitExceeded(
-            f"Request too large for tokens per min (TPM) {where}: Limit {limits.tpm}, Requested {tokens}. "
+            f"Request too large for tokens per min (TPM) {place}: Limit {limits.tpm}, Requested {tokens}. "
             "Reduce the prompt or max_tokens (each choice reserves max_tokens) to run it.",
             status=429,
             type="tokens",
@@ -165,7 +176,7 @@ def limit_error(refused: LimitRefused) -> LimitExceeded:
         )
     if decision.refusal == CONCURRENCY:
         return LimitExceeded(
-            f"Rate limit reached for concurrent requests {where}: Limit {limits.max_concurrent}, "
+            f"Rate limit reached for concurrent requests {place}: Limit {limits.max_concurrent}, "
             f"Used {decision.concurrent}, Requested 1. Please try again once one of them has finished.",
             status=429,
             type="requests",
@@ -177,7 +188,7 @@ def limit_error(refused: LimitRefused) -> LimitExceeded:
     else:
         name, limit, used, requested = "tokens per min (TPM)", limits.tpm, decision.tokens, tokens
     return LimitExceeded(
-        f"Rate limit reached for {name} {where}: Limit {limit}, Used {used}, Requested {requested}. "
+        f"Rate limit reached for {name} {place}: Limit {limit}, Used {used}, Requested {requested}. "
         f"Please try again in {format_duration(wait)}.",
         status=429,
         type=str(decision.refusal),

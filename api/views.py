@@ -23,6 +23,7 @@ from django.views import defaults
 from django.views.decorators.csrf import csrf_exempt
 
 from inference.outputs import EngineShuttingDown
+from inference.registry import ServedModel
 from keys import journal
 from keys.db import database_health
 
@@ -34,7 +35,7 @@ from .chat.protocol import new_chat_completion_id, parse_chat_request
 from .chat.serving import ChatRun
 from .completions.protocol import new_completion_id, parse_completion_request
 from .completions.serving import CompletionRun
-from .engine import get_engine, key_may_use, served_models
+from .engine import get_models, key_may_use
 from .errors import APIError, error_response
 from .generation import Generation
 from .handlers import is_api_path
@@ -147,11 +148,12 @@ async def _start_completion(request: HttpRequest, usage: RequestUsage, endpoint:
     else:
         parsed = await asyncio.to_thread(endpoint.parse, body)
     usage.stream, usage.user = parsed.stream, parsed.user or ""
-    engine = get_engine()
-    if not key_may_use(usage.api_key, parsed.model, engine.model_id):
+    served = get_models().resolve(parsed.model)
+    if served is None or not key_may_use(usage.api_key, parsed.model, served):
         # The same 404 for a model the key may not use; the record keeps "" as its model, never
         # the client's text (a key pasted into "model" would be stored).
         raise model_not_found_error(parsed.model)
+    engine = served.engine  # each model has its own engine: its queue, batch and KV cache
     usage.model = engine.model_id  # an alias is counted under the model that serves it
     if not engine.ready:
         raise APIError(
@@ -238,33 +240,38 @@ def _as_api_error(error: BaseException) -> APIError:
 
 @api_view("GET")
 async def models(request: HttpRequest) -> HttpResponse:
-    """``GET /v1/models``: ``ListModelsResponse`` with the served model and its aliases
-    (``MODEL_ALIASES``), those the key may use."""
+    """``GET /v1/models``: ``ListModelsResponse`` with every served model and its aliases, in the
+    configured order (``MODELS_CONFIG``'s, or ``MODEL_ID`` then ``MODEL_ALIASES``), those the key may use."""
     try:
         api_key = await authenticate(request)
     except APIError as error:
         return error_response(error)
-    model_id = get_engine().model_id
     return JsonResponse(
-        model_list(_model(name) for name in served_models(model_id) if key_may_use(api_key, name, model_id))
+        model_list(
+            _model(name, served)
+            for served in get_models()
+            for name in served.names
+            if key_may_use(api_key, name, served)
+        )
     )
 
 
 @api_view("GET")
 async def model_detail(request: HttpRequest, model: str) -> HttpResponse:
-    """``GET /v1/models/{model}``: the ``Model`` object (the served model or an alias), or 404
+    """``GET /v1/models/{model}``: the ``Model`` object (a served model or an alias), or 404
     ``model_not_found``."""
     try:
         api_key = await authenticate(request)
     except APIError as error:
         return error_response(error)
-    if not key_may_use(api_key, model, get_engine().model_id):
+    served = get_models().resolve(model)
+    if served is None or not key_may_use(api_key, model, served):
         return error_response(model_not_found_error(model))
-    return JsonResponse(_model(model))
+    return JsonResponse(_model(model, served))
 
 
-def _model(name: str) -> Model:
-    engine = get_engine()
+def _model(name: str, served: ServedModel) -> Model:
+    engine = served.engine
     return model_object(name, engine.created, OWNED_BY, getattr(engine.runner, "serving", None))
 
 
@@ -297,29 +304,50 @@ def server_error(request: HttpRequest) -> HttpResponse:
 
 
 async def healthz(request: HttpRequest) -> HttpResponse:
-    """``GET /healthz``: 200 once the model is loaded, 503 while loading (or if loading failed),
+    """``GET /healthz``: 200 once every model is loaded, 503 while one loads (or if loading failed),
     while the process drains after SIGTERM (``"status": "draining"``), while the database does
     not answer (``"database": "unreachable"``, as the process's last query or probe found it:
     ``keys/db.py``) and while the usage journal cannot be written (``"usage_journal":
-    "unwritable"``, until its probe write succeeds: ``keys/journal.py``)."""
-    engine = get_engine()
+    "unwritable"``, until its probe write succeeds: ``keys/journal.py``).
+
+    ``models`` lists each model's own state and figures; the running and waiting requests and tokens
+    per second at the top are their sums.  Where one model is served, its ``model`` id, ``runner``,
+    ``weights`` and ``error`` are at the top too (as the body was before there could be several)."""
+    states = [_model_health(served) for served in get_models()]
     reachable, journaling = database_health.reachable, journal.accepting()
-    body = {"status": "ok" if engine.ready else "loading", "model": engine.model_id, **engine.stats()}
+    ready = all(state["status"] == "ok" for state in states)
+    failed = any(state["status"] == "error" for state in states)
+    body: dict[str, Any] = {"status": "error" if failed else "ok" if ready else "loading"}
+    if len(states) == 1:
+        body["model"] = states[0]["id"]
+    body["running"] = sum(state["running"] for state in states)
+    body["waiting"] = sum(state["waiting"] for state in states)
+    body["tokens_per_second"] = round(sum(state["tokens_per_second"] for state in states), 1)
     body["database"] = "ok" if reachable else "unreachable"
     body["usage_journal"] = "ok" if journaling else "unwritable"
-    if engine.ready and engine.runner is not None:  # what serves: the forward pass and weight formats
-        body["runner"] = engine.runner.description
-        body["weights"] = engine.runner.weight_formats
-    if engine.load_error is not None:
-        body["status"] = "error"
-        body["error"] = f"{type(engine.load_error).__name__}: {engine.load_error}"
+    if len(states) == 1:
+        body.update({key: states[0][key] for key in ("runner", "weights", "error") if key in states[0]})
+    body["models"] = states
     if draining.state.draining:
         body["status"] = "draining"
         body["open_requests"] = draining.state.open_requests
-    healthy = engine.ready and not draining.state.draining and reachable and journaling
-    if engine.ready and not (reachable and journaling) and body["status"] == "ok":
+    healthy = ready and not draining.state.draining and reachable and journaling
+    if ready and not (reachable and journaling) and body["status"] == "ok":
         body["status"] = "unavailable"
     response = JsonResponse(body, status=200 if healthy else 503)
     # A 503 while loading is expected: Django's private flag keeps it out of the error log.
     response._has_been_logged = True  # type: ignore[attr-defined]
     return response
+
+
+def _model_health(served: ServedModel) -> dict[str, Any]:
+    """One model's state (``ok``, ``loading`` or ``error`` with its reason) and live figures."""
+    engine = served.engine
+    state: dict[str, Any] = {"id": served.id, "status": "ok" if engine.ready else "loading", **engine.stats()}
+    if engine.ready and engine.runner is not None:  # what serves: the forward pass and weight formats
+        state["runner"] = engine.runner.description
+        state["weights"] = engine.runner.weight_formats
+    if engine.load_error is not None:
+        state["status"] = "error"
+        state["error"] = f"{type(engine.load_error).__name__}: {engine.load_error}"
+    return state

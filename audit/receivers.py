@@ -57,6 +57,7 @@ KEY_FIELDS = (
     "max_concurrent",
     "monthly_token_quota",
     "allowed_models",
+    "model_limits",
 )
 USER_FIELDS = ("username", "email", "first_name", "last_name", "is_active", "is_staff", "is_superuser", "password")
 _BEFORE = "_audit_before"

@@ -2,7 +2,8 @@
 
     nice .venv/bin/python bench/metrics_cost.py [--batch 32] [--steps 20000]
 
-What ``Engine._decode_step`` and ``Engine._set_gauges`` do per step (one histogram observation,
+What ``Engine._decode_step`` and ``Engine._set_gauges`` do per step on one engine's metrics (its
+children, labelled with its ``model_name``: one histogram observation,
 one counter increment by the batch size, three gauges set from the batch: a set of request ids
 and a sum of lengths over ``--batch`` fake sequences), timed over ``--steps`` steps; then the same
 in a child process with ``PROMETHEUS_MULTIPROC_DIR`` set (values in mmapped files).  Compare
@@ -24,7 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 def measure(batch: int, steps: int) -> float:
     """Mean microseconds of one step's metric updates."""
-    from inference import metrics as m
+    from inference.metrics import EngineMetrics
+
+    m = EngineMetrics("bench")  # one engine's children, bound once, as Engine binds its own
 
     class Seq:
         def __init__(self, i: int) -> None:

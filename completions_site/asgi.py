@@ -4,8 +4,9 @@ HTTP goes to Django: ``/v1/...`` and ``/healthz`` through a handler without the 
 middleware, every other path (the admin, the dashboard, static files) through the full one;
 WebSockets go to the channels routes of ``dashboard/routing.py``.
 
-Starting the server also starts the engine's worker thread, which loads the model in the
-background (``/healthz`` answers 503 until it is ready).  The system checks run first, so a
+Starting the server also starts each model's engine, whose worker thread loads its model in the
+background (``/healthz`` answers 503 until every one is ready), once the models are known to fit
+in ``MODELS_MEMORY_BUDGET``.  The system checks run first, so a
 production start with the default secret key, or one that other machines reach in debug mode,
 refuses to serve: the process exits with the checks' messages, which say what to set.
 

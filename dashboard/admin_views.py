@@ -19,8 +19,9 @@ from django.db.models import Count, Q
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, StreamingHttpResponse
 from django.shortcuts import render
 
+from inference import process
 from keys import periods, stats
-from keys.models import APIKey
+from keys.models import APIKey, DailyUsage
 from keys.usage import month_tokens
 
 from .forms import UsageFilterForm
@@ -71,6 +72,7 @@ def dashboard(request: HttpRequest) -> HttpResponse:
         "top_keys": stats.top_keys(records),
         "top_users": stats.top_users(records),
         "models": stats.per_model(records),
+        "model_names": model_names(),
         "endpoints": stats.per_endpoint(records),
         "hourly": stats.chart_data(hourly, "hour"),
         "daily": stats.chart_data(daily, "day"),
@@ -78,6 +80,15 @@ def dashboard(request: HttpRequest) -> HttpResponse:
         "percentile_sample": stats.PERCENTILE_SAMPLE,
     }
     return render(request, "dashboard/dashboard.html", context)
+
+
+def model_names() -> list[str]:
+    """The model filter's suggestions: the models this process serves, in their order, then any other
+    model that usage was recorded under (one served elsewhere, or no more)."""
+    served = [served.id for served in process.current() or ()]
+    # The daily rollup, a row per key, model and day, is far smaller than the records it sums.
+    recorded = DailyUsage.objects.exclude(model="").values_list("model", flat=True).distinct().order_by("model")
+    return [*served, *(name for name in recorded if name not in served)]
 
 
 def export_csv(request: HttpRequest) -> HttpResponse:

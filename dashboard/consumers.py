@@ -1,7 +1,7 @@
 """The staff dashboard's WebSocket: the engine's live state every second, and new usage records.
 
-The consumer runs in the daphne process that owns the engine, so it reads ``engine.stats()``
-directly.  Only active staff may connect; anyone else is refused before the handshake completes.
+The consumer runs in the daphne process that owns the engines (one per model served), so it reads
+each ``engine.stats()`` directly.  Only active staff may connect; anyone else is refused before the handshake completes.
 """
 
 from __future__ import annotations
@@ -23,12 +23,21 @@ INTERVAL_SECONDS = 1.0
 
 
 def engine_stats() -> dict[str, Any]:
-    """``{"ready", "running", "waiting", "tokens_per_second"}`` of this process's engine, or
-    ``{"ready": False}`` before the server has made one (the page then shows "loading")."""
-    engine = process.current()
-    if engine is None:
+    """``{"ready", "running", "waiting", "tokens_per_second", "models"}`` of this process's engines:
+    the sums (``ready`` once every model is), and ``models`` each model's own (``{"model", "ready",
+    "running", "waiting", "tokens_per_second"}``, in the configured order); ``{"ready": False}``
+    before the server has made them (the page then shows "loading")."""
+    models = process.current()
+    if models is None:
         return {"ready": False}
-    return {"ready": engine.ready, **engine.stats()}
+    each = [{"model": served.id, "ready": served.engine.ready, **served.engine.stats()} for served in models]
+    return {
+        "ready": all(model["ready"] for model in each),
+        "running": sum(model["running"] for model in each),
+        "waiting": sum(model["waiting"] for model in each),
+        "tokens_per_second": round(sum(model["tokens_per_second"] for model in each), 1),
+        "models": each,
+    }
 
 
 class EngineStatsConsumer(AsyncJsonWebsocketConsumer):

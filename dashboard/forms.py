@@ -32,7 +32,12 @@ class UsageFilterForm(forms.Form):
     end = forms.DateField(required=False, widget=DateInput, label="To")
     user = forms.CharField(required=False, max_length=150, label="User", help_text="username")
     key = forms.CharField(required=False, max_length=64, label="Key", help_text="prefix, e.g. sk-cs-AbCd1234")
-    model = forms.CharField(required=False, max_length=200, label="Model")
+    model = forms.CharField(
+        required=False,
+        max_length=200,
+        label="Model",
+        widget=forms.TextInput(attrs={"list": "model-names"}),  # the served models and those in the records
+    )
     endpoint = forms.ChoiceField(
         required=False,
         label="Endpoint",

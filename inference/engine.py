@@ -17,8 +17,10 @@ Torch runs only in the worker thread.  The asyncio side calls :meth:`Engine.subm
 a :class:`RequestStream` (an async iterator of :class:`RequestOutput`) fed from the worker with
 ``loop.call_soon_threadsafe``.
 
-The worker updates the Prometheus metrics of :mod:`inference.metrics` (vLLM's names) once per step
-and once per request, never per token.
+The worker updates the Prometheus metrics of :mod:`inference.metrics` (vLLM's names), labelled
+with its model's id (``model_name``), once per step and once per request, never per token.  A
+process serving several models (:mod:`inference.registry`) has one engine per model, each with its
+own worker thread, queue, KV cache and metrics.
 """
 
 from __future__ import annotations
@@ -90,6 +92,7 @@ class EngineConfig:
     prefix_cache_mb: int = 128  # the prefix cache's budget, shared with the running rows' positions
     activation_bits: int = 16  # what one-row Q4_1 products on the AVX2 code round x to: 32, 16 or 8 (cpu_kernels.set_activation_bits; the rest round to 16 under 8)
     k_quant_int8: bool = True  # K-quant products round x to 8 bits (cpu_kernels.set_k_quant_int8)
+    max_context: int = 0  # 0: the model's context; else at most this many positions (prompt and completion)
     freeze_gc: bool = False  # once loaded, gc.freeze() what is alive (a serving process's choice; see Engine._run)
     exit_on_load_failure: bool = False  # a model that cannot load ends the process with status 1 (a server's choice)
 
@@ -141,6 +144,7 @@ class Engine:
         self.model_config = model_config
         self.config = config or EngineConfig()
         self.model_id = model_config.model_id
+        self.metrics = m.EngineMetrics(self.model_id)
         self.ready = False
         self.load_error: BaseException | None = None
         self.created = int(time.time())
@@ -191,7 +195,9 @@ class Engine:
             return
         if sys.getswitchinterval() == PYTHON_SWITCH_INTERVAL:
             sys.setswitchinterval(GIL_SWITCH_INTERVAL)
-        self._thread = threading.Thread(target=self._run, args=(model, tokenizer), name="engine", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, args=(model, tokenizer), name=f"engine {self.model_id}", daemon=True
+        )
         self._thread.start()
 
     def stop(self, timeout: float = 30) -> None:
@@ -356,10 +362,13 @@ class Engine:
             with torch.inference_mode():
                 self._loaded_runner.warm_up()
             logger.info(
-                "Model runner: %s; warmed up in %.1f s", self._loaded_runner.description, time.perf_counter() - started
+                "Model runner of %s: %s; warmed up in %.1f s",
+                self.model_id,
+                self._loaded_runner.description,
+                time.perf_counter() - started,
             )
         except BaseException as error:  # reported through /healthz and the log
-            logger.exception("The model failed to load")
+            logger.exception("The model %s failed to load", self.model_id)
             self.load_error = error
             if self.config.exit_on_load_failure:
                 # As vLLM and llama-server do: make run shows it, a process manager sees it; a 503 for ever helps no one.
@@ -404,7 +413,8 @@ class Engine:
             prefix_caching=self.config.prefix_caching,
             prefix_cache_bytes=self.config.prefix_cache_mb << 20,
         )
-        self.max_context = self.runner.max_context or int(tokenizer.model_max_length)
+        model_context = self.runner.max_context or int(tokenizer.model_max_length)
+        self.max_context = min(model_context, self.config.max_context) if self.config.max_context else model_context
         self.vocab_size = self.runner.vocab_size
         eos = set()
         for source in (model.generation_config.eos_token_id, tokenizer.eos_token_id):
@@ -457,9 +467,9 @@ class Engine:
     def _set_gauges(self) -> None:
         """The metrics' gauges, once per loop: requests running and waiting, KV cache columns in use."""
         running = self._running
-        m.requests_running.set(len({id(seq.request) for seq in running}))
-        m.requests_waiting.set(len(self.scheduler) + len(self._inbox))
-        m.kv_cache_columns.set(sum(seq.length for seq in running))
+        self.metrics.requests_running.set(len({id(seq.request) for seq in running}))
+        self.metrics.requests_waiting.set(len(self.scheduler) + len(self._inbox))
+        self.metrics.kv_cache_columns.set(sum(seq.length for seq in running))
 
     def _take_inbox(self) -> None:
         with self._lock:
@@ -469,7 +479,7 @@ class Engine:
         waiting = []
         for request in arrived:
             if request.prompt_logprobs is None:  # those need every position's logits
-                m.prefix_cache_queries.inc(len(request.prompt_ids))
+                self.metrics.prefix_cache_queries.inc(len(request.prompt_ids))
                 self._reuse_prefix(request)
                 if self._join_reused(request):
                     continue
@@ -482,7 +492,7 @@ class Engine:
             self._loaded_runner.release(request.key)  # its partial prefill, if any
         keep = [row for row, seq in enumerate(self._running) if seq.request.request_id not in aborted]
         stopped = {seq.request.request_id for seq in self._running if seq.request.request_id in aborted}
-        m.finished("abort", len(removed) + len(stopped))
+        self.metrics.finished("abort", len(removed) + len(stopped))
         if len(keep) != len(self._running):
             self._select_rows(keep)
         self._first_in_decode = [r for r in self._first_in_decode if r.request_id not in aborted]
@@ -492,7 +502,7 @@ class Engine:
         caching), noting which stored prompts it has seen (``runner.prefix_epoch``)."""
         request.prefix_epoch = self._loaded_runner.prefix_epoch
         request.prefilled = request.cached_tokens = self._loaded_runner.reuse_prefix(request.key, request.prompt_ids)
-        m.prefix_cache_hits.inc(request.cached_tokens)
+        self.metrics.prefix_cache_hits.inc(request.cached_tokens)
 
     def _look_again(self) -> None:
         """Waiting requests not yet started look in the prefix cache again when it stored prompts
@@ -514,8 +524,8 @@ class Engine:
             return False
         if self._running and len(self._running) + request.rows > self.config.max_batch_size:
             return False
-        m.request_queue_time.observe(time.monotonic() - request.arrival)
-        m.prompt_tokens.inc(1)
+        self.metrics.request_queue_time.observe(time.monotonic() - request.arrival)
+        self.metrics.prompt_tokens.inc(1)
         sequences = self.output_processor.new_sequences(request)
         for seq in sequences:
             seq.length = request.cached_tokens
@@ -545,8 +555,8 @@ class Engine:
         ]
         for item in scheduled:
             if item.start == item.request.cached_tokens:
-                m.request_queue_time.observe(started - item.request.arrival)
-        m.prompt_tokens.inc(sum(item.end - item.start for item in scheduled))
+                self.metrics.request_queue_time.observe(started - item.request.arrival)
+        self.metrics.prompt_tokens.inc(sum(item.end - item.start for item in scheduled))
         prompts_done = []
         for item, logits in zip(scheduled, self._loaded_runner.prefill(chunks)):
             request = item.request
@@ -562,7 +572,7 @@ class Engine:
             self._running.extend(alive)
             prompts_done.append(request)
         self.scheduler.finish_prefills()
-        m.prefill_step_duration.observe(time.monotonic() - started)
+        self.metrics.prefill_step_duration.observe(time.monotonic() - started)
         # Published only now: a client that has its first token finds its request counted as
         # running, not waiting, by the queue limit and /healthz, and the step in the metrics.
         for request in prompts_done:
@@ -576,7 +586,7 @@ class Engine:
         sequences = self.output_processor.new_sequences(request)
         if request.params.max_tokens:
             self._sample(sequences, logits.expand(len(sequences), -1).clone())
-            _observe_first_token(request, time.monotonic())
+            _observe_first_token(self.metrics, request, time.monotonic())
         return [seq for seq in request.sequences if not seq.finished]
 
     def _decode_step(self) -> None:
@@ -589,10 +599,10 @@ class Engine:
         self._sample(sequences, logits)
         now = time.monotonic()
         for request in self._first_in_decode:
-            _observe_first_token(request, now)
+            _observe_first_token(self.metrics, request, now)
         self._first_in_decode.clear()
         # Observed before publishing, so that a client who has its tokens finds the step counted.
-        m.decode_step_duration.observe(time.monotonic() - started)
+        self.metrics.decode_step_duration.observe(time.monotonic() - started)
         self._publish(sequences)
         keep = [row for row, seq in enumerate(sequences) if not seq.finished]
         if len(keep) != len(sequences):
@@ -609,7 +619,7 @@ class Engine:
         """Pick each sequence's next token from its row of ``logits`` ``[batch, vocab]`` (float32)."""
         for seq, (token_id, logprob) in zip(sequences, sampling.sample(sequences, logits)):
             self.output_processor.append(seq, token_id, logprob)
-        m.generation_tokens.inc(len(sequences))
+        self.metrics.generation_tokens.inc(len(sequences))
 
     def _publish(self, sequences: list[SequenceState]) -> None:
         """Send each request its sequences' released outputs for this step."""
@@ -621,7 +631,7 @@ class Engine:
                 self._recent_tokens.popleft()
         for request, output in results:
             if output.finished:  # counted before the client can see the end and read /metrics
-                _observe_finished(request, now)
+                _observe_finished(self.metrics, request, now)
         push_all(results)
 
     def _fail_all(self, error: EngineError) -> None:
@@ -631,7 +641,7 @@ class Engine:
         with self._lock:
             requests.update({id(r): r for r in self._inbox})
             self._inbox.clear()
-        m.finished("error", len(requests))  # counted before the clients can see the failure
+        self.metrics.finished("error", len(requests))  # counted before the clients can see the failure
         for request in requests.values():
             request.push(error)
         self._running = []
@@ -640,17 +650,17 @@ class Engine:
             self.runner.reset()
 
 
-def _observe_first_token(request: Request, now: float) -> None:
+def _observe_first_token(metrics: m.EngineMetrics, request: Request, now: float) -> None:
     """Note that ``request`` sampled its first token at ``now`` (time to first token)."""
     request.first_token_at = now
-    m.time_to_first_token.observe(now - request.arrival)
+    metrics.time_to_first_token.observe(now - request.arrival)
 
 
-def _observe_finished(request: Request, now: float) -> None:
+def _observe_finished(metrics: m.EngineMetrics, request: Request, now: float) -> None:
     """A finished request's metrics: end-to-end latency, time per output token, its finish reason."""
-    m.e2e_request_latency.observe(now - request.arrival)
+    metrics.e2e_request_latency.observe(now - request.arrival)
     tokens = max((len(seq.token_ids) for seq in request.sequences), default=0)
     if request.first_token_at is not None and tokens > 1:
-        m.time_per_output_token.observe((now - request.first_token_at) / (tokens - 1))
+        metrics.time_per_output_token.observe((now - request.first_token_at) / (tokens - 1))
     # Once per request, as vLLM counts: the first candidate's reason stands for the request's.
-    m.finished(request.sequences[0].finish_reason if request.sequences else None)
+    metrics.finished(request.sequences[0].finish_reason if request.sequences else None)

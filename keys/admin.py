@@ -39,6 +39,10 @@ class StatusFilter(admin.SimpleListFilter):
 class APIKeyForm(ModelForm):
     """The key's form; a new key beyond its owner's cap of active keys is an error on the form."""
 
+    def clean_model_limits(self) -> dict:
+        """An empty box is no limits per model (``{}``), not JSON's ``null``."""
+        return self.cleaned_data.get("model_limits") or {}
+
     def clean(self) -> dict:
         cleaned = super().clean() or {}
         owner = cleaned.get("owner")
@@ -73,6 +77,7 @@ class APIKeyAdmin(admin.ModelAdmin):
         "budget",
         "budget_period",
         "allowed_models",
+        "model_limits",
     )
     add_fields = ("name", "owner", "expires_at", *limit_fields)
     change_fields = (
@@ -104,7 +109,7 @@ class APIKeyAdmin(admin.ModelAdmin):
 
     @admin.display(description="limits")
     def limits(self, obj: APIKey) -> str:
-        """The key's own limits, e.g. “rpm 10, models: a, b”; “defaults” when it has none."""
+        """The key's own limits, e.g. “rpm 10; models: a, b; b: rpm 5”; “defaults” when it has none."""
         own = [
             (label, value)
             for label, value in (
@@ -119,6 +124,11 @@ class APIKeyAdmin(admin.ModelAdmin):
         parts = [f"{label} {value or 'unlimited'}" for label, value in own]
         if obj.models:
             parts.append("models: " + ", ".join(obj.models))
+        for model in sorted(obj.model_limits or {}):
+            per_minute = obj.limits_for_model(model)
+            if per_minute is not None:
+                numbers = zip(("rpm", "tpm"), per_minute)
+                parts.append(f"{model}: " + ", ".join(f"{label} {n}" for label, n in numbers if n))
         return "; ".join(parts) or "defaults"
 
     def save_model(self, request: HttpRequest, obj: APIKey, form: ModelForm, change: bool) -> None:

@@ -30,14 +30,14 @@ class AuthFailed(Exception):
 
 
 class LimitRefused(Exception):
-    """A limit, quota or budget of the key or of its user refused a request that would cost up to
-    ``tokens`` tokens and ``cost`` nanos.
+    """A limit, quota or budget of the key, of its user or of the key for the request's model
+    refused a request that would cost up to ``tokens`` tokens and ``cost`` nanos.
 
     ``decision`` is the counter store's answer (its ``refusal`` names the limit: ``quota``,
     ``budget``, ``too_large``, ``concurrency``, ``requests`` or ``tokens``), ``scopes`` the request's
-    scopes (the key's, the user's) and :attr:`scope` the one that refused (``scope.kind`` is
-    ``"key"`` or ``"user"``, ``scope.limits`` its limits in force, its ``month`` and
-    ``budget_window`` the periods).  Nothing was counted or reserved.
+    scopes (the key's, the user's, the key's for the model) and :attr:`scope` the one that refused
+    (``scope.kind`` is ``"key"``, ``"user"`` or ``"model"`` with its ``model``, ``scope.limits`` its
+    limits in force, its ``month`` and ``budget_window`` the periods).  Nothing was counted or reserved.
     """
 
     def __init__(self, decision: Decision, scopes: Sequence[Scope], tokens: int, cost: int = 0) -> None:

@@ -9,7 +9,8 @@ in the others:
   assignments); ``user-...`` appears only in an audit-log actor example and two ``first_id``s.
 - an API key or an admin key: ``key_{prefix}`` (OpenAI's ``key_abc``), the key's public prefix, so an
   id never reveals the secret.  The two kinds share the form; their prefixes are random.
-- a key's rate limit: ``rl_{prefix}`` (one per key here, OpenAI's ``rl_...`` per model).
+- a key's rate limit: ``rl_{prefix}`` for its limits over all models, ``rl_{prefix}:{model}`` for its
+  own requests and tokens per minute for one model (OpenAI's ``rl_...`` are per model).
 """
 
 from __future__ import annotations
@@ -50,13 +51,27 @@ def key_prefix(public_id: str) -> str | None:
     return prefix if prefix != public_id and "\x00" not in prefix else None
 
 
-def rate_limit_id(prefix: str) -> str:
-    """``"rl_AbCd1234"``: the rate limit of the key whose public prefix is ``AbCd1234``."""
-    return f"{RATE_LIMIT_ID_PREFIX}{prefix}"
+def rate_limit_id(prefix: str, model: str = "") -> str:
+    """``"rl_AbCd1234"``: the rate limit of the key whose public prefix is ``AbCd1234``;
+    ``"rl_AbCd1234:big"``: its own for the model ``big``."""
+    return f"{RATE_LIMIT_ID_PREFIX}{prefix}:{model}" if model else f"{RATE_LIMIT_ID_PREFIX}{prefix}"
+
+
+def parse_rate_limit_id(public_id: str) -> tuple[str, str] | None:
+    """``(prefix, model)`` that ``"rl_AbCd1234:big"`` names (``model`` ``""`` for ``"rl_AbCd1234"``),
+    or ``None`` when ``public_id`` is not such an id (nor when it holds a NUL character).  A prefix
+    holds no colon, so the model id may."""
+    rest = public_id.removeprefix(RATE_LIMIT_ID_PREFIX)
+    if rest == public_id or "\x00" in rest:
+        return None
+    prefix, colon, model = rest.partition(":")
+    if colon and not model:
+        return None
+    return prefix, model
 
 
 def rate_limit_prefix(public_id: str) -> str | None:
-    """The key prefix that ``"rl_AbCd1234"`` names, or ``None`` when ``public_id`` is not such an id
-    (nor when it holds a NUL character)."""
-    prefix = public_id.removeprefix(RATE_LIMIT_ID_PREFIX)
-    return prefix if prefix != public_id and "\x00" not in prefix else None
+    """The key prefix that ``"rl_AbCd1234"`` or ``"rl_AbCd1234:big"`` names, or ``None`` when
+    ``public_id`` is not such an id (nor when it holds a NUL character)."""
+    parsed = parse_rate_limit_id(public_id)
+    return parsed[0] if parsed else None

@@ -10,8 +10,9 @@ Revocation is one-way: :meth:`APIKey.revoke` sets ``revoked_at`` once and ``save
 clear it.
 
 Each key may carry its own limits (requests and tokens per minute, concurrent requests, tokens per
-calendar month) and a list of the models it may use; an empty limit means the global default
-(``API_DEFAULT_*`` settings), and 0 means no limit.  ``keys.limits`` enforces them.
+calendar month), a list of the models it may use, and requests and tokens per minute for each model
+(``model_limits``); an empty limit means the global default (``API_DEFAULT_*`` settings), and 0
+means no limit.  ``keys.limits`` enforces them.
 """
 
 from __future__ import annotations
@@ -102,6 +103,30 @@ def validate_model_list(text: str) -> None:
     for model in parse_model_list(text):
         if any(char.isspace() for char in model):
             raise ValidationError(f"“{model}” is not a model id; separate model ids with commas.")
+
+
+# A key's own limits for one model: requests and tokens per minute (0: none), beside its limits over all models.
+MODEL_LIMIT_NAMES = ("rpm", "tpm")
+MAX_RPM = 2**31 - 1
+MAX_TPM = 2**63 - 1
+
+
+def validate_model_limits(value: Any) -> None:
+    """Refuse a ``model_limits`` value that is not ``{"<model id>": {"rpm": n, "tpm": n}, ...}``
+    (whole numbers of 0 or more, either may be left out); the message names the model and the limit."""
+    if not isinstance(value, dict):
+        raise ValidationError('Write the limits per model as {"model-id": {"rpm": 100, "tpm": 50000}}.')
+    for model, limits in value.items():
+        if not model or len(model) > 200 or any(char.isspace() or char == "," for char in model):
+            raise ValidationError(f"“{model}” is not a model id.")
+        if not isinstance(limits, dict):
+            raise ValidationError(f"The limits of “{model}” must be an object with rpm and tpm.")
+        for name, number in limits.items():
+            if name not in MODEL_LIMIT_NAMES:
+                raise ValidationError(f"“{name}” (for “{model}”) is not a limit: use rpm and tpm.")
+            most = MAX_RPM if name == "rpm" else MAX_TPM
+            if isinstance(number, bool) or not isinstance(number, int) or not 0 <= number <= most:
+                raise ValidationError(f"The {name} of “{model}” must be a whole number from 0 to {most}.")
 
 
 def parse_prefix(plaintext: str) -> str | None:
@@ -270,6 +295,16 @@ class APIKey(AbstractKey):
         help_text="Comma-separated model ids this key may use, e.g. “smollm2-135m-instruct”. Empty: all models.",
     )
 
+    model_limits = models.JSONField(
+        "limits per model",
+        default=dict,
+        blank=True,
+        validators=[validate_model_limits],
+        help_text="Requests and tokens per minute for one model, beside the limits over all models, e.g. "
+        '{"llama-3.1-8b-instruct": {"rpm": 60, "tpm": 100000}}: model ids as usage names them (an alias counts '
+        "as its model); a limit left out or 0: none of its own.",
+    )
+
     objects = APIKeyManager()
 
     class Meta:
@@ -292,6 +327,13 @@ class APIKey(AbstractKey):
         """Whether this key may use ``model`` (any model when ``allowed_models`` is empty)."""
         allowed = self.models
         return not allowed or model in allowed
+
+    def limits_for_model(self, model: str) -> tuple[int, int] | None:
+        """``(rpm, tpm)`` of the key's own limits for ``model`` (0: none), or ``None`` when it has none for it."""
+        own = (self.model_limits or {}).get(model) if model else None
+        if not own or not any(own.get(name) for name in MODEL_LIMIT_NAMES):
+            return None
+        return int(own.get("rpm") or 0), int(own.get("tpm") or 0)
 
     def on_revoked(self) -> None:
         """Tell :data:`keys.signals.api_key_revoked`'s receivers (the audit log): once, by the revocation."""

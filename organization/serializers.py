@@ -13,6 +13,7 @@ of the spec that this server does not do is ``unsupported_parameter`` (:class:`R
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
 
@@ -266,6 +267,23 @@ class ProjectRateLimitUpdateRequestSerializer(RequestSerializer):
     budget_period = StrictChoiceField(choices=PERIOD_NAMES, required=False, allow_null=True)
 
 
+class ModelRateLimitUpdateRequestSerializer(RequestSerializer):
+    """``POST .../rate_limits/rl_{prefix}:{model}``: the key's own requests and tokens per minute for
+    one model (``null``: none of its own; ``0`` too).  The key's other limits are not per model:
+    ``unsupported_parameter`` here, set them on ``rl_{prefix}``."""
+
+    unsupported = (
+        *ProjectRateLimitUpdateRequestSerializer.unsupported,
+        "max_concurrent_requests",
+        "max_tokens_per_1_month",
+        "max_budget",
+        "budget_period",
+    )
+
+    max_requests_per_1_minute = StrictIntegerField(required=False, allow_null=True, min_value=0, max_value=MAX_INT)
+    max_tokens_per_1_minute = StrictIntegerField(required=False, allow_null=True, min_value=0, max_value=MAX_BIGINT)
+
+
 class UserLimitsUpdateRequestSerializer(RequestSerializer):
     """``POST /v1/organization/users/{user_id}/limits`` (our extension): the user's own limits across
     all of their keys; ``null`` returns one to the site's default (``API_USER_DEFAULT_*``,
@@ -461,12 +479,30 @@ class ProjectApiKeyDeleteResponseSerializer(serializers.Serializer):
     deleted = serializers.BooleanField()
 
 
-class ProjectRateLimitSerializer(serializers.Serializer):
-    """The spec's ``ProjectRateLimit`` (``project.rate_limit``) for one API key: the limits in force.
+@dataclass(frozen=True)
+class RateLimit:
+    """One ``ProjectRateLimit``: an API key's limits over all of its models (``model`` ``""``), or
+    its own requests and tokens per minute for one ``model`` (``APIKey.model_limits``)."""
 
-    ``model`` is the key's models comma-separated, ``*`` for every model.  The values are effective:
-    the key's own or else the site's default (``keys.limits.Limits.of``); ``0`` means no limit.  Extensions: ``api_key_id``,
-    ``max_concurrent_requests``, ``max_tokens_per_1_month``.
+    api_key: APIKey
+    model: str = ""
+
+    @classmethod
+    def all_of(cls, api_key: APIKey) -> list[RateLimit]:
+        """The key's rate limits: over all models, then its own for each model, by model id."""
+        models = sorted(model for model in api_key.model_limits or {} if api_key.limits_for_model(model))
+        return [cls(api_key), *(cls(api_key, model) for model in models)]
+
+
+class ProjectRateLimitSerializer(serializers.Serializer):
+    """The spec's ``ProjectRateLimit`` (``project.rate_limit``) of a :class:`RateLimit`: the limits in force.
+
+    For a key's limits over all models (``rl_{prefix}``), ``model`` is the key's models comma-separated,
+    ``*`` for every model, and the values are effective: the key's own or else the site's default
+    (``keys.limits.Limits.of``).  For its own limits for one model (``rl_{prefix}:{model}``), ``model``
+    is that model and only the per-minute limits are there (a key's other limits are not per model).
+    ``0`` means no limit.  Extensions: ``api_key_id``, ``max_concurrent_requests``,
+    ``max_tokens_per_1_month``, ``max_budget``, ``budget_period``.
     """
 
     object = ConstField("project.rate_limit")
@@ -475,46 +511,62 @@ class ProjectRateLimitSerializer(serializers.Serializer):
     max_requests_per_1_minute = serializers.SerializerMethodField()
     max_tokens_per_1_minute = serializers.SerializerMethodField()
     api_key_id = serializers.SerializerMethodField()
-    max_concurrent_requests = serializers.SerializerMethodField()
-    max_tokens_per_1_month = serializers.SerializerMethodField()
-    max_budget = serializers.SerializerMethodField()
-    budget_period = serializers.SerializerMethodField()
+    max_concurrent_requests = serializers.SerializerMethodField(required=False)
+    max_tokens_per_1_month = serializers.SerializerMethodField(required=False)
+    max_budget = serializers.SerializerMethodField(required=False)
+    budget_period = serializers.SerializerMethodField(required=False)
+
+    KEY_WIDE = ("max_concurrent_requests", "max_tokens_per_1_month", "max_budget", "budget_period")
+
+    def to_representation(self, instance: RateLimit) -> dict[str, Any]:
+        shown = super().to_representation(instance)
+        if instance.model:
+            for name in self.KEY_WIDE:
+                shown.pop(name, None)
+        return shown
 
     @extend_schema_field(OpenApiTypes.NUMBER)
-    def get_max_budget(self, api_key: APIKey) -> float:
-        return float(to_money(Limits.of(api_key).budget))
+    def get_max_budget(self, limit: RateLimit) -> float:
+        return float(to_money(Limits.of(limit.api_key).budget))
 
     @extend_schema_field({"type": "string", "enum": PERIOD_NAMES})
-    def get_budget_period(self, api_key: APIKey) -> str:
-        return Limits.of(api_key).budget_period
+    def get_budget_period(self, limit: RateLimit) -> str:
+        return Limits.of(limit.api_key).budget_period
 
     @extend_schema_field(OpenApiTypes.STR)
-    def get_id(self, api_key: APIKey) -> str:
-        return ids.rate_limit_id(api_key.prefix)
+    def get_id(self, limit: RateLimit) -> str:
+        return ids.rate_limit_id(limit.api_key.prefix, limit.model)
 
     @extend_schema_field(OpenApiTypes.STR)
-    def get_model(self, api_key: APIKey) -> str:
-        return ",".join(parse_model_list(api_key.allowed_models)) or "*"
+    def get_model(self, limit: RateLimit) -> str:
+        return limit.model or ",".join(parse_model_list(limit.api_key.allowed_models)) or "*"
 
     @extend_schema_field(OpenApiTypes.INT)
-    def get_max_requests_per_1_minute(self, api_key: APIKey) -> int:
-        return Limits.of(api_key).rpm
+    def get_max_requests_per_1_minute(self, limit: RateLimit) -> int:
+        return self._per_minute(limit)[0]
 
     @extend_schema_field(OpenApiTypes.INT)
-    def get_max_tokens_per_1_minute(self, api_key: APIKey) -> int:
-        return Limits.of(api_key).tpm
+    def get_max_tokens_per_1_minute(self, limit: RateLimit) -> int:
+        return self._per_minute(limit)[1]
+
+    @staticmethod
+    def _per_minute(limit: RateLimit) -> tuple[int, int]:
+        if limit.model:
+            return limit.api_key.limits_for_model(limit.model) or (0, 0)
+        in_force = Limits.of(limit.api_key)
+        return in_force.rpm, in_force.tpm
 
     @extend_schema_field(OpenApiTypes.STR)
-    def get_api_key_id(self, api_key: APIKey) -> str:
-        return api_key_id(api_key)
+    def get_api_key_id(self, limit: RateLimit) -> str:
+        return api_key_id(limit.api_key)
 
     @extend_schema_field(OpenApiTypes.INT)
-    def get_max_concurrent_requests(self, api_key: APIKey) -> int:
-        return Limits.of(api_key).max_concurrent
+    def get_max_concurrent_requests(self, limit: RateLimit) -> int:
+        return Limits.of(limit.api_key).max_concurrent
 
     @extend_schema_field(OpenApiTypes.INT)
-    def get_max_tokens_per_1_month(self, api_key: APIKey) -> int:
-        return Limits.of(api_key).monthly_tokens
+    def get_max_tokens_per_1_month(self, limit: RateLimit) -> int:
+        return Limits.of(limit.api_key).monthly_tokens
 
 
 # --- The audit log and the organization's usage ---------------------------------------------------
@@ -575,6 +627,7 @@ def _key_fields() -> dict[str, serializers.Field]:
         max_concurrent=serializers.IntegerField(allow_null=True),
         monthly_token_quota=serializers.IntegerField(allow_null=True),
         allowed_models=serializers.ListField(child=serializers.CharField()),
+        model_limits=serializers.DictField(child=serializers.DictField(child=serializers.IntegerField())),
     )
 
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 from django.http import QueryDict
@@ -49,7 +50,7 @@ from api.usage_api import (
 from audit.models import AuditLogEntry
 from keys import ids
 from keys.errors import TooManyKeys
-from keys.models import APIKey, ModelPrice, UserLimits
+from keys.models import APIKey, ModelPrice, UserLimits, validate_model_limits
 
 from . import audit_query
 from . import serializers as shapes
@@ -430,16 +431,23 @@ class ProjectApiKeyViewSet(UserKeysViewSet):
 
 
 class ProjectRateLimitViewSet(UserKeysViewSet):
-    """``/v1/organization/projects/{user_id}/rate_limits[/{rate_limit_id}]``: one limit per key of the user.
+    """``/v1/organization/projects/{user_id}/rate_limits[/{rate_limit_id}]``: the rate limits of the
+    user's keys, list and update.
 
-    The spec's ``ProjectRateLimit`` per model maps to one per API key here (``rl_{prefix}``), since
-    limits are per key; list and update.
+    The spec's ``ProjectRateLimit`` is per model; here each key has one for its limits over all models
+    (``rl_{prefix}``), then one for each model it has requests and tokens per minute of its own for
+    (``rl_{prefix}:{model}``, ``APIKey.model_limits``), listed after it.  A list's ``limit`` counts
+    keys: a key's rate limits are never split over two pages.  Updating ``rl_{prefix}:{model}`` sets
+    (or, all ``null``, removes) the key's limits for that model, whether it had some or not.
     """
 
     @extend_schema(operation_id="list-project-rate-limits", responses=shapes.ProjectRateLimitSerializer(many=True))
     def list(self, request: Request, project_id: str) -> Response:
-        """The limits in force of each of the user's keys, oldest key first."""
-        return self.listed(self.keys_of(self.active_user(project_id)), shapes.ProjectRateLimitSerializer)
+        """The limits in force of each of the user's keys, oldest key first, each followed by its own per model."""
+        page = self.paginate_queryset(self.keys_of(self.active_user(project_id)))
+        assert page is not None
+        limits = [limit for api_key in page for limit in shapes.RateLimit.all_of(api_key)]
+        return self.get_paginated_response(shapes.ProjectRateLimitSerializer(limits, many=True).data)
 
     @extend_schema(
         operation_id="update-project-rate-limits",
@@ -447,12 +455,36 @@ class ProjectRateLimitViewSet(UserKeysViewSet):
         responses=shapes.ProjectRateLimitSerializer,
     )
     def update(self, request: Request, project_id: str, rate_limit_id: str) -> Response:
-        """Set the key's own limits (``null``: the site's default; ``0``: none), from its next request."""
+        """Set the key's own limits (``null``: the site's default; ``0``: none), from its next request;
+        or, for ``rl_{prefix}:{model}``, its requests and tokens per minute for that model."""
         api_key = self.key(project_id, rate_limit_id, rate_limit=True)
-        self.change(
-            api_key, _key_columns(self.validated(shapes.ProjectRateLimitUpdateRequestSerializer)), rate_limit_id
-        )
-        return Response(shapes.ProjectRateLimitSerializer(api_key).data)
+        _, model = ids.parse_rate_limit_id(rate_limit_id) or ("", "")
+        if model:
+            fields = self.validated(shapes.ModelRateLimitUpdateRequestSerializer)
+            self.change(api_key, {"model_limits": _model_limits(api_key, model, fields, rate_limit_id)}, rate_limit_id)
+        else:
+            columns = _key_columns(self.validated(shapes.ProjectRateLimitUpdateRequestSerializer))
+            self.change(api_key, columns, rate_limit_id)
+        return Response(shapes.ProjectRateLimitSerializer(shapes.RateLimit(api_key, model)).data)
+
+
+def _model_limits(api_key: APIKey, model: str, fields: dict[str, Any], public_id: str) -> dict[str, Any]:
+    """The key's ``model_limits`` with ``model``'s changed by the request's ``fields`` (``null`` or
+    ``0`` removes one, an entry without any goes); a 404 for a model id that is none."""
+    try:
+        validate_model_limits({model: {}})
+    except DjangoValidationError:
+        raise not_found("rate limit", public_id) from None
+    names = {"max_requests_per_1_minute": "rpm", "max_tokens_per_1_minute": "tpm"}
+    changed = dict((api_key.model_limits or {}).get(model) or {})
+    for field, name in names.items():
+        if field in fields:
+            changed[name] = fields[field] or 0
+    changed = {name: number for name, number in changed.items() if number}
+    limits = {other: own for other, own in (api_key.model_limits or {}).items() if other != model}
+    if changed:
+        limits[model] = changed
+    return limits
 
 
 # --- The audit log and everyone's usage -----------------------------------------------------------

@@ -426,3 +426,18 @@ def stored_reference(model, stored: dict[str, np.ndarray], *, architecture: str 
         state[name] = values
     model.load_state_dict(state)
     return model
+
+
+def write_tiny_gguf(path: Path, name: str = "qwen3", kind: int = ggml.Q8_0, seed: int = 0) -> Path:
+    """Write family ``name``'s tiny random model (seeded) with its tokenizer and chat template as a
+    GGUF file at ``path`` (ggml type ``kind`` for its matrices); returns ``path``.  A model of
+    another shape and tokenizer than the embedded one, for serving beside it."""
+    model = tiny_family_model(name, seed=seed, vocab_size=len(vocabulary(name)))
+    write_gguf(model, path, kind, architecture=architecture(name), tokenizer=name)
+    return path
+
+
+def no_stop_bias(name: str = "qwen3") -> dict[str, int]:
+    """A ``logit_bias`` keeping family ``name``'s stop tokens from being sampled: exactly ``max_tokens`` tokens."""
+    vocabulary_of = vocabulary(name)
+    return {str(vocabulary_of.index(token)): -100 for token in STOP_TOKENS[name]}

@@ -241,10 +241,55 @@ def tiny_engine():
     engine.stop()
 
 
+def serve(monkeypatch, *served) -> None:
+    """Make the views serve ``served`` (engines, or ``(engine, aliases)`` pairs), in order, instead of
+    the process's own models.  A lone engine answers to ``MODEL_ALIASES`` as the settings say at each
+    request, as a single-model process does."""
+    from django.conf import settings
+
+    from inference.registry import ModelRegistry, ServedModel
+
+    def models() -> ModelRegistry:
+        if len(served) == 1 and not isinstance(served[0], tuple):
+            return ModelRegistry([ServedModel(served[0], tuple(settings.MODEL_ALIASES))])
+        return ModelRegistry(
+            ServedModel(*entry) if isinstance(entry, tuple) else ServedModel(entry) for entry in served
+        )
+
+    monkeypatch.setattr("api.views.get_models", models)
+
+
+@pytest.fixture(scope="session")
+def qwen3_engine(tmp_path_factory):
+    """A second model beside the tiny one: a tiny Qwen3 GGUF (another shape, a byte tokenizer, a chat
+    template) served in float32 (the deterministic mode: batched rows as alone), as ``tiny-qwen3``."""
+    pytest.importorskip("gguf")
+    from inference.engine import Engine, EngineConfig
+    from inference.model_loader import ModelConfig
+    from testing import tiny_families
+
+    path = tiny_families.write_tiny_gguf(tmp_path_factory.mktemp("qwen3") / "tiny-qwen3.gguf")
+    engine = Engine(
+        ModelConfig(path=str(path), model_id="tiny-qwen3", weights="float32"), EngineConfig(max_batch_size=8)
+    )
+    engine.start()
+    assert engine.wait_ready(300)
+    yield engine
+    engine.stop()
+
+
+@pytest.fixture
+def two_models(tiny_engine, qwen3_engine, monkeypatch):
+    """The real views serving two models, each by its own engine: ``tiny``, then ``tiny-qwen3``
+    (alias ``qwen-latest``)."""
+    serve(monkeypatch, (tiny_engine, ()), (qwen3_engine, ("qwen-latest",)))
+    return tiny_engine, qwen3_engine
+
+
 @pytest.fixture
 def tiny_api(tiny_engine, monkeypatch):
     """The real views, serving the tiny random model (``tests.inprocess_api`` sends the requests)."""
-    monkeypatch.setattr("api.views.get_engine", lambda: tiny_engine)
+    serve(monkeypatch, tiny_engine)
     return tiny_engine
 
 

@@ -18,6 +18,8 @@ from django.test import AsyncClient
 
 MODEL = "tiny"
 NO_EOS = {"0": -100}  # <eos> is id 0 in the tiny vocabulary
+# The second model of ``two_models`` (tests/conftest.py): a tiny Qwen3 GGUF, and its alias.
+SECOND_MODEL, SECOND_ALIAS = "tiny-qwen3", "qwen-latest"
 
 
 @dataclass
@@ -42,6 +44,18 @@ class Reply:
 def body(**fields: Any) -> dict[str, Any]:
     """A request for the tiny model: a 5-token prompt and 4 tokens, with ``fields`` added."""
     return {"model": MODEL, "prompt": "Hello", "max_tokens": 4, "logit_bias": NO_EOS, **fields}
+
+
+def greedy(model: str, prompt: str = "Hello", max_tokens: int = 6) -> dict[str, Any]:
+    """A greedy request for ``model`` (the tiny one or :data:`SECOND_MODEL`, by id or alias) that
+    makes exactly ``max_tokens`` tokens: the model's stop tokens are kept from being sampled."""
+    if model in (SECOND_MODEL, SECOND_ALIAS):
+        from testing.tiny_families import no_stop_bias
+
+        bias = no_stop_bias("qwen3")
+    else:
+        bias = NO_EOS
+    return {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "logit_bias": bias}
 
 
 async def apost(key: str, request: dict[str, Any], path: str = "/v1/completions") -> Reply:

@@ -1,5 +1,6 @@
-"""Per-key and per-user limits, quotas and budgets: ``decision`` (values), ``local`` and ``redis``
-(counter stores), ``limiter`` (admission and settlement; see its docstring for the rules)."""
+"""Per-key, per-user and per-key-and-model limits, quotas and budgets: ``decision`` (values),
+``local`` and ``redis`` (counter stores), ``limiter`` (admission and settlement; see its docstring
+for the rules)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from .decision import (
     BUDGET,
     CONCURRENCY,
     KEY,
+    MODEL,
     QUOTA,
     REQUESTS,
     TOKENS,
@@ -38,6 +40,7 @@ __all__ = [
     "BUDGET",
     "CONCURRENCY",
     "KEY",
+    "MODEL",
     "QUOTA",
     "REQUESTS",
     "TOKENS",

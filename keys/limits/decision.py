@@ -4,9 +4,11 @@ Pure values; the stores (``local.py``, ``redis.py``) produce :class:`Decision`, 
 (``limiter.py``) raises :class:`~keys.errors.LimitRefused` carrying one, and the API turns it into
 a 429 with OpenAI's ``x-ratelimit-*`` headers (``api/translate.py``).
 
-A request is counted in two scopes: its API key's and its user's (all of the user's keys together).
-Each :class:`Scope` has its own :class:`Limits` and counters; a request is admitted only when both
-allow it, and then counted in both, in one atomic step.
+A request is counted in two scopes: its API key's and its user's (all of the user's keys together),
+and in a third where the key has limits of its own for the request's model (``APIKey.model_limits``:
+requests and tokens per minute of that key for that model).  Each :class:`Scope` has its own
+:class:`Limits` and counters; a request is admitted only when all allow it, and then counted in
+all, in one atomic step.
 """
 
 from __future__ import annotations
@@ -32,8 +34,8 @@ QUOTA, BUDGET, TOO_LARGE, CONCURRENCY, REQUESTS, TOKENS = (
     "tokens",
 )
 REFUSALS: Final = (None, QUOTA, BUDGET, TOO_LARGE, CONCURRENCY, REQUESTS, TOKENS)  # as numbered by acquire.lua
-# Whose counters a scope holds.
-KEY, USER = "key", "user"
+# Whose counters a scope holds: a key's, a user's, or a key's for one model.
+KEY, USER, MODEL = "key", "user", "model"
 
 
 def _pick(own: int | None, default: int) -> int:
@@ -75,6 +77,13 @@ class Limits:
         )
 
     @classmethod
+    def of_model(cls, api_key: APIKey, model: str) -> Limits | None:
+        """The key's own requests and tokens per minute for ``model`` (its ``model_limits``; no
+        default), or ``None`` when it has none for it."""
+        own = api_key.limits_for_model(model)
+        return None if own is None else cls(rpm=own[0], tpm=own[1])
+
+    @classmethod
     def of_user(cls, own: UserLimits | None) -> Limits:
         """A user's limits (``own``: their :class:`~keys.models.UserLimits`, ``None`` when they have
         none), with the ``API_USER_DEFAULT_*`` settings where they have none."""
@@ -94,8 +103,9 @@ class Limits:
 
 @dataclass(frozen=True)
 class Scope:
-    """One set of counters a request counts in: an API key's (``kind`` :data:`KEY`) or a user's
-    (:data:`USER`), ``id`` its primary key, with its ``limits``.
+    """One set of counters a request counts in: an API key's (``kind`` :data:`KEY`), a user's
+    (:data:`USER`) or an API key's for one ``model`` (:data:`MODEL`), ``id`` the key's or the user's
+    primary key, with its ``limits``.
 
     ``owner_id`` is the user the counters belong to (the key's owner, or the user): the Redis store
     keeps a request's scopes together under it.  ``month`` names the monthly quota's counter
@@ -108,11 +118,12 @@ class Scope:
     limits: Limits
     month: str
     budget_window: str
+    model: str = ""  # the model of a MODEL scope
 
     @property
     def name(self) -> str:
-        """``"key:7"`` or ``"user:3"``: the scope's counters' name in a store."""
-        return f"{self.kind}:{self.id}"
+        """``"key:7"``, ``"user:3"`` or ``"model:7:big"``: the scope's counters' name in a store."""
+        return f"{self.kind}:{self.id}:{self.model}" if self.kind == MODEL else f"{self.kind}:{self.id}"
 
 
 @dataclass(frozen=True)

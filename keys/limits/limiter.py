@@ -2,9 +2,11 @@
 calendar month, and a money budget per period.
 
 Every request counts in two scopes (:class:`~keys.limits.decision.Scope`): its key's and its
-user's, the user's counters being shared by all of the user's keys.  Each scope has its own limits
-(the key's, :meth:`Limits.of`; the user's, :meth:`Limits.of_user`); both are checked, and the request
-counted in both, in the one atomic step described below, so neither scope can overshoot.
+user's, the user's counters being shared by all of the user's keys; and in a third, its key's for
+its model, where the key has requests and tokens per minute of its own for that model
+(``APIKey.model_limits``).  Each scope has its own limits (the key's, :meth:`Limits.of`; the user's,
+:meth:`Limits.of_user`; the key's for the model, :meth:`Limits.of_model`); all are checked, and the
+request counted in all, in the one atomic step described below, so no scope can overshoot.
 
 The API calls :func:`admit` once a request is validated and its prompt tokenised, before the
 engine sees it.  ``admit`` checks every limit and, if all allow the request, counts it and
@@ -57,7 +59,7 @@ from keys.models import APIKey, UserLimits
 from keys.redaction import redact
 from keys.usage import month_tokens, spend_nanos
 
-from .decision import KEY, USER, Decision, Limits, Scope, StoreUnavailable, TotalsUnknown
+from .decision import KEY, MODEL, USER, Decision, Limits, Scope, StoreUnavailable, TotalsUnknown
 from .local import LocalStore
 from .redis import RedisStore
 
@@ -153,16 +155,17 @@ async def _renew_lease(ref: weakref.ref[Admission], interval: float) -> None:
         del admission  # only the reference at the top of the loop: a dropped request is not kept alive
 
 
-async def admit(api_key: APIKey, request_id: str, tokens: int, cost: int = 0) -> Admission:
-    """Count and reserve one request of up to ``tokens`` tokens costing up to ``cost`` nanos, or refuse it.
+async def admit(api_key: APIKey, request_id: str, tokens: int, cost: int = 0, model: str = "") -> Admission:
+    """Count and reserve one request for ``model`` (the served model's id) of up to ``tokens``
+    tokens costing up to ``cost`` nanos, or refuse it.
 
-    Raises :class:`~keys.errors.LimitRefused` when a limit, quota or budget of the key or of its
-    user refuses it, :class:`~keys.errors.LimiterUnavailable` when Redis is down and
+    Raises :class:`~keys.errors.LimitRefused` when a limit, quota or budget of the key, of its user
+    or of the key for the model refuses it, :class:`~keys.errors.LimiterUnavailable` when Redis is down and
     ``API_LIMITS_FAIL_MODE`` is ``closed``, and :class:`~keys.errors.DatabaseUnavailable` when a
     counter must be read from a database that does not answer.  A client that disconnects while
     the store answers leaves nothing reserved.
     """
-    task = asyncio.ensure_future(_admit(api_key, request_id, tokens, cost))
+    task = asyncio.ensure_future(_admit(api_key, request_id, tokens, cost, model))
     try:
         return await asyncio.shield(task)
     except asyncio.CancelledError:
@@ -174,11 +177,12 @@ async def admit(api_key: APIKey, request_id: str, tokens: int, cost: int = 0) ->
         raise
 
 
-async def peek(api_key: APIKey) -> tuple[tuple[Scope, ...], Decision] | None:
-    """The key's and its user's scopes and current counts without counting anything; ``None``
-    without per-minute limits, or when the counters cannot be read (the limiter logged why)."""
+async def peek(api_key: APIKey, model: str = "") -> tuple[tuple[Scope, ...], Decision] | None:
+    """The key's, its user's (and the key's for ``model``) scopes and current counts without
+    counting anything; ``None`` without per-minute limits, or when the counters cannot be read (the
+    limiter logged why)."""
     try:
-        scopes = await scopes_of(api_key)
+        scopes = await scopes_of(api_key, model=model)
     except Exception:  # noqa: BLE001 - a courtesy for the headers; never a reason to fail a response
         return None
     if not any(scope.limits.rpm or scope.limits.tpm for scope in scopes):
@@ -190,16 +194,22 @@ async def peek(api_key: APIKey) -> tuple[tuple[Scope, ...], Decision] | None:
     return scopes, decision
 
 
-async def scopes_of(api_key: APIKey, moment: datetime | None = None) -> tuple[Scope, Scope]:
-    """The key's scope and its owner's, with their limits in force and their current periods."""
+async def scopes_of(api_key: APIKey, moment: datetime | None = None, model: str = "") -> tuple[Scope, ...]:
+    """The key's scope and its owner's, with their limits in force and their current periods, then
+    the key's for ``model`` where it has limits of its own for that model."""
     own = await _user_limits_row(api_key)
     key_limits, user_limits = Limits.of(api_key), Limits.of_user(own)
     month = periods.month_name(moment)
     owner = api_key.owner_id
-    return (
+    scopes = (
         Scope(KEY, api_key.pk, owner, key_limits, month, periods.budget_period_name(key_limits.budget_period, moment)),
         Scope(USER, owner, owner, user_limits, month, periods.budget_period_name(user_limits.budget_period, moment)),
     )
+    model_limits = Limits.of_model(api_key, model)
+    if model_limits is None:
+        return scopes
+    # Per-minute limits only: the month's and the budget's counters are kept but never refuse.
+    return (*scopes, Scope(MODEL, api_key.pk, owner, model_limits, month, scopes[0].budget_window, model))
 
 
 async def _user_limits_row(api_key: APIKey) -> UserLimits | None:
@@ -213,8 +223,8 @@ async def _user_limits_row(api_key: APIKey) -> UserLimits | None:
         raise DatabaseUnavailable(error) from error
 
 
-async def _admit(api_key: APIKey, request_id: str, tokens: int, cost: int) -> Admission:
-    scopes = await scopes_of(api_key)
+async def _admit(api_key: APIKey, request_id: str, tokens: int, cost: int, model: str) -> Admission:
+    scopes = await scopes_of(api_key, model=model)
     proc = limiter()
     for _ in range(3):
         try:
@@ -240,7 +250,10 @@ async def _admit(api_key: APIKey, request_id: str, tokens: int, cost: int) -> Ad
 
 
 def totals_in_database(scope: Scope) -> tuple[int, int]:
-    """The scope's tokens in its month and cost (nanos) in its budget window, from the usage records."""
+    """The scope's tokens in its month and cost (nanos) in its budget window, from the usage records
+    (0 and 0 for a key's scope for one model, which has no monthly quota nor budget to check)."""
+    if scope.kind == MODEL:
+        return 0, 0
     if scope.kind == KEY:
         return month_tokens_in_database(scope.id, scope.month), spend_nanos(scope.budget_window, api_key_id=scope.id)
     month = month_tokens(scope.month, owner_ids=[scope.id]).get(scope.id, 0)

@@ -4,7 +4,7 @@
 each runs atomically in one round trip, timed by the Redis server's clock, so the machines'
 clocks do not matter.  The counters of a user and of each of their keys share the hash tag
 ``{u<user id>}``, so that one script can check a key's and its user's together on one Redis Cluster
-node.
+node.  A key's counters for one model (``model_limits``) are under the same tag.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ class RedisStore:
 
     def key_names(self, scope: Scope) -> dict[str, str]:
         """The Redis keys of ``scope``'s counters (its month's quota and its budget window's spend too)."""
-        base = f"{self.prefix}{{u{scope.owner_id}}}:{scope.kind}:{scope.id}"
+        base = f"{self.prefix}{{u{scope.owner_id}}}:{scope.name}"
         return {
             "requests": f"{base}:requests",
             "tokens": f"{base}:tokens",

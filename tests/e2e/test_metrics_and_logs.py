@@ -114,14 +114,15 @@ def test_the_engine_counters_moved_by_the_tokens_served(traffic):
     prompt_tokens = sum(usage["prompt_tokens"] for usage in bodies)
 
     assert [usage["completion_tokens"] for usage in bodies] == [3, 2, 1]
-    assert delta(before, after, "completions_prompt_tokens_total") == prompt_tokens
-    assert delta(before, after, "completions_generation_tokens_total") == 6
-    assert delta(before, after, "completions_request_success_total", finish_reason="length") == 3
+    model = {"model_name": MODEL}  # vLLM's label: the model whose engine counted
+    assert delta(before, after, "completions_prompt_tokens_total", **model) == prompt_tokens
+    assert delta(before, after, "completions_generation_tokens_total", **model) == 6
+    assert delta(before, after, "completions_request_success_total", finish_reason="length", **model) == 3
     for histogram in ("time_to_first_token_seconds", "e2e_request_latency_seconds", "request_queue_time_seconds"):
-        assert delta(before, after, f"completions_{histogram}_count") == 3, histogram
-    assert delta(before, after, "completions_time_per_output_token_seconds_count") == 2  # 1 token has no gap
-    assert delta(before, after, "completions_decode_step_duration_seconds_count") >= 3
-    assert after[("completions_num_requests_running", ())] == 0
+        assert delta(before, after, f"completions_{histogram}_count", **model) == 3, histogram
+    assert delta(before, after, "completions_time_per_output_token_seconds_count", **model) == 2  # 1 token has no gap
+    assert delta(before, after, "completions_decode_step_duration_seconds_count", **model) >= 3
+    assert after[("completions_num_requests_running", (("model_name", MODEL),))] == 0
 
 
 def test_the_gateway_counters_moved_by_the_requests_and_refusals(traffic):

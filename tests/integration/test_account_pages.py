@@ -109,6 +109,16 @@ def test_own_limits_show_instead_of_the_defaults(alice, valid_key):
     assert "<dt>Requests/min</dt><dd>7</dd>" in row
 
 
+def test_a_keys_limits_per_model_show_beside_its_others(alice, valid_key):
+    valid_key.api_key.model_limits = {"big": {"rpm": 60, "tpm": 100000}, "small": {"tpm": 500}}
+    valid_key.api_key.save()
+
+    row = alice.get(OVERVIEW).content.decode().split(f'id="key-{valid_key.api_key.prefix}"')[1].split("</tr>")[0]
+
+    assert "<dt>For big</dt><dd>60 requests/min, 100,000 tokens/min</dd>" in row
+    assert "<dt>For small</dt><dd>500 tokens/min</dd>" in row
+
+
 # --- One user never sees another's ---------------------------------------------------------------
 
 

@@ -110,6 +110,22 @@ def test_the_client_lists_and_updates_rate_limits(admin_client, user, limited_ke
     assert updated.max_requests_per_1_minute == 7 and updated.max_tokens_per_1_minute == 100
 
 
+def test_the_client_sets_a_keys_limits_for_one_model_and_lists_them(admin_client, user, limited_key):
+    project = f"user_{user.pk}"
+    rate_limits = admin_client.admin.organization.projects.rate_limits
+
+    updated = rate_limits.update_rate_limit(
+        f"rl_{limited_key.api_key.prefix}:big", project_id=project, max_tokens_per_1_minute=5000
+    )
+    listed = list(rate_limits.list_rate_limits(project))
+
+    assert (updated.model, updated.max_requests_per_1_minute, updated.max_tokens_per_1_minute) == ("big", 0, 5000)
+    assert [(limit.id, limit.model) for limit in listed] == [
+        (f"rl_{limited_key.api_key.prefix}", "*"),
+        (f"rl_{limited_key.api_key.prefix}:big", "big"),
+    ]
+
+
 def test_the_client_pages_through_the_audit_log_newest_first(admin_client, admin_key, user):
     for name in ("one", "two", "three"):
         issue(user, name)

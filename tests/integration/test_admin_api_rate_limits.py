@@ -120,3 +120,101 @@ def test_a_revoked_or_another_users_key_has_no_rate_limit_here(admin_key, user, 
         == 404
     )
     assert get(limits_path(user), admin_key.plaintext).body["data"] == []
+
+
+# --- A key's own limits per model: rl_{prefix}:{model} ---------------------------------------------
+
+
+def model_limit_path(user, key, model: str) -> str:
+    return f"{limits_path(user, key)}:{model}"
+
+
+def test_a_keys_limits_per_model_are_listed_after_its_own(admin_key, user, limited_key, restricted_key):
+    limited_key.api_key.model_limits = {"small": {"tpm": 500}, "big": {"rpm": 60, "tpm": 100000}}
+    limited_key.api_key.save()
+    prefix = limited_key.api_key.prefix
+
+    page = get(limits_path(user), admin_key.plaintext).body
+
+    assert [entry["id"] for entry in page["data"]] == [
+        f"rl_{prefix}",
+        f"rl_{prefix}:big",
+        f"rl_{prefix}:small",
+        f"rl_{restricted_key.api_key.prefix}",
+    ]
+    assert page["data"][1] == {
+        "object": "project.rate_limit",
+        "id": f"rl_{prefix}:big",
+        "model": "big",
+        "max_requests_per_1_minute": 60,
+        "max_tokens_per_1_minute": 100000,
+        "api_key_id": f"key_{prefix}",
+    }
+    assert page["data"][2]["max_requests_per_1_minute"] == 0  # none of its own
+
+
+def test_a_page_holds_whole_keys_and_the_next_starts_after_a_models_limit(admin_key, user, limited_key, restricted_key):
+    limited_key.api_key.model_limits = {"big": {"rpm": 60}}
+    limited_key.api_key.save()
+
+    first = get(limits_path(user), admin_key.plaintext, limit=1).body
+    second = get(limits_path(user), admin_key.plaintext, limit=1, after=first["last_id"]).body
+
+    assert [entry["id"] for entry in first["data"]] == [f"rl_{limited_key.api_key.prefix}", first["last_id"]]
+    assert first["last_id"].endswith(":big") and first["has_more"] is True
+    assert [entry["id"] for entry in second["data"]] == [f"rl_{restricted_key.api_key.prefix}"]
+
+
+def test_setting_a_models_limits_applies_to_that_models_next_request_only(two_models, admin_key, user, valid_key):
+    from tests.inprocess_api import MODEL, SECOND_MODEL, greedy
+
+    answer = post(
+        model_limit_path(user, valid_key.api_key, SECOND_MODEL), admin_key.plaintext, {"max_requests_per_1_minute": 1}
+    )
+
+    assert answer.status == 200
+    assert answer.body == {
+        "object": "project.rate_limit",
+        "id": f"rl_{valid_key.api_key.prefix}:{SECOND_MODEL}",
+        "model": SECOND_MODEL,
+        "max_requests_per_1_minute": 1,
+        "max_tokens_per_1_minute": 0,
+        "api_key_id": f"key_{valid_key.api_key.prefix}",
+    }
+    assert complete(valid_key.plaintext, greedy(SECOND_MODEL, max_tokens=1)).status == 200
+    refused = complete(valid_key.plaintext, greedy(SECOND_MODEL, max_tokens=1))
+    assert refused.status == 429 and f"for {SECOND_MODEL} on this API key" in refused.error["message"]
+    assert complete(valid_key.plaintext, greedy(MODEL, max_tokens=1)).status == 200
+
+
+def test_null_removes_a_models_limit_and_a_model_without_any_leaves_the_list(admin_key, user, valid_key):
+    valid_key.api_key.model_limits = {"big": {"rpm": 60, "tpm": 1000}}
+    valid_key.api_key.save()
+    path = model_limit_path(user, valid_key.api_key, "big")
+
+    tpm_only = post(path, admin_key.plaintext, {"max_requests_per_1_minute": None}).body
+    gone = post(path, admin_key.plaintext, {"max_tokens_per_1_minute": 0}).body
+
+    assert (tpm_only["max_requests_per_1_minute"], tpm_only["max_tokens_per_1_minute"]) == (0, 1000)
+    assert (gone["max_requests_per_1_minute"], gone["max_tokens_per_1_minute"]) == (0, 0)
+    valid_key.api_key.refresh_from_db()
+    assert valid_key.api_key.model_limits == {}
+    assert [entry["id"] for entry in get(limits_path(user), admin_key.plaintext).body["data"]] == [
+        f"rl_{valid_key.api_key.prefix}"
+    ]
+
+
+@pytest.mark.parametrize("name", ["max_concurrent_requests", "max_tokens_per_1_month", "max_budget", "budget_period"])
+def test_a_keys_other_limits_are_not_per_model(admin_key, user, valid_key, name):
+    answer = post(model_limit_path(user, valid_key.api_key, "big"), admin_key.plaintext, {name: 1})
+
+    assert answer.status == 400 and (answer.error["param"], answer.error["code"]) == (name, "unsupported_parameter")
+
+
+def test_a_model_id_that_is_none_names_no_rate_limit(admin_key, user, valid_key):
+    answer = post(model_limit_path(user, valid_key.api_key, "a%20b"), admin_key.plaintext, {})
+
+    assert (
+        answer.status == 404 and answer.error["message"] == f"No such rate limit: 'rl_{valid_key.api_key.prefix}:a b'."
+    )
+    assert post(limits_path(user, valid_key.api_key) + ":", admin_key.plaintext, {}).status == 404

@@ -61,6 +61,7 @@ LIMIT_FIELDS = [
     "budget",
     "budget_period",
     "allowed_models",
+    "model_limits",
 ]
 
 
@@ -153,15 +154,35 @@ def test_a_model_list_without_commas_is_refused(staff_client, valid_key):
     assert APIKey.objects.get(pk=valid_key.api_key.pk).allowed_models == ""
 
 
+def test_a_key_added_with_limits_per_model_keeps_them_and_an_empty_box_is_none(staff_client, user):
+    add_key(staff_client, user, name="per model", model_limits='{"big": {"rpm": 5, "tpm": 9000}}')
+    add_key(staff_client, user, name="none", model_limits="")
+
+    assert APIKey.objects.get(name="per model").model_limits == {"big": {"rpm": 5, "tpm": 9000}}
+    assert APIKey.objects.get(name="none").model_limits == {}
+
+
+def test_limits_per_model_that_are_no_whole_numbers_are_refused(staff_client, valid_key):
+    url = reverse("admin:keys_apikey_change", args=[valid_key.api_key.pk])
+    edit = {"name": "alice laptop", "expires_at_0": "", "expires_at_1": "", "_save": "Save"}
+
+    response = staff_client.post(url, {**edit, "model_limits": '{"big": {"rpm": -1}}'})
+
+    assert "The rpm of “big” must be a whole number" in response.content.decode()
+    assert APIKey.objects.get(pk=valid_key.api_key.pk).model_limits == {}
+
+
 def test_the_key_list_shows_each_keys_own_limits(staff_client, user):
     issue_with = APIKey.objects.create_key
     issue_with(name="limited", owner=user, rpm_limit=10, monthly_token_quota=0, allowed_models="m1")
     issue_with(name="plain", owner=user)
+    issue_with(name="per model", owner=user, model_limits={"big": {"rpm": 5}, "small": {"rpm": 0, "tpm": 70}})
 
     text = staff_client.get(reverse("admin:keys_apikey_changelist")).content.decode()
 
     assert "rpm 10; tokens/month unlimited; models: m1" in text
     assert ">defaults<" in text
+    assert "big: rpm 5; small: tpm 70" in text
 
 
 # --- Revoking -----------------------------------------------------------------------------------

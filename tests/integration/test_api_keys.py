@@ -197,6 +197,15 @@ def test_bootstrap_on_an_empty_database_creates_an_admin_and_a_key_and_prints_th
 
 
 @pytest.mark.django_db
+def test_bootstraps_example_names_the_first_model_of_models_config(settings, tmp_path):
+    config = tmp_path / "models.toml"
+    config.write_text('[[models]]\nid = "small-fast"\npath = "embedded"\n[[models]]\nid = "big"\npath = "embedded"\n')
+    settings.MODELS_CONFIG = str(config)
+
+    assert '"model": "small-fast"' in run_command("bootstrap")
+
+
+@pytest.mark.django_db
 def test_bootstrap_uses_host_and_port_from_the_environment(monkeypatch):
     monkeypatch.setenv("HOST", "0.0.0.0")
     monkeypatch.setenv("PORT", "9001")

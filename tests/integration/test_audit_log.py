@@ -146,6 +146,18 @@ def test_changing_a_key_in_the_admin_is_api_key_updated_with_only_what_changed(s
     assert LogEntry.objects.filter(object_id=str(valid_key.api_key.pk)).exists()  # the admin's history too
 
 
+def test_a_keys_limits_per_model_changed_are_api_key_updated(staff_client, valid_key):
+    url = reverse("admin:keys_apikey_change", args=[valid_key.api_key.pk])
+    edit = {"name": "alice laptop", "expires_at_0": "", "expires_at_1": "", "_save": "Save"}
+
+    staff_client.post(url, {**edit, "model_limits": '{"big": {"rpm": 5}}'})
+
+    assert only("api_key.updated").details == {
+        "id": api_key_id(valid_key.api_key.prefix),
+        "changes_requested": {"model_limits": {"big": {"rpm": 5}}},
+    }
+
+
 def test_the_admin_revoke_action_is_api_key_deleted_and_keeps_the_admin_history(staff_client, staff_user, valid_key):
     staff_client.post(
         reverse("admin:keys_apikey_changelist"),

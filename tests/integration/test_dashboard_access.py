@@ -82,6 +82,32 @@ def test_the_dashboard_filters_by_user_key_and_model(staff, valid_key, other_use
     assert unknown.status_code == 200 and "No user named" in unknown.content.decode()
 
 
+def test_the_model_filter_suggests_the_served_models_then_those_usage_was_recorded_under(staff, valid_key, monkeypatch):
+    from inference import process
+    from inference.registry import ModelRegistry, ServedModel
+    from keys.models import DailyUsage
+
+    class Engine:
+        def __init__(self, model_id: str) -> None:
+            self.model_id = model_id
+
+    monkeypatch.setattr(process, "_models", ModelRegistry([ServedModel(Engine("small")), ServedModel(Engine("big"))]))
+    DailyUsage.objects.add(add_usage(valid_key.api_key, timezone.now(), model="retired"))
+    DailyUsage.objects.add(add_usage(valid_key.api_key, timezone.now(), model="big"))
+
+    page = staff.get(DASHBOARD).content.decode()
+
+    assert 'list="model-names"' in page
+    assert re.findall(
+        r'<option value="([^"]+)">', page.split('<datalist id="model-names">')[1].split("</datalist>")[0]
+    ) == [
+        "small",
+        "big",
+        "retired",
+    ]
+    assert 'id="live-models"' in page  # each model's live figures (filled by live.js)
+
+
 def test_the_export_is_the_filtered_records_as_csv(staff, valid_key, other_users_key):
     add_usage(valid_key.api_key, timezone.now(), prompt_tokens=100, completion_tokens=20, user="=HYPERLINK(1)")
     add_usage(other_users_key.api_key, timezone.now(), prompt_tokens=5, completion_tokens=0)

@@ -15,6 +15,7 @@ from inference.engine import Engine, EngineConfig
 from inference.formats import ggml
 from inference.model_loader import ModelConfig
 from testing import tiny_families
+from tests.conftest import serve
 from tests.inprocess_api import MODEL, get, post
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -50,7 +51,7 @@ def family_engine(request, tmp_path_factory):
 
 @pytest.fixture
 def family_api(family_engine, monkeypatch):
-    monkeypatch.setattr("api.views.get_engine", lambda: family_engine)
+    serve(monkeypatch, family_engine)
     return family_engine
 
 

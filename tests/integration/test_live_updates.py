@@ -10,6 +10,7 @@ from django.contrib.auth.models import AnonymousUser
 from django.utils import timezone
 
 from dashboard import consumers
+from dashboard.consumers import engine_stats  # the real one (the autouse fixture replaces the module's)
 from dashboard.routing import websocket_urlpatterns
 from tests.usage_helpers import add_usage
 
@@ -117,3 +118,40 @@ def test_the_channel_layer_is_in_memory_unless_redis_url_is_set(redis_url, backe
     )
 
     assert result.stdout.strip() == backend
+
+
+def test_the_engine_figures_are_each_models_and_their_sums(monkeypatch):
+    from inference import process
+    from inference.registry import ModelRegistry, ServedModel
+
+    class Engine:
+        def __init__(self, model_id: str, ready: bool, running: int, waiting: int, rate: float) -> None:
+            self.model_id, self.ready = model_id, ready
+            self.figures = {"running": running, "waiting": waiting, "tokens_per_second": rate}
+
+        def stats(self) -> dict:
+            return dict(self.figures)
+
+    small, big = Engine("small", True, 2, 0, 40.25), Engine("big", False, 1, 3, 2.5)
+    monkeypatch.setattr(process, "_models", ModelRegistry([ServedModel(small), ServedModel(big)]))
+
+    figures = engine_stats()
+
+    assert figures == {
+        "ready": False,  # until every model is
+        "running": 3,
+        "waiting": 3,
+        "tokens_per_second": 42.8,
+        "models": [
+            {"model": "small", "ready": True, "running": 2, "waiting": 0, "tokens_per_second": 40.25},
+            {"model": "big", "ready": False, "running": 1, "waiting": 3, "tokens_per_second": 2.5},
+        ],
+    }
+
+
+def test_before_the_models_are_made_the_figures_say_loading(monkeypatch):
+    from inference import process
+
+    monkeypatch.setattr(process, "_models", None)
+
+    assert engine_stats() == {"ready": False}

@@ -12,6 +12,9 @@ TOKEN = "metrics-token-0123456789"
 
 @pytest.fixture(autouse=True)
 def metrics_settings(settings):
+    from inference.metrics import EngineMetrics
+
+    EngineMetrics("tiny")  # an engine's samples, labelled with its model_name, as a serving process has them
     settings.METRICS_ALLOWED_IPS = ["127.0.0.1", "::1", "10.0.0.0/8"]
     settings.METRICS_TOKEN = TOKEN
 

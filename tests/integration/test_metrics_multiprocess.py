@@ -20,8 +20,8 @@ from completions_site.metrics import forget_live_gauges_at_exit
 from inference import metrics as m
 if {exits_cleanly}:
     forget_live_gauges_at_exit()
-m.generation_tokens.inc({tokens})
-m.requests_running.set({running})
+m.generation_tokens.labels(model_name="small").inc({tokens})
+m.requests_running.labels(model_name="small").set({running})
 """
 
 SCRAPER = """
@@ -47,7 +47,7 @@ def run(code: str, directory: Path) -> str:
 
 
 def sample(text: str, name: str) -> float:
-    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + "{"))
 
 
 def test_a_starting_process_forgets_the_live_gauges_of_processes_that_died_without_cleaning_up(tmp_path):

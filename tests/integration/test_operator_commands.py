@@ -67,6 +67,13 @@ def test_models_restricts_the_key_to_those_models(user):
     assert api_key.allows_model("other") and not api_key.allows_model("third")
 
 
+def test_model_limit_gives_the_key_limits_of_its_own_for_each_model(user):
+    api_key, _ = created("--model-limit", "big:60:100000", "--model-limit", "org:model:q4::5000")
+
+    assert api_key.model_limits == {"big": {"rpm": 60, "tpm": 100000}, "org:model:q4": {"tpm": 5000}}
+    assert api_key.limits_for_model("org:model:q4") == (0, 5000)
+
+
 @pytest.mark.parametrize(
     "text, expected",
     [
@@ -93,6 +100,9 @@ def test_expires_in_sets_the_expiry_from_now(user, text, expected):
         (["--tpm", "ten"], "not a whole number"),
         (["--models", "a b"], "separate model ids with commas"),
         (["--models", "m" * 1001], "at most 1000 characters"),
+        (["--model-limit", "big:60"], "is not MODEL:RPM:TPM"),
+        (["--model-limit", "big:x:5"], "is not MODEL:RPM:TPM"),
+        (["--model-limit", "a b:1:2"], "is not a model id"),
         (["--expires-in", "3000000d"], "before the year 10000"),
         (["--expires-in", "99999999999d"], "before the year 10000"),
     ],

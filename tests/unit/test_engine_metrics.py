@@ -18,7 +18,8 @@ def engine():
 
 
 def value(name: str, **labels: str) -> float:
-    return REGISTRY.get_sample_value(name, labels) or 0.0
+    """A sample of the tiny engine's (its ``model_name`` label is its model id)."""
+    return REGISTRY.get_sample_value(name, {"model_name": "tiny", **labels}) or 0.0
 
 
 def snapshot() -> dict[str, float]:

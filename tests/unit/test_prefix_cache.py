@@ -176,18 +176,18 @@ def test_the_engine_reuses_a_prompt_sent_again_and_generates_the_same_text():
     """End to end through the engine (the tiny model, float32, prefix caching on): the second
     request prefills only its last token, and greedy decoding goes the same way; a prompt
     log-probability request never reuses (it needs every position's logits)."""
-    from inference import metrics as m
     from inference.sampling import SamplingParams
     from testing.tiny_engine import run, run_one, start_tiny_engine
 
+    engine = start_tiny_engine(prefix_caching="on", prefill_chunk=16)
+
     def hits() -> float:
-        return m.prefix_cache_hits._value.get()
+        return engine.metrics.prefix_cache_hits._value.get()
 
     def prefill_passes() -> float:
-        (metric,) = m.prefill_step_duration.collect()
+        (metric,) = engine.metrics.prefill_step_duration.collect()
         return sum(sample.value for sample in metric.samples if sample.name.endswith("_count"))
 
-    engine = start_tiny_engine(prefix_caching="on", prefill_chunk=16)
     try:
         prompt = "The cat sat on the mat, and then the dog sat on the cat. " * 2
         length = len(engine.encode(prompt))
@@ -217,17 +217,17 @@ def test_the_engine_reuses_a_prompt_sent_again_and_generates_the_same_text():
 def test_requests_waiting_behind_a_shared_prefix_reuse_it_once_it_is_stored():
     """Arrived together on an empty cache (one API request's prompts), requests that wait (here for
     the one row of the batch) look again once the first one's prompt is stored, and reuse it."""
-    from inference import metrics as m
     from inference.sampling import SamplingParams
     from testing.tiny_engine import start_tiny_engine
 
     engine = start_tiny_engine(prefix_caching="on", max_batch_size=1)
+    hits = engine.metrics.prefix_cache_hits._value
     try:
         shared = "A long shared instruction that every request begins with, word for word. " * 3
         prompts = [
             (f"r{i}", engine.encode(shared + ending)) for i, ending in enumerate(("First?", "Second?", "Third?"))
         ]
-        before = m.prefix_cache_hits._value.get()
+        before = hits.get()
 
         async def main():
             streams = engine.submit_many(prompts, SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
@@ -236,6 +236,6 @@ def test_requests_waiting_behind_a_shared_prefix_reuse_it_once_it_is_stored():
         outputs = asyncio.run(main())
         assert all(stream[-1].finished for stream in outputs)
         shared_tokens = len(engine.encode(shared)) - 1
-        assert m.prefix_cache_hits._value.get() - before >= 2 * shared_tokens
+        assert hits.get() - before >= 2 * shared_tokens
     finally:
         engine.stop()

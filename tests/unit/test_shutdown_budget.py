@@ -16,6 +16,9 @@ class Usage:
 class StuckEngine:
     ready = True
 
+    def __init__(self, model_id: str) -> None:
+        self.model_id = model_id
+
     def stop(self, timeout: float) -> None:
         time.sleep(timeout)  # an engine that takes all the time it is given
 
@@ -25,7 +28,10 @@ def test_everything_after_the_grace_period_fits_in_one_finishing_budget(monkeypa
     monkeypatch.setattr(shutdown, "FINISH_SECONDS", 0.6)
     state = draining.DrainState()
     monkeypatch.setattr(draining, "state", state)
-    monkeypatch.setattr("api.engine.get_engine", lambda: StuckEngine())
+    from inference.registry import ModelRegistry, ServedModel
+
+    stuck_models = ModelRegistry([ServedModel(StuckEngine("small")), ServedModel(StuckEngine("big"))])
+    monkeypatch.setattr("api.engine.get_models", lambda: stuck_models)  # two engines, one budget for both
     stuck = Usage()
 
     async def scenario() -> tuple[float, int]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import secrets
 import shlex
+import tomllib
 from typing import Any
 
 from django.conf import settings
@@ -46,9 +47,23 @@ def server_url() -> str:
     return f"http://{host}:{port}"
 
 
+def example_model() -> str:
+    """The model the welcome's curl names: the first of ``MODELS_CONFIG``'s tables, else ``MODEL_ID``
+    (a file that cannot be read is the system checks' to report, not the welcome's)."""
+    if settings.MODELS_CONFIG:
+        try:
+            with open(settings.MODELS_CONFIG, "rb") as file:
+                first = tomllib.load(file).get("models", [{}])[0]
+        except (OSError, tomllib.TOMLDecodeError, IndexError, TypeError, AttributeError):
+            return settings.MODEL_ID
+        if isinstance(first, dict) and isinstance(first.get("id"), str):
+            return first["id"]
+    return settings.MODEL_ID
+
+
 def first_run_message(base_url: str, password: str, plaintext: str) -> str:
     """The one-time welcome: admin credentials, the API key and a curl that uses it."""
-    body = f'{{"model": "{settings.MODEL_ID}", "prompt": "Once upon a time", "max_tokens": 32}}'
+    body = f'{{"model": "{example_model()}", "prompt": "Once upon a time", "max_tokens": 32}}'
     return f"""
 completions-site is set up. These credentials are shown only this once; store them now.
 

@@ -2,7 +2,8 @@
 
 Limits (each optional; a key without one uses the ``API_DEFAULT_*`` setting, and 0 means no
 limit): ``--rpm``, ``--tpm``, ``--max-concurrent``, ``--monthly-tokens``; ``--models a,b`` keeps
-the key to those models; ``--expires-in 30d`` (``s``, ``m``, ``h``, ``d`` or ``w``) sets an expiry.
+the key to those models; ``--model-limit MODEL:RPM:TPM`` (repeatable) gives it requests and tokens
+per minute of its own for one model (either left empty: none); ``--expires-in 30d`` (``s``, ``m``, ``h``, ``d`` or ``w``) sets an expiry.
 The new key is printed alone on the last line of the output, so scripts can take ``tail -n 1``.
 """
 
@@ -41,6 +42,16 @@ def duration(text: str) -> timedelta:
     return span
 
 
+def model_limit(text: str) -> tuple[str, dict[str, int]]:
+    """``"big:60:100000"`` → ``("big", {"rpm": 60, "tpm": 100000})``; an empty number is no limit
+    (``"big::5000"``).  The model id may hold colons itself: the last two fields are the numbers."""
+    model, _, numbers = text.rpartition(":")
+    model, _, rpm = model.rpartition(":")
+    if not model or not all(number == "" or number.isdigit() for number in (rpm, numbers)):
+        raise argparse.ArgumentTypeError(f"{text!r} is not MODEL:RPM:TPM, e.g. big:60:100000 or big::5000")
+    return model, {name: int(number) for name, number in (("rpm", rpm), ("tpm", numbers)) if number}
+
+
 def limit(text: str) -> int:
     """A limit: a whole number, 0 for none."""
     if not text.isdigit():
@@ -62,6 +73,15 @@ class Command(BaseCommand):
         limits.add_argument("--max-concurrent", type=limit, help="Requests in flight at once.")
         limits.add_argument("--monthly-tokens", type=limit, help="Tokens per calendar month (UTC).")
         limits.add_argument("--models", default="", help="Comma-separated model ids the key may use (default: all).")
+        limits.add_argument(
+            "--model-limit",
+            type=model_limit,
+            action="append",
+            default=[],
+            metavar="MODEL:RPM:TPM",
+            help="Requests and tokens per minute for one model, beside the key's limits (repeat per model; "
+            "leave a number empty for none), e.g. big:60:100000.",
+        )
         limits.add_argument("--expires-in", type=duration, help="Expiry from now, e.g. 30d, 12h, 2w (default: never).")
 
     def handle(self, *args: Any, name: str, user: str | None, **options: Any) -> None:
@@ -76,8 +96,9 @@ class Command(BaseCommand):
             max_concurrent=options["max_concurrent"],
             monthly_token_quota=options["monthly_tokens"],
             allowed_models=",".join(parse_model_list(options["models"])),
+            model_limits=dict(options["model_limit"]),
         )
-        try:  # the model's own validation, as in the admin (allowed_models' ids, field lengths)
+        try:  # the model's own validation, as in the admin (allowed_models' ids, model_limits, field lengths)
             api_key.full_clean(exclude=["prefix", "hashed_key"])
         except ValidationError as error:
             raise CommandError("; ".join(error.messages)) from None
