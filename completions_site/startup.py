@@ -30,7 +30,7 @@ def start_server() -> None:
     if settings.ENGINE_AUTOSTART:
         check_models_fit()
     get_journal().start_flusher()  # writes what an earlier process left, then whatever waits
-    memory.mmap_large_allocations()
+    memory.tune_allocator()
     shutdown.install_when_served()  # under daphne: SIGTERM drains instead of cutting requests off
     if settings.ENGINE_AUTOSTART:
         from api.engine import get_models

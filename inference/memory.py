@@ -1,9 +1,12 @@
-"""Keeping the serving process's resident memory close to what it uses (glibc's allocator).
+"""Keeping the serving process's resident memory close to what it uses, and its temporaries cheap
+(glibc's allocator).
 
 The KV cache of a running batch is reallocated as rows join and leave and as it grows, and a
-model load frees hundreds of megabytes of temporary tensors.  glibc keeps freed memory in its
-heap unless told otherwise, so without these calls RSS creeps upwards after every burst.
-Elsewhere (musl, macOS) both functions do nothing.
+model load frees hundreds of megabytes of temporary tensors; a forward pass allocates and frees
+tensors of tens of megabytes per layer.  Memory the kernel maps afresh costs a page fault per 4 KB
+at first touch (as long as the copy that fills it), so the passes' temporaries are better reused
+from the heap, and the largest buffers better returned at once.  Elsewhere (musl, macOS) these
+functions do nothing.
 """
 
 from __future__ import annotations
@@ -12,7 +15,9 @@ import ctypes
 import functools
 import sys
 
-M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number (malloc.h)
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameter numbers (malloc.h)
+MMAP_THRESHOLD = 128 << 20  # bytes from which an allocation is its own mapping
+TRIM_THRESHOLD = 512 << 20  # freed heap bytes kept for the next pass until trim()
 
 
 @functools.cache
@@ -27,13 +32,17 @@ def _libc() -> ctypes.CDLL | None:
     return libc
 
 
-def mmap_large_allocations(threshold: int = 1 << 20) -> None:
-    """Serve allocations of ``threshold`` bytes and more with mmap, so that freeing them (a KV-cache
-    buffer, say) returns them to the system at once.  By default glibc raises its threshold after
-    the first large free, and such buffers then stay in the heap.  Call once, before the model loads."""
+def tune_allocator(mmap_threshold: int = MMAP_THRESHOLD, trim_threshold: int = TRIM_THRESHOLD) -> None:
+    """Serve allocations of ``mmap_threshold`` bytes and more with their own mappings, so that freeing
+    them (a large KV-cache buffer, a load's temporaries) returns them to the system at once, and let
+    the heap keep up to ``trim_threshold`` freed bytes, so that a pass's temporaries reuse the last
+    pass's pages instead of faulting in new ones (the engine calls :func:`trim` once it idles).
+    By default glibc maps every allocation of 128 KB and more afresh until its first large free,
+    and trims the heap's top past 128 KB.  Call once, before the model loads."""
     libc = _libc()
     if libc is not None:
-        libc.mallopt(M_MMAP_THRESHOLD, threshold)
+        libc.mallopt(M_MMAP_THRESHOLD, mmap_threshold)
+        libc.mallopt(M_TRIM_THRESHOLD, trim_threshold)
 
 
 def trim() -> None:
