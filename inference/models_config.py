@@ -70,8 +70,14 @@ class ModelSpec:
 
     @property
     def names(self) -> tuple[str, ...]:
-        """The id, then the aliases, in order."""
-        return (self.id, *(alias for alias in self.aliases if alias != self.id))
+        """The id, then the aliases, in order (:func:`model_names`)."""
+        return model_names(self.id, self.aliases)
+
+
+def model_names(model_id: str, aliases: tuple[str, ...]) -> tuple[str, ...]:
+    """The names a model answers to: ``model_id``, then each alias once, in order (an alias equal to
+    the id or repeated is harmless, as ``MODEL_ALIASES=a,a`` always was)."""
+    return tuple(dict.fromkeys((model_id, *aliases)))
 
 
 def read_models_config(path: str | Path, defaults: ModelDefaults | None = None) -> list[ModelSpec]:

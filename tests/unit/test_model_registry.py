@@ -49,6 +49,14 @@ def test_a_name_given_to_two_models_is_refused():
         registry(FakeEngine("small"), FakeEngine("big"), aliases={"big": ("small",)})
 
 
+def test_an_alias_given_twice_to_one_model_names_it_once():
+    # MODEL_ALIASES=gpt-x,gpt-x served before there could be several models; it must still start.
+    models = registry(FakeEngine("small"), aliases={"small": ("gpt-x", "small", "gpt-x")})
+
+    assert models.default.names == ("small", "gpt-x")
+    assert models.resolve("gpt-x") is models.default
+
+
 def test_the_registry_is_ready_once_every_engine_is():
     assert not registry(FakeEngine("small"), FakeEngine("big", ready=False)).ready
     assert registry(FakeEngine("small"), FakeEngine("big")).ready

@@ -111,6 +111,12 @@ def test_a_name_given_twice_is_refused_naming_both_tables(tmp_path):
         read(tmp_path, text)
 
 
+def test_an_alias_given_twice_in_one_table_is_one_name(tmp_path):
+    (spec,) = read(tmp_path, "[[models]]\nid = 'a'\npath = 'embedded'\naliases = ['b', 'a', 'b']\n")
+
+    assert spec.names == ("a", "b")
+
+
 def test_a_missing_file_is_refused_by_its_name(tmp_path):
     with pytest.raises(ModelsConfigError, match="models.toml: cannot be read"):
         read_models_config(tmp_path / "models.toml")
