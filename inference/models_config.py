@@ -167,7 +167,7 @@ def _path(value: Any, where: str, base: Path) -> str:
     if value == EMBEDDED:
         return ""
     path = Path(value).expanduser()
-    path = path if path.is_absolute() else base / path
+    path = path if path.is_absolute() else (base / path).absolute()  # base is relative where MODELS_CONFIG is
     if not path.exists():
         raise ModelsConfigError(f'{where}, key "path": {path} does not exist')
     return str(path)

@@ -73,6 +73,15 @@ def test_a_folder_by_absolute_path_is_a_model_path(tmp_path):
     assert spec.path == str(folder)
 
 
+def test_a_relative_path_in_a_file_named_relatively_is_made_absolute(tmp_path, monkeypatch):
+    write(tmp_path, "[[models]]\nid = 'big'\npath = 'big.gguf'\n")
+    monkeypatch.chdir(tmp_path)
+
+    (spec,) = read_models_config("models.toml", DEFAULTS)
+
+    assert spec.path == str(tmp_path / "big.gguf")  # the engine's thread or a later chdir cannot move it
+
+
 @pytest.mark.parametrize(
     "text, message",
     [
