@@ -162,5 +162,12 @@ def test_a_memory_budget_that_is_no_size_is_refused(text):
         parse_size(text)
 
 
+@pytest.mark.parametrize("text", ["0.5", "0.0001KiB"])
+def test_a_memory_budget_under_a_byte_is_refused_not_read_as_none(text):
+    with pytest.raises(ValueError, match="less than a byte"):
+        parse_size(text)
+    assert parse_size("0") == parse_size("0GiB") == 0  # written as zero: no budget, as empty
+
+
 def test_sizes_are_written_in_mebibytes_or_gibibytes():
     assert (format_size(300 << 20), format_size(13 << 29)) == ("300 MiB", "6.50 GiB")
