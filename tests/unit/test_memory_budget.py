@@ -99,6 +99,19 @@ def test_a_folder_whose_weights_cannot_be_read_is_refused_naming_the_model(tmp_p
     assert "model.safetensors" in str(refused.value)
 
 
+def test_a_folder_of_several_gguf_files_says_where_to_name_one(tmp_path, qwen3_gguf):
+    for name in ("a.gguf", "b.gguf"):
+        (tmp_path / name).write_bytes(qwen3_gguf[0].read_bytes())
+
+    with pytest.raises(ValueError) as refused:
+        estimate(ModelSpec(id="several", path=str(tmp_path)))
+
+    assert str(refused.value).startswith('The model "several" cannot be estimated from its files: ')
+    assert str(refused.value).endswith(
+        'holds several GGUF files (a.gguf, b.gguf): name one in MODEL_PATH or in the model\'s "path" of MODELS_CONFIG'
+    )
+
+
 def test_the_embedded_model_is_estimated_from_its_q4_1_file():
     footprint = estimate(ModelSpec(id="e", path="", max_batch_size=8, context_length=2048, kv_cache_mb=0))
 
