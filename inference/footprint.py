@@ -79,9 +79,12 @@ class Footprint:
 
 def estimate(spec: ModelSpec, kv_cache_dtype: str = "auto") -> Footprint:
     """The footprint of ``spec`` (its file or folder, ``""`` for the embedded GGUF) with the KV
-    cache in ``kv_cache_dtype`` (``ENGINE_KV_CACHE_DTYPE``).  Raises ``ValueError`` (the GGUF
-    reader's ``ModelFileError``) for a file it cannot read."""
-    shape = model_shape(spec.path)
+    cache in ``kv_cache_dtype`` (``ENGINE_KV_CACHE_DTYPE``).  Raises ``ValueError`` naming the model
+    and why for a file or folder it cannot read."""
+    try:
+        shape = model_shape(spec.path)
+    except (OSError, ValueError) as error:
+        raise ValueError(f'The model "{spec.id}" cannot be estimated from its files: {error}') from None
     if spec.weights == "auto":
         weights = shape.stored_bytes if _gguf_of(spec.path) is not None else shape.parameters * 4
     else:
@@ -176,15 +179,19 @@ def _folder_shape(folder: Path) -> Shape:
 
 
 def _safetensors_counts(file: Path) -> tuple[int, int]:
-    """``(parameters, bytes)`` of a safetensors file from its JSON header (no tensor is read)."""
-    with open(file, "rb") as stream:
-        (length,) = struct.unpack("<Q", stream.read(8))
-        header = json.loads(stream.read(length))
-    parameters = nbytes = 0
-    for name, tensor in header.items():
-        if name == "__metadata__":
-            continue
-        count = math.prod(tensor["shape"])
-        parameters += count
-        nbytes += count * _SAFETENSORS_DTYPE_BYTES.get(tensor["dtype"], 2)
+    """``(parameters, bytes)`` of a safetensors file from its JSON header (no tensor is read).
+    Raises ``ValueError`` naming the file when the header is not a safetensors one."""
+    try:
+        with open(file, "rb") as stream:
+            (length,) = struct.unpack("<Q", stream.read(8))
+            header = json.loads(stream.read(length))
+        parameters = nbytes = 0
+        for name, tensor in header.items():
+            if name == "__metadata__":
+                continue
+            count = math.prod(tensor["shape"])
+            parameters += count
+            nbytes += count * _SAFETENSORS_DTYPE_BYTES.get(tensor["dtype"], 2)
+    except (struct.error, ValueError, KeyError, TypeError, AttributeError) as error:  # the file's bytes, not ours
+        raise ValueError(f"{file}: not a safetensors header ({type(error).__name__}: {error})") from None
     return parameters, nbytes

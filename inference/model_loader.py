@@ -177,8 +177,9 @@ def end_of_generation_ids(file) -> list[int]:
 
 
 def gguf_file_of(path: str) -> Path | None:
-    """The GGUF file ``MODEL_PATH`` names: the file itself, or the one ``.gguf`` file of a folder
-    without a ``config.json``; None for a transformers folder or a hub id.  Raises
+    """The GGUF file ``path`` (``MODEL_PATH``, or a model's in ``MODELS_CONFIG``) names: the file
+    itself, or the one ``.gguf`` file of a folder without a ``config.json``; None for a transformers
+    folder or a hub id.  Raises
     :class:`inference.formats.gguf.ModelFileError` for a folder holding several GGUF files."""
     from .formats.gguf import ModelFileError
 
@@ -189,7 +190,10 @@ def gguf_file_of(path: str) -> Path | None:
         files = sorted(candidate.glob("*.gguf"))
         if len(files) > 1:
             names = ", ".join(file.name for file in files)
-            raise ModelFileError(f"{candidate} holds several GGUF files ({names}): name one in MODEL_PATH")
+            raise ModelFileError(
+                f"{candidate} holds several GGUF files ({names}): "
+                'name one in MODEL_PATH or in the model\'s "path" of MODELS_CONFIG'
+            )
         return files[0] if files else None
     return None
 

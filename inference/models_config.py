@@ -70,8 +70,14 @@ class ModelSpec:
 
     @property
     def names(self) -> tuple[str, ...]:
-        """The id, then the aliases, in order."""
-        return (self.id, *(alias for alias in self.aliases if alias != self.id))
+        """The id, then the aliases, in order (:func:`model_names`)."""
+        return model_names(self.id, self.aliases)
+
+
+def model_names(model_id: str, aliases: tuple[str, ...]) -> tuple[str, ...]:
+    """The names a model answers to: ``model_id``, then each alias once, in order (an alias equal to
+    the id or repeated is harmless, as ``MODEL_ALIASES=a,a`` always was)."""
+    return tuple(dict.fromkeys((model_id, *aliases)))
 
 
 def read_models_config(path: str | Path, defaults: ModelDefaults | None = None) -> list[ModelSpec]:
@@ -161,7 +167,7 @@ def _path(value: Any, where: str, base: Path) -> str:
     if value == EMBEDDED:
         return ""
     path = Path(value).expanduser()
-    path = path if path.is_absolute() else base / path
+    path = path if path.is_absolute() else (base / path).absolute()  # base is relative where MODELS_CONFIG is
     if not path.exists():
         raise ModelsConfigError(f'{where}, key "path": {path} does not exist')
     return str(path)
@@ -185,17 +191,19 @@ _POWERS = {"K": 1, "M": 2, "G": 3, "T": 4}
 
 def parse_size(text: str) -> int:
     """Bytes of a size: ``"8GiB"`` or ``"8Gi"`` (binary), ``"8GB"`` or ``"8G"`` (decimal), ``"512MiB"``,
-    or a plain number of bytes; ``""`` is 0 (no budget).  Raises ``ValueError`` for anything else."""
+    or a plain number of bytes; ``""`` is 0 (no budget), and so is a size written as zero.  Raises
+    ``ValueError`` for anything else, a size of less than a byte too (it would read as no budget)."""
     if not text.strip():
         return 0
     match = _SIZE.fullmatch(text)
     if match is None:
         raise ValueError(f"{text!r} is not a size: write e.g. 8GiB, 512MiB, 8GB or a number of bytes")
     number, unit = float(match[1]), (match[2] or "B").upper()
-    if unit == "B":
-        return int(number)
     base = 1024 if "I" in unit else 1000
-    return int(number * base ** _POWERS[unit[0]])
+    size = int(number * base ** _POWERS[unit[0]]) if unit != "B" else int(number)
+    if number and not size:
+        raise ValueError(f"{text!r} is less than a byte: write e.g. 8GiB, 512MiB, 8GB or a number of bytes")
+    return size
 
 
 def format_size(size: int) -> str:

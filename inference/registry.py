@@ -20,6 +20,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .models_config import model_names
+
 if TYPE_CHECKING:
     from .engine import Engine
 
@@ -37,8 +39,8 @@ class ServedModel:
 
     @property
     def names(self) -> tuple[str, ...]:
-        """The id, then the aliases in order (``/v1/models`` lists them so)."""
-        return (self.id, *(alias for alias in self.aliases if alias != self.id))
+        """The id, then the aliases in order, each once (``/v1/models`` lists them so)."""
+        return model_names(self.id, self.aliases)
 
 
 class ModelRegistry:

@@ -206,6 +206,16 @@ def test_bootstraps_example_names_the_first_model_of_models_config(settings, tmp
 
 
 @pytest.mark.django_db
+def test_bootstraps_example_names_model_id_when_models_config_cannot_be_served(settings, tmp_path):
+    # The welcome's curl is pasted into a shell: an id the reader refuses never reaches it.
+    config = tmp_path / "models.toml"
+    config.write_text('[[models]]\nid = "it\'s"\npath = "embedded"\n')
+    settings.MODELS_CONFIG, settings.MODEL_ID = str(config), "solo"
+
+    assert '"model": "solo"' in run_command("bootstrap")
+
+
+@pytest.mark.django_db
 def test_bootstrap_uses_host_and_port_from_the_environment(monkeypatch):
     monkeypatch.setenv("HOST", "0.0.0.0")
     monkeypatch.setenv("PORT", "9001")

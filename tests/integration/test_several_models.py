@@ -167,3 +167,15 @@ def test_healthz_is_503_while_one_model_loads(two_models, monkeypatch):
 
     assert response.status_code == 503 and response.json()["status"] == "loading"
     assert [model["status"] for model in response.json()["models"]] == ["ok", "loading"]
+
+
+def test_a_loaded_model_serves_while_the_other_loads(two_models, valid_key, monkeypatch):
+    small, big = two_models
+    monkeypatch.setattr(big, "ready", False)
+
+    served = post(valid_key.plaintext, request(SMALL, "Hello"))
+    loading = post(valid_key.plaintext, request(BIG_ALIAS, "Hello"))
+
+    assert served.status == 200 and served.body["model"] == SMALL
+    assert loading.status == 503 and loading.headers["retry-after"] == "5"
+    assert loading.error["message"] == "The model is loading; try again shortly."

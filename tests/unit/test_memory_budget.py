@@ -78,6 +78,40 @@ def test_a_transformers_folder_is_read_from_its_config_and_safetensors_headers(t
     assert footprint.kv_cache == 2 * 256 * (2 * 2 * 2 * 16 * 2)
 
 
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"abc",
+        b"\x04\x00\x00\x00\x00\x00\x00\x00nope",
+        b"\x02\x00\x00\x00\x00\x00\x00\x00[]",
+        b'\x0b\x00\x00\x00\x00\x00\x00\x00{"w": {}}  ',
+    ],
+    ids=["too-short", "no-json", "no-object", "no-shape"],
+)
+def test_a_folder_whose_weights_cannot_be_read_is_refused_naming_the_model(tmp_path, content):
+    (tmp_path / "config.json").write_text('{"num_attention_heads": 2, "hidden_size": 32, "num_hidden_layers": 2}')
+    (tmp_path / "model.safetensors").write_bytes(content)
+
+    with pytest.raises(ValueError) as refused:
+        estimate(ModelSpec(id="broken", path=str(tmp_path)))
+
+    assert str(refused.value).startswith('The model "broken" cannot be estimated from its files: ')
+    assert "model.safetensors" in str(refused.value)
+
+
+def test_a_folder_of_several_gguf_files_says_where_to_name_one(tmp_path, qwen3_gguf):
+    for name in ("a.gguf", "b.gguf"):
+        (tmp_path / name).write_bytes(qwen3_gguf[0].read_bytes())
+
+    with pytest.raises(ValueError) as refused:
+        estimate(ModelSpec(id="several", path=str(tmp_path)))
+
+    assert str(refused.value).startswith('The model "several" cannot be estimated from its files: ')
+    assert str(refused.value).endswith(
+        'holds several GGUF files (a.gguf, b.gguf): name one in MODEL_PATH or in the model\'s "path" of MODELS_CONFIG'
+    )
+
+
 def test_the_embedded_model_is_estimated_from_its_q4_1_file():
     footprint = estimate(ModelSpec(id="e", path="", max_batch_size=8, context_length=2048, kv_cache_mb=0))
 

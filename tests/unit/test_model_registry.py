@@ -49,6 +49,14 @@ def test_a_name_given_to_two_models_is_refused():
         registry(FakeEngine("small"), FakeEngine("big"), aliases={"big": ("small",)})
 
 
+def test_an_alias_given_twice_to_one_model_names_it_once():
+    # MODEL_ALIASES=gpt-x,gpt-x served before there could be several models; it must still start.
+    models = registry(FakeEngine("small"), aliases={"small": ("gpt-x", "small", "gpt-x")})
+
+    assert models.default.names == ("small", "gpt-x")
+    assert models.resolve("gpt-x") is models.default
+
+
 def test_the_registry_is_ready_once_every_engine_is():
     assert not registry(FakeEngine("small"), FakeEngine("big", ready=False)).ready
     assert registry(FakeEngine("small"), FakeEngine("big")).ready
@@ -153,6 +161,18 @@ def test_models_past_the_memory_budget_refuse_the_start_naming_the_budget(settin
     message = str(refused.value)
     assert message.startswith('Refusing to start: The model "big" does not fit in MODELS_MEMORY_BUDGET=1GiB (1.00 GiB)')
     assert '"small": 92 MiB of weights + 128 MiB of KV cache (2 rows of 1024 positions)' in message
+
+
+def test_a_model_whose_file_cannot_be_estimated_refuses_the_start_naming_it(settings, tmp_path):
+    from completions_site.startup import check_models_fit
+
+    (tmp_path / "broken.gguf").write_bytes(b"GGUF\x03\x00\x00\x00")
+    path = tmp_path / "models.toml"
+    path.write_text('[[models]]\nid = "small"\npath = "embedded"\n[[models]]\nid = "broken"\npath = "broken.gguf"\n')
+    settings.MODELS_CONFIG, settings.MODELS_MEMORY_BUDGET = str(path), "8GiB"
+
+    with pytest.raises(ImproperlyConfigured, match='^Refusing to start: The model "broken" cannot be estimated from'):
+        check_models_fit()
 
 
 def test_models_within_the_budget_start_and_log_their_estimates(settings, tmp_path, caplog):

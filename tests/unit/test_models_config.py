@@ -73,6 +73,15 @@ def test_a_folder_by_absolute_path_is_a_model_path(tmp_path):
     assert spec.path == str(folder)
 
 
+def test_a_relative_path_in_a_file_named_relatively_is_made_absolute(tmp_path, monkeypatch):
+    write(tmp_path, "[[models]]\nid = 'big'\npath = 'big.gguf'\n")
+    monkeypatch.chdir(tmp_path)
+
+    (spec,) = read_models_config("models.toml", DEFAULTS)
+
+    assert spec.path == str(tmp_path / "big.gguf")  # the engine's thread or a later chdir cannot move it
+
+
 @pytest.mark.parametrize(
     "text, message",
     [
@@ -111,6 +120,12 @@ def test_a_name_given_twice_is_refused_naming_both_tables(tmp_path):
         read(tmp_path, text)
 
 
+def test_an_alias_given_twice_in_one_table_is_one_name(tmp_path):
+    (spec,) = read(tmp_path, "[[models]]\nid = 'a'\npath = 'embedded'\naliases = ['b', 'a', 'b']\n")
+
+    assert spec.names == ("a", "b")
+
+
 def test_a_missing_file_is_refused_by_its_name(tmp_path):
     with pytest.raises(ModelsConfigError, match="models.toml: cannot be read"):
         read_models_config(tmp_path / "models.toml")
@@ -145,6 +160,13 @@ def test_a_memory_budget_reads_binary_and_decimal_units(text, size):
 def test_a_memory_budget_that_is_no_size_is_refused(text):
     with pytest.raises(ValueError, match="is not a size"):
         parse_size(text)
+
+
+@pytest.mark.parametrize("text", ["0.5", "0.0001KiB"])
+def test_a_memory_budget_under_a_byte_is_refused_not_read_as_none(text):
+    with pytest.raises(ValueError, match="less than a byte"):
+        parse_size(text)
+    assert parse_size("0") == parse_size("0GiB") == 0  # written as zero: no budget, as empty
 
 
 def test_sizes_are_written_in_mebibytes_or_gibibytes():

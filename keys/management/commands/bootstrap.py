@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import secrets
 import shlex
-import tomllib
 from typing import Any
 
 from django.conf import settings
@@ -18,6 +17,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
+from inference.models_config import ModelsConfigError, read_models_config
 from keys.models import APIKey
 
 ADMIN_USERNAME = "admin"
@@ -48,16 +48,14 @@ def server_url() -> str:
 
 
 def example_model() -> str:
-    """The model the welcome's curl names: the first of ``MODELS_CONFIG``'s tables, else ``MODEL_ID``
-    (a file that cannot be read is the system checks' to report, not the welcome's)."""
+    """The model the welcome's curl names: the first of ``MODELS_CONFIG``'s models, read as the server
+    reads them, else ``MODEL_ID`` (a file that cannot be served is the system checks' to report, not
+    the welcome's)."""
     if settings.MODELS_CONFIG:
         try:
-            with open(settings.MODELS_CONFIG, "rb") as file:
-                first = tomllib.load(file).get("models", [{}])[0]
-        except (OSError, tomllib.TOMLDecodeError, IndexError, TypeError, AttributeError):
-            return settings.MODEL_ID
-        if isinstance(first, dict) and isinstance(first.get("id"), str):
-            return first["id"]
+            return read_models_config(settings.MODELS_CONFIG)[0].id
+        except ModelsConfigError:
+            pass
     return settings.MODEL_ID
 
 
