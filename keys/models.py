@@ -335,6 +335,18 @@ class APIKey(AbstractKey):
             return None
         return int(own.get("rpm") or 0), int(own.get("tpm") or 0)
 
+    def with_model_limits(self, model: str, changes: dict[str, int | None]) -> dict[str, Any]:
+        """``model_limits`` with ``model``'s limits changed by ``changes`` (``rpm``/``tpm``: a number,
+        or ``None``/0 to remove it; the others kept), an entry left with none removed.  Raises
+        ``ValidationError`` where ``model`` is not a model id."""
+        validate_model_limits({model: {}})
+        changed = dict((self.model_limits or {}).get(model) or {})
+        changed.update({name: number or 0 for name, number in changes.items()})
+        limits = {other: own for other, own in (self.model_limits or {}).items() if other != model}
+        if kept := {name: number for name, number in changed.items() if number}:
+            limits[model] = kept
+        return limits
+
     def on_revoked(self) -> None:
         """Tell :data:`keys.signals.api_key_revoked`'s receivers (the audit log): once, by the revocation."""
         api_key_revoked.send(sender=type(self), api_key=self)

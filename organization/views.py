@@ -50,7 +50,7 @@ from api.usage_api import (
 from audit.models import AuditLogEntry
 from keys import ids
 from keys.errors import TooManyKeys
-from keys.models import APIKey, ModelPrice, UserLimits, validate_model_limits
+from keys.models import APIKey, ModelPrice, UserLimits
 
 from . import audit_query
 from . import serializers as shapes
@@ -461,30 +461,22 @@ class ProjectRateLimitViewSet(UserKeysViewSet):
         _, model = ids.parse_rate_limit_id(rate_limit_id) or ("", "")
         if model:
             fields = self.validated(shapes.ModelRateLimitUpdateRequestSerializer)
-            self.change(api_key, {"model_limits": _model_limits(api_key, model, fields, rate_limit_id)}, rate_limit_id)
+            changes = {name: fields[field] for field, name in MODEL_LIMIT_FIELDS.items() if field in fields}
+            with transaction.atomic():  # the row locked: two models' updates of one key both land
+                api_key = APIKey.objects.select_for_update().get(pk=api_key.pk)
+                try:
+                    limits = api_key.with_model_limits(model, changes)
+                except DjangoValidationError:
+                    raise not_found("rate limit", rate_limit_id) from None
+                self.change(api_key, {"model_limits": limits}, rate_limit_id)
         else:
             columns = _key_columns(self.validated(shapes.ProjectRateLimitUpdateRequestSerializer))
             self.change(api_key, columns, rate_limit_id)
         return Response(shapes.ProjectRateLimitSerializer(shapes.RateLimit(api_key, model)).data)
 
 
-def _model_limits(api_key: APIKey, model: str, fields: dict[str, Any], public_id: str) -> dict[str, Any]:
-    """The key's ``model_limits`` with ``model``'s changed by the request's ``fields`` (``null`` or
-    ``0`` removes one, an entry without any goes); a 404 for a model id that is none."""
-    try:
-        validate_model_limits({model: {}})
-    except DjangoValidationError:
-        raise not_found("rate limit", public_id) from None
-    names = {"max_requests_per_1_minute": "rpm", "max_tokens_per_1_minute": "tpm"}
-    changed = dict((api_key.model_limits or {}).get(model) or {})
-    for field, name in names.items():
-        if field in fields:
-            changed[name] = fields[field] or 0
-    changed = {name: number for name, number in changed.items() if number}
-    limits = {other: own for other, own in (api_key.model_limits or {}).items() if other != model}
-    if changed:
-        limits[model] = changed
-    return limits
+# The Administration API's per-model rate limit fields and APIKey.model_limits' names for them.
+MODEL_LIMIT_FIELDS = {"max_requests_per_1_minute": "rpm", "max_tokens_per_1_minute": "tpm"}
 
 
 # --- The audit log and everyone's usage -----------------------------------------------------------

@@ -116,3 +116,14 @@ def test_a_model_without_limits_of_its_own_has_none():
     assert key.limits_for_model("half") == (0, 9)
     assert key.limits_for_model("zero") is None and key.limits_for_model("other") is None
     assert APIKey().limits_for_model("big") is None
+
+
+@pytest.mark.django_db(transaction=False)
+def test_changing_one_models_limits_keeps_the_others_and_drops_an_emptied_entry():
+    key = APIKey(model_limits={"big": {"rpm": 3, "tpm": 9}, "small": {"tpm": 5}})
+
+    assert key.with_model_limits("big", {"rpm": None}) == {"big": {"tpm": 9}, "small": {"tpm": 5}}
+    assert key.with_model_limits("small", {"tpm": 0}) == {"big": {"rpm": 3, "tpm": 9}}
+    assert key.with_model_limits("new", {"rpm": 7}) == {**key.model_limits, "new": {"rpm": 7}}
+    with pytest.raises(ValidationError):
+        key.with_model_limits("not a model", {"rpm": 1})
