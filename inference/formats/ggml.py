@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from ..weights import (
     BFLOAT16_PREFILL_GAIN,
@@ -263,13 +264,11 @@ class GGMLLinear(_BlockLinear):
             return many._product(x, out=out)
         return self.kernels.ggml_gemm(x, self.raw, self.kind, out=out)
 
-    def _bfloat16_weight(self) -> torch.Tensor:
-        # Into one buffer a thread, reused: a fresh tensor's pages cost as much as the copy itself.
-        size = self.out_features * self.in_features
-        buffer = getattr(_scratch, "buffer", None)
-        if buffer is None or buffer.numel() < size:
-            buffer = _scratch.buffer = torch.empty(size, dtype=torch.bfloat16)
-        out = buffer[:size].view(self.out_features, self.in_features)
+    def _bfloat16_weight(self, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The weight as bfloat16 ``[out_features, in_features]``, into ``out`` where given, else
+        into the thread's scratch buffer."""
+        if out is None:
+            out = _scratch_weight(self.out_features, self.in_features)
         return self.kernels.ggml_to_bfloat16(self.raw, self.kind, self.in_features, out=out)
 
     def step_parts(self, rows: int) -> list[StepPart] | None:
@@ -302,10 +301,28 @@ class StackedLinear(WeightLinear):
         self.out_features = sum(part.out_features for part in parts)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self._parts_in_bfloat16(x):
+            return self.compute(x).to(x.dtype)
         return torch.cat([part(x) for part in self.parts], dim=-1)
 
     def compute(self, x: torch.Tensor) -> torch.Tensor:
+        if self._parts_in_bfloat16(x):
+            # The parts' copies side by side: one product, no concatenation of their outputs.
+            weight = _scratch_weight(self.out_features, self.in_features)
+            row = 0
+            for part in self.parts:
+                assert isinstance(part, GGMLLinear), "_parts_in_bfloat16 admits block layers only"
+                part._bfloat16_weight(out=weight[row : row + part.out_features])
+                row += part.out_features
+            flat = x.reshape(-1, self.in_features)
+            return F.linear(flat.to(torch.bfloat16), weight).float().reshape(*x.shape[:-1], self.out_features)
         return torch.cat([part.compute(x).float() for part in self.parts], dim=-1)
+
+    def _parts_in_bfloat16(self, x: torch.Tensor) -> bool:
+        rows = x.numel() // self.in_features
+        return all(
+            isinstance(part, GGMLLinear) and part.bias is None and part._in_bfloat16(rows) for part in self.parts
+        )
 
     def step_parts(self, rows: int) -> list[StepPart] | None:
         found = [part.step_parts(rows) for part in self.parts]
@@ -316,6 +333,16 @@ class StackedLinear(WeightLinear):
     @property
     def nbytes(self) -> int:
         return sum(part.nbytes for part in self.parts)
+
+
+def _scratch_weight(rows: int, columns: int) -> torch.Tensor:
+    """A bfloat16 ``[rows, columns]`` view of the thread's scratch buffer (grown as needed): reused,
+    since a fresh tensor's pages cost as much as the copy into them."""
+    size = rows * columns
+    buffer = getattr(_scratch, "buffer", None)
+    if buffer is None or buffer.numel() < size:
+        buffer = _scratch.buffer = torch.empty(size, dtype=torch.bfloat16)
+    return buffer[:size].view(rows, columns)
 
 
 def choose_bfloat16_prefill(linears: Sequence[object], repeats: int = 3) -> bool:

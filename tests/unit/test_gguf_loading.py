@@ -252,6 +252,24 @@ def test_a_long_chunk_of_a_k_quant_layer_multiplies_a_bfloat16_copy(sixteen_bits
     assert layer.step_parts(5) is None and layer.step_parts(4) is not None
 
 
+def test_a_long_chunk_of_stacked_block_layers_is_one_product_of_their_copies_side_by_side(sixteen_bits):
+    """Stacked parts (q/k/v of two types) past bfloat16_rows: one oneDNN product of the parts'
+    bfloat16 copies side by side, no concatenation of outputs; below it, each part's own product."""
+    if not cpu_kernels.avx512_products():
+        pytest.skip("the bfloat16 copies need the AVX-512 products")
+    raws = [random_q4_k(16, 512, seed=5), random_q4_k(8, 512, seed=6)]
+    parts = [ggml.linear(raw, ggml.Q4_K, 512) for raw in raws]
+    stacked = ggml.StackedLinear(parts)
+    for part in parts:
+        part.bfloat16_rows = 5
+    weight = torch.cat([ggml.dequantize(raw, ggml.Q4_K, 512) for raw in raws]).bfloat16()
+    x = torch.randn(7, 512, generator=torch.Generator().manual_seed(7))
+    assert torch.equal(stacked(x), F.linear(x.bfloat16(), weight).float())
+    assert torch.equal(stacked.compute(x), stacked(x))
+    few = x[:4]
+    assert torch.equal(stacked(few), torch.cat([part(few) for part in parts], dim=-1))
+
+
 @pytest.mark.parametrize("copy_seconds", [1.0, 3.0])
 def test_bfloat16_prefill_is_chosen_where_the_copy_and_its_product_take_under_our_time(monkeypatch, copy_seconds):
     """The timing of the largest block layer decides for every layer, stacked parts too."""
