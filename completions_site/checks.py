@@ -7,7 +7,8 @@ from django.core.checks import Error, Tags, register
 
 SECRET_KEY_HINT = (
     "Set DJANGO_SECRET_KEY (in the environment or in .env beside manage.py) to a long random value, "
-    "e.g. the output of `python3 -c 'import secrets; print(secrets.token_urlsafe(50))'`."
+    "e.g. the output of `python3 -c 'import secrets; print(secrets.token_urlsafe(50))'`; or, for "
+    "development on the loopback only, DJANGO_DEBUG=true (as make run does)."
 )
 
 

@@ -385,7 +385,7 @@ class Engine:
             gc.collect()
             gc.freeze()
         self.ready = True
-        logger.info("Ready: %s answers requests (GET /healthz says 200)", self.model_id)
+        logger.info("Ready: %s answers requests", self.model_id)  # /healthz: 200 once every model is
         try:
             with torch.inference_mode():
                 while not self._stopping:
