@@ -242,8 +242,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.streams, args.tokens, args.seconds, args.rounds = 2, 16, 3.0, 1
-    first_path = args.first or embedded_gguf_path()
-    models = [Model.of("first", first_path), Model.of("second", args.second or first_path)]
+    # Absolute: MODELS_CONFIG's relative paths are its own directory's, a temporary one here.
+    first_path = (args.first or embedded_gguf_path()).resolve()
+    second_path = args.second.resolve() if args.second else first_path
+    models = [Model.of("first", first_path), Model.of("second", second_path)]
     with tempfile.TemporaryDirectory(prefix="bench-models-") as directory:
         config = Path(directory) / "models.toml"
         config.write_text(MODELS_TOML.format(first=models[0].path, second=models[1].path))
