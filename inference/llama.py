@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from . import memory
 from .chunks import PrefillChunk
 from .cpu_kernels import STEP_PARTS, STEP_TABLE_FIELDS
 from .families.llama import (
@@ -999,6 +1000,8 @@ class LlamaModelRunner:
                 else:
                     buffers.append(buffer)
         self._row_capacity, self._column_capacity = row_capacity, column_capacity
+        # The old buffers' holes in the heap cannot hold their larger successors: back to the system.
+        memory.trim()
         # The buffers' addresses, keys then values, for our kernels' row copy (_append_rows).
         self._cache_addresses = torch.tensor(
             [buffer.data_ptr() for buffer in (*self._layer_keys, *self._layer_values)], dtype=torch.int64

@@ -15,9 +15,8 @@ import ctypes
 import functools
 import sys
 
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameter numbers (malloc.h)
-MMAP_THRESHOLD = 128 << 20  # bytes from which an allocation is its own mapping
-TRIM_THRESHOLD = 512 << 20  # freed heap bytes kept for the next pass until trim()
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number (malloc.h)
+MMAP_THRESHOLD = 32 << 20  # bytes from which an allocation is its own mapping (glibc's own maximum)
 
 
 @functools.cache
@@ -32,17 +31,16 @@ def _libc() -> ctypes.CDLL | None:
     return libc
 
 
-def tune_allocator(mmap_threshold: int = MMAP_THRESHOLD, trim_threshold: int = TRIM_THRESHOLD) -> None:
+def tune_allocator(mmap_threshold: int = MMAP_THRESHOLD) -> None:
     """Serve allocations of ``mmap_threshold`` bytes and more with their own mappings, so that freeing
-    them (a large KV-cache buffer, a load's temporaries) returns them to the system at once, and let
-    the heap keep up to ``trim_threshold`` freed bytes, so that a pass's temporaries reuse the last
-    pass's pages instead of faulting in new ones (the engine calls :func:`trim` once it idles).
-    By default glibc maps every allocation of 128 KB and more afresh until its first large free,
-    and trims the heap's top past 128 KB.  Call once, before the model loads."""
+    them (a large KV-cache buffer, a load's temporaries) returns them to the system at once, and
+    smaller ones from the heap, so that a pass's temporaries mostly reuse pages already faulted in
+    (the engine calls :func:`trim` once it idles, and after the batch's cache grows).  By default
+    glibc maps every allocation of 128 KB and more afresh until its first large free.  Call once,
+    before the model loads."""
     libc = _libc()
     if libc is not None:
         libc.mallopt(M_MMAP_THRESHOLD, mmap_threshold)
-        libc.mallopt(M_TRIM_THRESHOLD, trim_threshold)
 
 
 def trim() -> None:
