@@ -188,11 +188,9 @@ def key_limits(api_key: APIKey) -> list[dict[str, Any]]:
         default = getattr(api_key, field) is None
         found.append({"label": label, "value": "no limit" if value == 0 else f"{value:,}", "default": default})
     found.append({"label": "Models", "value": ", ".join(api_key.models) or "all", "default": False})
-    for model in sorted(api_key.model_limits or {}):
-        own = api_key.limits_for_model(model)
-        if own is not None:
-            words = [f"{n:,} {unit}/min" for n, unit in zip(own, ("requests", "tokens")) if n]
-            found.append({"label": f"For {model}", "value": ", ".join(words), "default": False})
+    for model, *own in api_key.own_model_limits():
+        words = [f"{n:,} {unit}/min" for n, unit in zip(own, ("requests", "tokens")) if n]
+        found.append({"label": f"For {model}", "value": ", ".join(words), "default": False})
     return found
 
 

@@ -124,11 +124,9 @@ class APIKeyAdmin(admin.ModelAdmin):
         parts = [f"{label} {value or 'unlimited'}" for label, value in own]
         if obj.models:
             parts.append("models: " + ", ".join(obj.models))
-        for model in sorted(obj.model_limits or {}):
-            per_minute = obj.limits_for_model(model)
-            if per_minute is not None:
-                numbers = zip(("rpm", "tpm"), per_minute)
-                parts.append(f"{model}: " + ", ".join(f"{label} {n}" for label, n in numbers if n))
+        for model, *per_minute in obj.own_model_limits():
+            numbers = zip(("rpm", "tpm"), per_minute)
+            parts.append(f"{model}: " + ", ".join(f"{label} {n}" for label, n in numbers if n))
         return "; ".join(parts) or "defaults"
 
     def save_model(self, request: HttpRequest, obj: APIKey, form: ModelForm, change: bool) -> None:

@@ -335,6 +335,11 @@ class APIKey(AbstractKey):
             return None
         return int(own.get("rpm") or 0), int(own.get("tpm") or 0)
 
+    def own_model_limits(self) -> list[tuple[str, int, int]]:
+        """``(model, rpm, tpm)`` for each model the key has limits of its own for (0: none), by model id."""
+        found = ((model, self.limits_for_model(model)) for model in sorted(self.model_limits or {}))
+        return [(model, *own) for model, own in found if own is not None]
+
     def with_model_limits(self, model: str, changes: dict[str, int | None]) -> dict[str, Any]:
         """``model_limits`` with ``model``'s limits changed by ``changes`` (``rpm``/``tpm``: a number,
         or ``None``/0 to remove it; the others kept), an entry left with none removed.  Raises

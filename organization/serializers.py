@@ -245,7 +245,15 @@ class ProjectApiKeyUpdateRequestSerializer(KeyLimitsRequestSerializer):
     name = StrictCharField(max_length=100, required=False)
 
 
-class ProjectRateLimitUpdateRequestSerializer(RequestSerializer):
+class PerMinuteLimitsRequestSerializer(RequestSerializer):
+    """Requests and tokens per minute, the fields a key's limits over all models and its limits for
+    one model share (``null``: the default, or none of its own)."""
+
+    max_requests_per_1_minute = StrictIntegerField(required=False, allow_null=True, min_value=0, max_value=MAX_INT)
+    max_tokens_per_1_minute = StrictIntegerField(required=False, allow_null=True, min_value=0, max_value=MAX_BIGINT)
+
+
+class ProjectRateLimitUpdateRequestSerializer(PerMinuteLimitsRequestSerializer):
     """``POST .../rate_limits/{rate_limit_id}``: the spec's ``ProjectRateLimitUpdateRequest`` where it maps.
 
     ``null`` returns a limit to the site's default, ``0`` lifts it.  The image, audio, daily and batch
@@ -259,15 +267,13 @@ class ProjectRateLimitUpdateRequestSerializer(RequestSerializer):
         "batch_1_day_max_input_tokens",
     )
 
-    max_requests_per_1_minute = StrictIntegerField(required=False, allow_null=True, min_value=0, max_value=MAX_INT)
-    max_tokens_per_1_minute = StrictIntegerField(required=False, allow_null=True, min_value=0, max_value=MAX_BIGINT)
     max_concurrent_requests = StrictIntegerField(required=False, allow_null=True, min_value=0, max_value=MAX_INT)
     max_tokens_per_1_month = StrictIntegerField(required=False, allow_null=True, min_value=0, max_value=MAX_BIGINT)
     max_budget = budget_field()
     budget_period = StrictChoiceField(choices=PERIOD_NAMES, required=False, allow_null=True)
 
 
-class ModelRateLimitUpdateRequestSerializer(RequestSerializer):
+class ModelRateLimitUpdateRequestSerializer(PerMinuteLimitsRequestSerializer):
     """``POST .../rate_limits/rl_{prefix}:{model}``: the key's own requests and tokens per minute for
     one model (``null``: none of its own; ``0`` too).  The key's other limits are not per model:
     ``unsupported_parameter`` here, set them on ``rl_{prefix}``."""
@@ -279,9 +285,6 @@ class ModelRateLimitUpdateRequestSerializer(RequestSerializer):
         "max_budget",
         "budget_period",
     )
-
-    max_requests_per_1_minute = StrictIntegerField(required=False, allow_null=True, min_value=0, max_value=MAX_INT)
-    max_tokens_per_1_minute = StrictIntegerField(required=False, allow_null=True, min_value=0, max_value=MAX_BIGINT)
 
 
 class UserLimitsUpdateRequestSerializer(RequestSerializer):
@@ -490,8 +493,7 @@ class RateLimit:
     @classmethod
     def all_of(cls, api_key: APIKey) -> list[RateLimit]:
         """The key's rate limits: over all models, then its own for each model, by model id."""
-        models = sorted(model for model in api_key.model_limits or {} if api_key.limits_for_model(model))
-        return [cls(api_key), *(cls(api_key, model) for model in models)]
+        return [cls(api_key), *(cls(api_key, model) for model, _, _ in api_key.own_model_limits())]
 
 
 class ProjectRateLimitSerializer(serializers.Serializer):
