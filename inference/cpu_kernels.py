@@ -114,8 +114,7 @@ class CPUKernels:
         self.activation_bits = 16  # the library's own default
         self.activation_bits_available = set(ACTIVATION_BITS)  # until the load's self-check says otherwise
         self._rms_norm = function("rms_norm", pointer, size, size, pointer, real, pointer)
-        self._silu_mul = function("silu_mul", pointer, size, size, pointer)
-        self._gelu_mul = function("gelu_mul", pointer, size, size, pointer)
+        self._glu_mul = function("glu_mul", pointer, size, size, pointer, integer, integer, integer)
         self._copy_cache_rows = function(
             "copy_cache_rows", pointer, size, size, size, size, size, size, pointer, pointer, pointer, size, size
         )
@@ -308,18 +307,25 @@ class CPUKernels:
         return out
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """``silu(gate) * up`` of ``gate_up [rows, 2 * width]`` (gate first): a new ``[rows, width]``."""
-        rows, width = gate_up.shape[0], gate_up.shape[1] // 2
-        out = torch.empty(rows, width, dtype=torch.float32)
-        self._silu_mul(gate_up.data_ptr(), rows, width, out.data_ptr())
-        return out
+        """``silu(gate) * up`` of ``gate_up [rows, 2 * width]`` (gate first, contiguous, float32 or
+        bfloat16): a new ``[rows, width]`` of its dtype, computed in float32 (a bfloat16 result
+        rounded as torch's cast rounds)."""
+        return self._glu(gate_up, gelu=False)
 
     def gelu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """``gelu(gate) * up`` (GELU's tanh form, torch's ``approximate="tanh"``: Gemma's GeGLU) of
-        ``gate_up [rows, 2 * width]`` (gate first): a new ``[rows, width]``."""
+        ``gate_up [rows, 2 * width]`` (gate first), as :meth:`silu_mul` takes and gives it."""
+        return self._glu(gate_up, gelu=True)
+
+    def _glu(self, gate_up: torch.Tensor, gelu: bool) -> torch.Tensor:
+        if gate_up.dtype not in (torch.float32, torch.bfloat16) or not gate_up.is_contiguous():
+            raise ValueError(f"a GLU takes a contiguous float32 or bfloat16 gate/up, not {gate_up.dtype}")
         rows, width = gate_up.shape[0], gate_up.shape[1] // 2
-        out = torch.empty(rows, width, dtype=torch.float32)
-        self._gelu_mul(gate_up.data_ptr(), rows, width, out.data_ptr())
+        out = torch.empty(rows, width, dtype=gate_up.dtype)
+        bfloat16 = gate_up.dtype == torch.bfloat16
+        self._glu_mul(
+            gate_up.data_ptr(), rows, width, out.data_ptr(), int(gelu), int(bfloat16), torch.get_num_threads()
+        )
         return out
 
     def copy_cache_rows(

@@ -446,8 +446,11 @@ class LlamaModelRunner:
 
     def _gated(self, gate_up: torch.Tensor) -> torch.Tensor:
         """``act(gate) * up`` of ``gate_up`` ``[tokens, 2 * intermediate]``: our SiLU or GELU kernel
-        where the fused decode ops run, else torch's SiLU or tanh-approximated GELU."""
+        where the fused decode ops run (float32 or bfloat16, in its dtype), else torch's SiLU or
+        tanh-approximated GELU."""
         if self._kernels is not None:
+            if gate_up.dtype not in (torch.float32, torch.bfloat16):
+                gate_up = gate_up.float()
             return self._kernels.silu_mul(gate_up) if self._hidden_act == "silu" else self._kernels.gelu_mul(gate_up)
         gate, up = gate_up.split(self.intermediate_size, dim=-1)
         if self._hidden_act == "silu":
@@ -479,11 +482,14 @@ class LlamaModelRunner:
         if self._kernels is None:
             x += self._mlp(layer, x)
             return
-        gated = self._gated(layer.gate_up(self._norm(x, layer.post_norm)))
+        # The product's own dtype (bfloat16 for a long chunk's bfloat16 product): our GLU kernel takes
+        # it and gives the same, which the down product takes as it is.
+        gate_up = getattr(layer.gate_up, "compute", layer.gate_up)
+        gated = self._gated(gate_up(self._norm(x, layer.post_norm)))
         if layer.mlp_output_norm is None:
             layer.down_add(gated, x)
         else:
-            x += self._output_norm(layer.products[3](gated), layer.mlp_output_norm)
+            x += self._output_norm(layer.down(gated), layer.mlp_output_norm)
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits ``[tokens, vocab]`` of final hidden states ``[tokens, hidden]``, soft-capped

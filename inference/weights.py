@@ -216,7 +216,10 @@ class Float32Linear(WeightLinear):
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32:
             return F.linear(x, self.weight, self.bias)
-        return F.linear(x.float(), self.weight, self.bias).to(x.dtype)
+        return self.compute(x).to(x.dtype)
+
+    def compute(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x.float(), self.weight, self.bias)
 
     def _tensors(self):
         return (self.weight, self.bias)
@@ -446,24 +449,35 @@ class _BlockLinear(WeightLinear):
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         out = self.compute(x)
-        return out if x.dtype == torch.float32 else out.to(x.dtype)
+        return out if out.dtype == x.dtype else out.to(x.dtype)
 
     def compute(self, x: torch.Tensor) -> torch.Tensor:
+        """Float32 ``x W^T + b``, or bfloat16 where the product runs in bfloat16 (a long prefill
+        chunk) and there is no bias; ``x`` float32, or bfloat16 (a bfloat16 product's output, then
+        widened where the product is not in bfloat16)."""
         self._check_width(x)
         flat = x if x.dim() == 2 else x.reshape(-1, self.in_features)
         if self._in_bfloat16(flat.shape[0]):
-            out = F.linear(flat.to(torch.bfloat16), self._bfloat16_weight()).float()
+            out = F.linear(flat.to(torch.bfloat16), self._bfloat16_weight())
+            if self.bias is not None:
+                out = out.float() + self.bias
         else:
-            out = self._product(flat)
-        if self.bias is not None:
-            out += self.bias
+            out = self._product(flat.float())
+            if self.bias is not None:
+                out += self.bias
         return out if x.dim() == 2 else out.reshape(*x.shape[:-1], self.out_features)
 
     def add_into(self, x: torch.Tensor, residual: torch.Tensor) -> None:
         # Our kernels add float32 into a contiguous float32 buffer: another residual (bfloat16
         # activations) or a bfloat16 product takes it through torch instead.
         rows = x.shape[0]
-        if residual.dtype != torch.float32 or not residual.is_contiguous() or x.dim() != 2 or self._in_bfloat16(rows):
+        if (
+            residual.dtype != torch.float32
+            or not residual.is_contiguous()
+            or x.dim() != 2
+            or x.dtype != torch.float32
+            or self._in_bfloat16(rows)
+        ):
             residual += self.compute(x)
             return
         self._check_width(x)

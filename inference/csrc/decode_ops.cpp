@@ -216,13 +216,14 @@ void attend(const float* qkv, int64_t rows, int64_t heads, int64_t kv_heads, int
 // (start positions are in its cache already), its layer's key and value caches [kv_heads, capacity,
 // dim] with head_stride elements between heads.  First every row's keys (rotated) and values are
 // written into the caches and its queries rotated and scaled in place; then each query attends
-// causally over its sequence's positions 0..its own, in blocks of QUERY_BLOCK positions x the kv
-// head's group of query heads against KEY_BLOCK keys at a time converted to float32 once for them all,
+// causally over its sequence's positions 0..its own, in blocks of query positions x the kv head's
+// group of query heads (at least BLOCK_QUERIES queries) against KEY_BLOCK keys at a time converted
+// to float32 once for them all,
 // with the online softmax of flash attention (Milakov & Gimelshein 2018; Dao et al. 2022): a running
 // maximum, sum and weighted sum of values per query, rescaled when the maximum grows.  Its products:
 // per query and key, dim multiply-adds for the score (four keys' partial vectors summed at once) and
 // dim for the values.
-constexpr int64_t QUERY_BLOCK = 8, KEY_BLOCK = 32;
+constexpr int64_t QUERY_BLOCK = 8, BLOCK_QUERIES = 32, KEY_BLOCK = 32;
 
 enum SequenceField : int64_t { ROW0, ROWS, START, HEAD_STRIDE, KEY_CACHE, VALUE_CACHE, SEQUENCE_FIELDS };
 
@@ -362,6 +363,9 @@ template <int DIM, typename T>
 void prefill_attend(float* qkv, int64_t count, const int64_t* sequences, int64_t heads, int64_t kv_heads,
                     const float* cos, const float* sin, float scale, float* out, int threads) {
   const int64_t group = heads / kv_heads, width = (heads + 2 * kv_heads) * DIM;
+  // Positions a block: enough that a key block's conversion serves BLOCK_QUERIES queries or more
+  // (a model without grouped queries has one a position), but QUERY_BLOCK at least.
+  const int64_t query_block = std::max(QUERY_BLOCK, (BLOCK_QUERIES + group - 1) / group);
   auto field = [&](int64_t s, SequenceField f) { return sequences[s * SEQUENCE_FIELDS + f]; };
   auto cache = [&](int64_t s, SequenceField f, int64_t h) {
     return reinterpret_cast<T*>(field(s, f)) + h * field(s, HEAD_STRIDE);
@@ -375,10 +379,10 @@ void prefill_attend(float* qkv, int64_t count, const int64_t* sequences, int64_t
     largest_rows = std::max(largest_rows, field(s, ROWS));
     multiply_adds += field(s, ROWS) * (field(s, START) + field(s, ROWS)) * heads * DIM * 2;
   }
-  const int64_t blocks = (largest_rows + QUERY_BLOCK - 1) / QUERY_BLOCK;
+  const int64_t blocks = (largest_rows + query_block - 1) / query_block;
   for (int64_t b = blocks - 1; b >= 0; --b)
     for (int64_t s = 0; s < count; ++s)
-      if (b * QUERY_BLOCK < field(s, ROWS))
+      if (b * query_block < field(s, ROWS))
         for (int64_t h = 0; h < kv_heads; ++h) items.push_back((b * count + s) * kv_heads + h);
   if (multiply_adds < (int64_t(1) << 17)) threads = 1;
   const int64_t tokens = static_cast<int64_t>(row_sequence.size());
@@ -405,7 +409,7 @@ void prefill_attend(float* qkv, int64_t count, const int64_t* sequences, int64_t
     // their positions, weights [padded, KEY_BLOCK], weighted sums [padded, DIM], running maxima and sums.
     thread_local std::vector<float> keys, kt, values, q, weights, acc, largest, total;
     thread_local std::vector<int64_t> position;
-    const int64_t padded = (QUERY_BLOCK * group + TILE - 1) / TILE * TILE;
+    const int64_t padded = (query_block * group + TILE - 1) / TILE * TILE;
     for (auto* buffer : {&keys, &kt, &values}) buffer->resize(static_cast<size_t>(KEY_BLOCK * DIM));
     for (auto* buffer : {&q, &acc}) buffer->resize(static_cast<size_t>(padded * DIM));
     weights.resize(static_cast<size_t>(padded * KEY_BLOCK));
@@ -415,7 +419,7 @@ void prefill_attend(float* qkv, int64_t count, const int64_t* sequences, int64_t
     for (int64_t it = first; it < last; ++it) {
       const int64_t item = items[it], h = item % kv_heads, s = (item / kv_heads) % count;
       const int64_t b = item / kv_heads / count, start = field(s, START), row0 = field(s, ROW0);
-      const int64_t q0 = b * QUERY_BLOCK, q1 = std::min(field(s, ROWS), q0 + QUERY_BLOCK);
+      const int64_t q0 = b * query_block, q1 = std::min(field(s, ROWS), q0 + query_block);
       const int64_t queries = (q1 - q0) * group, tiles = (queries + TILE - 1) / TILE;
       const int64_t end = start + q1;  // keys [0, end) serve the block
       for (int64_t j = 0; j < tiles * TILE; ++j) {
@@ -485,6 +489,77 @@ bool prefill_attention_any(float* qkv, int64_t count, const int64_t* sequences, 
   return true;
 }
 
+// Below this many elements a GLU runs on the calling thread alone (a decode step's few rows).
+constexpr int64_t PARALLEL_ELEMENTS = 1 << 16;
+
+// bfloat16 bits (uint16_t) to and from float32: widening is exact; narrowing rounds to nearest
+// even and keeps a NaN a (quiet) NaN, as torch's casts do.
+inline __m256 load8_bfloat16(const uint16_t* p) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+inline void store8_bfloat16(uint16_t* p, __m256 v) {
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  __m256i bits = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), odd)), 16);
+  const __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+  bits = _mm256_blendv_epi8(bits, _mm256_set1_epi32(0x7fc0), _mm256_castps_si256(nan));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                   _mm_packus_epi32(_mm256_castsi256_si128(bits), _mm256_extracti128_si256(bits, 1)));
+}
+inline float bfloat16_to_float(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+inline uint16_t float_to_bfloat16(float f) {
+  if (f != f) return 0x7fc0;
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  return static_cast<uint16_t>((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+}
+inline __m256 glu_load(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 glu_load(const uint16_t* p) { return load8_bfloat16(p); }
+inline void glu_store(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
+inline void glu_store(uint16_t* p, __m256 v) { store8_bfloat16(p, v); }
+inline float glu_load1(const float* p) { return *p; }
+inline float glu_load1(const uint16_t* p) { return bfloat16_to_float(*p); }
+inline void glu_store1(float* p, float v) { *p = v; }
+inline void glu_store1(uint16_t* p, float v) { *p = float_to_bfloat16(v); }
+
+// Rows [first, last) of act(gate) * up, gate_up [rows, 2 * width] (gate then up), out [rows, width]:
+// SwiGLU's silu (Shazeer 2020) or, GELU, GeGLU's tanh form (Hendrycks & Gimpel 2016; torch's
+// approximate="tanh"), computed in float32 whatever T holds (float32, or bfloat16 bits).
+template <bool GELU, typename T = float>
+void glu_rows(const T* gate_up, int64_t first, int64_t last, int64_t width, T* out) {
+  constexpr float ROOT_2_OVER_PI = 0.7978845608028654f, CUBIC = 0.044715f;
+  const __m256 half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
+  for (int64_t r = first; r < last; ++r) {
+    const T* gate = gate_up + r * 2 * width;
+    const T* up = gate + width;
+    T* o = out + r * width;
+    int64_t i = 0;
+    for (; i + 8 <= width; i += 8) {
+      const __m256 g = glu_load(gate + i);
+      __m256 act;
+      if constexpr (GELU) {
+        const __m256 inner = _mm256_mul_ps(_mm256_set1_ps(ROOT_2_OVER_PI),
+                                           _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(CUBIC), g), _mm256_mul_ps(g, g), g));
+        act = _mm256_mul_ps(_mm256_mul_ps(half, g), _mm256_add_ps(one, tanh256(inner)));
+      } else {
+        act = _mm256_div_ps(g, _mm256_add_ps(one, exp256(_mm256_sub_ps(_mm256_setzero_ps(), g))));
+      }
+      glu_store(o + i, _mm256_mul_ps(act, glu_load(up + i)));
+    }
+    for (; i < width; ++i) {
+      const float g = glu_load1(gate + i);
+      const float act = GELU ? 0.5f * g * (1.0f + tanhf(ROOT_2_OVER_PI * (g + CUBIC * g * g * g))) : g / (1.0f + expf(-g));
+      glu_store1(o + i, act * glu_load1(up + i));
+    }
+  }
+}
+
 }  // namespace
 
 extern "C" {
@@ -533,43 +608,31 @@ KERNEL_EXPORT void copy_cache_rows(const int64_t* targets, int64_t layers, int64
 
 // gate_up: [rows, 2 * width] (gate then up); out: [rows, width] = silu(gate) * up.
 KERNEL_EXPORT void silu_mul(const float* gate_up, int64_t rows, int64_t width, float* out) {
-  const __m256 one = _mm256_set1_ps(1.0f);
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* gate = gate_up + r * 2 * width;
-    const float* up = gate + width;
-    float* o = out + r * width;
-    int64_t i = 0;
-    for (; i + 8 <= width; i += 8) {
-      const __m256 g = _mm256_loadu_ps(gate + i);
-      const __m256 sig = _mm256_div_ps(g, _mm256_add_ps(one, exp256(_mm256_sub_ps(_mm256_setzero_ps(), g))));
-      _mm256_storeu_ps(o + i, _mm256_mul_ps(sig, _mm256_loadu_ps(up + i)));
-    }
-    for (; i < width; ++i) o[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
-  }
+  glu_rows<false>(gate_up, 0, rows, width, out);
 }
 
 // gate_up: [rows, 2 * width] (gate then up); out: [rows, width] = gelu(gate) * up, GELU's tanh form
 // (Hendrycks & Gimpel 2016; torch's approximate="tanh"), Gemma's GeGLU.
 KERNEL_EXPORT void gelu_mul(const float* gate_up, int64_t rows, int64_t width, float* out) {
-  constexpr float ROOT_2_OVER_PI = 0.7978845608028654f, CUBIC = 0.044715f;
-  const __m256 half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* gate = gate_up + r * 2 * width;
-    const float* up = gate + width;
-    float* o = out + r * width;
-    int64_t i = 0;
-    for (; i + 8 <= width; i += 8) {
-      const __m256 g = _mm256_loadu_ps(gate + i);
-      const __m256 inner = _mm256_mul_ps(_mm256_set1_ps(ROOT_2_OVER_PI),
-                                         _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(CUBIC), g), _mm256_mul_ps(g, g), g));
-      const __m256 gelu = _mm256_mul_ps(_mm256_mul_ps(half, g), _mm256_add_ps(one, tanh256(inner)));
-      _mm256_storeu_ps(o + i, _mm256_mul_ps(gelu, _mm256_loadu_ps(up + i)));
+  glu_rows<true>(gate_up, 0, rows, width, out);
+}
+
+// silu_mul (gelu == 0) or gelu_mul over pool.h's threads, in float32 (bfloat16 == 0) or on bfloat16
+// bits in and out (bfloat16 != 0: a long prefill chunk's bfloat16 product, and the next one's input).
+KERNEL_EXPORT void glu_mul(const void* gate_up, int64_t rows, int64_t width, void* out, int gelu, int bfloat16,
+                           int threads) {
+  if (rows * width < PARALLEL_ELEMENTS) threads = 1;
+  kernels::parallel_for(rows, threads, [&](int64_t first, int64_t last) {
+    if (bfloat16) {
+      const auto* in = static_cast<const uint16_t*>(gate_up);
+      auto* o = static_cast<uint16_t*>(out);
+      (gelu ? glu_rows<true, uint16_t> : glu_rows<false, uint16_t>)(in, first, last, width, o);
+    } else {
+      const auto* in = static_cast<const float*>(gate_up);
+      auto* o = static_cast<float*>(out);
+      (gelu ? glu_rows<true, float> : glu_rows<false, float>)(in, first, last, width, o);
     }
-    for (; i < width; ++i) {
-      const float g = gate[i];
-      o[i] = 0.5f * g * (1.0f + tanhf(ROOT_2_OVER_PI * (g + CUBIC * g * g * g))) * up[i];
-    }
-  }
+  });
 }
 
 // qkv: [rows, (heads + 2 kv_heads) * dim], queries then keys then values.

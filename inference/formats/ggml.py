@@ -315,7 +315,7 @@ class StackedLinear(WeightLinear):
                 part._bfloat16_weight(out=weight[row : row + part.out_features])
                 row += part.out_features
             flat = x.reshape(-1, self.in_features)
-            return F.linear(flat.to(torch.bfloat16), weight).float().reshape(*x.shape[:-1], self.out_features)
+            return F.linear(flat.to(torch.bfloat16), weight).reshape(*x.shape[:-1], self.out_features)
         return torch.cat([part.compute(x).float() for part in self.parts], dim=-1)
 
     def _parts_in_bfloat16(self, x: torch.Tensor) -> bool:

@@ -162,6 +162,35 @@ def test_rms_norm_and_silu_mul_are_torchs(rows):
 
 
 @needs_kernels
+@pytest.mark.parametrize("rows", [2, 300])  # 300 x 300 runs on the pool's threads
+def test_silu_and_gelu_mul_of_bfloat16_round_as_torchs_cast(rows):
+    """On bfloat16 gate/up (a long prefill chunk's bfloat16 product), each GLU computes in float32
+    and rounds its result to bfloat16 exactly as torch's cast does: what the down product got before
+    from the float32 GLU; NaN and infinities kept."""
+    generator = torch.Generator().manual_seed(2)
+    width = 300 + 3  # a tail past the 8-wide vectors
+    gate_up = (torch.randn(rows, 2 * width, generator=generator) * 4).to(torch.bfloat16)
+    gate_up[0, 0], gate_up[0, width + 1], gate_up[-1, 5] = float("nan"), float("inf"), -1e30
+    for name in ("silu_mul", "gelu_mul"):
+        wide = getattr(KERNELS, name)(gate_up.float())
+        got = getattr(KERNELS, name)(gate_up)
+        assert got.dtype == torch.bfloat16 and got.shape == (rows, width)
+        expected = wide.to(torch.bfloat16)
+        assert torch.equal(got.isnan(), expected.isnan()), name  # NaN payloads differ by CPU; NaN stays
+        assert torch.equal(got.nan_to_num(0.0).view(torch.int16), expected.nan_to_num(0.0).view(torch.int16)), name
+
+
+@needs_kernels
+def test_glu_of_many_rows_equals_its_rows_alone():
+    generator = torch.Generator().manual_seed(3)
+    gate_up = torch.randn(257, 2 * 512, generator=generator)
+    whole = KERNELS.silu_mul(gate_up)
+    assert torch.equal(whole[100:101], KERNELS.silu_mul(gate_up[100:101].contiguous()))
+    with pytest.raises(ValueError, match="contiguous"):
+        KERNELS.silu_mul(gate_up.t())
+
+
+@needs_kernels
 def test_decode_attention_soft_caps_scores_as_gemma_2_does():
     """Scores scaled, then ``cap * tanh(score / cap)`` before the softmax (inference.llama's
     soft_capped_attention, transformers' Gemma 2), at a cap the scores reach."""

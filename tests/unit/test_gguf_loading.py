@@ -265,9 +265,34 @@ def test_a_long_chunk_of_stacked_block_layers_is_one_product_of_their_copies_sid
     weight = torch.cat([ggml.dequantize(raw, ggml.Q4_K, 512) for raw in raws]).bfloat16()
     x = torch.randn(7, 512, generator=torch.Generator().manual_seed(7))
     assert torch.equal(stacked(x), F.linear(x.bfloat16(), weight).float())
-    assert torch.equal(stacked.compute(x), stacked(x))
+    assert stacked.compute(x).dtype == torch.bfloat16  # the product's own output, for the GLU kernel
+    assert torch.equal(stacked.compute(x).float(), stacked(x))
     few = x[:4]
     assert torch.equal(stacked(few), torch.cat([part(few) for part in parts], dim=-1))
+
+
+def test_a_long_chunks_mlp_passes_bfloat16_from_gate_up_to_down_as_the_float32_path_rounds_it(sixteen_bits):
+    """The runner's MLP on a long chunk: gate/up's bfloat16 output goes through the GLU kernel in
+    bfloat16 and into down's bfloat16 product and the residual, with the values the float32 GLU
+    gave (down rounds its input to bfloat16 either way)."""
+    if not cpu_kernels.avx512_products():
+        pytest.skip("the bfloat16 copies need the AVX-512 products")
+    kernels = cpu_kernels.load(None)
+    gate_up = ggml.StackedLinear([ggml.linear(random_q4_k(256, 512, seed=s), ggml.Q4_K, 512) for s in (8, 9)])
+    down_raw = random_q4_k(512, 256, seed=10)
+    down = ggml.linear(down_raw, ggml.Q4_K, 256)
+    for layer in (*gate_up.parts, down):
+        layer.bfloat16_rows = 5
+    x = torch.randn(7, 512, generator=torch.Generator().manual_seed(11))
+    gated = kernels.silu_mul(gate_up.compute(x))
+    assert gated.dtype == torch.bfloat16
+    assert torch.equal(gated, kernels.silu_mul(gate_up(x)).bfloat16())
+    residual = torch.randn(7, 512, generator=torch.Generator().manual_seed(12))
+    expected = residual + F.linear(gated, ggml.dequantize(down_raw, ggml.Q4_K, 256).bfloat16()).float()
+    down.add_into(gated, residual)
+    assert torch.equal(residual, expected)
+    few = gated[:4]  # below bfloat16_rows: our products, on the exact float32 widening of x
+    assert torch.equal(down.compute(few), kernels.ggml_gemm(few.float(), down_raw, ggml.Q4_K))
 
 
 @pytest.mark.parametrize("copy_seconds", [1.0, 3.0])
@@ -280,8 +305,12 @@ def test_bfloat16_prefill_is_chosen_where_the_copy_and_its_product_take_under_ou
     clock = [0.0]
     monkeypatch.setattr(ggml, "bfloat16_prefill_available", lambda: True)
     monkeypatch.setattr(ggml.time, "perf_counter", lambda: clock[0])
-    monkeypatch.setattr(ggml.GGMLLinear, "compute", lambda self, x: clock.__setitem__(0, clock[0] + (
-        copy_seconds if self._in_bfloat16(x.shape[0]) else 2.0)))  # fmt: skip
+
+    def compute(self, x):
+        clock[0] += copy_seconds if self._in_bfloat16(x.shape[0]) else 2.0
+        return x
+
+    monkeypatch.setattr(ggml.GGMLLinear, "compute", compute)
     monkeypatch.setattr(ggml.GGMLLinear, "_in_bfloat16", lambda self, rows: self.bfloat16_rows is not None)
     small, large, part = (ggml.linear(random_q4_k(rows, 256, rows), ggml.Q4_K, 256) for rows in (8, 32, 16))
     stacked = ggml.StackedLinear([part, ggml.linear(random_q4_k(8, 256, 9), ggml.Q4_K, 256)])
