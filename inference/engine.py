@@ -557,7 +557,7 @@ class Engine:
             if item.start == item.request.cached_tokens:
                 self.metrics.request_queue_time.observe(started - item.request.arrival)
         self.metrics.prompt_tokens.inc(sum(item.end - item.start for item in scheduled))
-        prompts_done = []
+        prompts_done: list[tuple[Request, int]] = []
         for item, logits in zip(scheduled, self._loaded_runner.prefill(chunks)):
             request = item.request
             request.prefilled = item.end
@@ -568,15 +568,19 @@ class Engine:
             if not item.final:
                 continue
             alive = self._start_sequences(request, logits[-1:])
-            self._loaded_runner.join(request.key, len(alive))
             self._running.extend(alive)
-            prompts_done.append(request)
+            prompts_done.append((request, len(alive)))
         self.scheduler.finish_prefills()
         self.metrics.prefill_step_duration.observe(time.monotonic() - started)
         # Published only now: a client that has its first token finds its request counted as
         # running, not waiting, by the queue limit and /healthz, and the step in the metrics.
-        for request in prompts_done:
+        for request, _ in prompts_done:
             self._publish(request.sequences)
+        # Then the prompts' caches join the running batch, in the order of _running, before the
+        # next decode step on this thread: a join that grows the batch's cache (zero-filled buffers
+        # for several rows) delays the second token, not the first.
+        for request, copies in prompts_done:
+            self._loaded_runner.join(request.key, copies)
 
     def _start_sequences(self, request: Request, logits: torch.Tensor) -> list[SequenceState]:
         """Create the request's candidates and sample their first tokens from ``logits`` ``[1, vocab]``.
