@@ -153,6 +153,13 @@ def _address(tensor: torch.Tensor | None) -> int:
     return 0 if tensor is None else tensor.data_ptr()
 
 
+def _rounds_input_to_bfloat16(linear: Linear, rows: int) -> bool:
+    """Whether ``linear`` rounds an input of ``rows`` rows to bfloat16 anyway (see
+    :meth:`inference.weights.WeightLinear.rounds_input_to_bfloat16`); False for a plain callable."""
+    rounds = getattr(linear, "rounds_input_to_bfloat16", None)
+    return rounds is not None and rounds(rows)
+
+
 def _round_up(value: int, chunk: int) -> int:
     return -(-value // chunk) * chunk
 
@@ -483,9 +490,12 @@ class LlamaModelRunner:
             x += self._mlp(layer, x)
             return
         # The product's own dtype (bfloat16 for a long chunk's bfloat16 product): our GLU kernel takes
-        # it and gives the same, which the down product takes as it is.
-        gate_up = getattr(layer.gate_up, "compute", layer.gate_up)
-        gated = self._gated(gate_up(self._norm(x, layer.post_norm)))
+        # it and gives the same, which the down product takes as it is where it rounds its input to
+        # bfloat16 anyway; another down (a file's F16 or Q8_0 tensor) gets the GLU in float32.
+        gate_up = getattr(layer.gate_up, "compute", layer.gate_up)(self._norm(x, layer.post_norm))
+        if gate_up.dtype == torch.bfloat16 and not _rounds_input_to_bfloat16(layer.products[3], x.shape[0]):
+            gate_up = gate_up.float()
+        gated = self._gated(gate_up)
         if layer.mlp_output_norm is None:
             layer.down_add(gated, x)
         else:

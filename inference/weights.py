@@ -176,6 +176,11 @@ class WeightLinear:
         in place, which converts it exactly, one aten call fewer (the Llama runner's residual adds)."""
         return self(x)
 
+    def rounds_input_to_bfloat16(self, rows: int) -> bool:
+        """Whether a product of ``rows`` rows rounds ``x`` to bfloat16 whatever its dtype (so that a
+        caller may hand it bfloat16 at no loss: the Llama runner's GLU output into down)."""
+        return False
+
     def add_into(self, x: torch.Tensor, residual: torch.Tensor) -> None:
         """``residual += x W^T + b`` in place, ``x`` ``[rows, in]``, ``residual`` float32 ``[rows, out]``
         (a residual stream); formats with a kernel that accumulates do it without a temporary."""
@@ -248,6 +253,9 @@ class Bfloat16Linear(WeightLinear):
     def compute(self, x: torch.Tensor) -> torch.Tensor:
         return self.packed.forward(x.to(torch.bfloat16))
 
+    def rounds_input_to_bfloat16(self, rows: int) -> bool:
+        return True
+
     @property
     def nbytes(self) -> int:
         # The packed weight is an opaque oneDNN tensor; its size is that of the bf16 weight.
@@ -290,6 +298,9 @@ class Int8Linear(WeightLinear):
         if self.bias is not None:
             out = out + self.bias
         return out if x.dim() == 2 else out.reshape(*x.shape[:-1], self.out_features)
+
+    def rounds_input_to_bfloat16(self, rows: int) -> bool:
+        return self.compute_dtype == torch.bfloat16
 
     @classmethod
     def from_quantized(
@@ -408,6 +419,9 @@ class Int4Linear(WeightLinear):
             out = out + self.bias
         return out if x.dim() == 2 else out.reshape(*x.shape[:-1], self.out_features)
 
+    def rounds_input_to_bfloat16(self, rows: int) -> bool:
+        return self.compute_dtype == torch.bfloat16
+
     def dequantized(self) -> torch.Tensor:
         """The float64 weight ``[out, in]`` the kernel computes with: ``(q - 8) * scale + zero`` (stored values)."""
         if self._q is None:
@@ -446,6 +460,9 @@ class _BlockLinear(WeightLinear):
     def _in_bfloat16(self, rows: int) -> bool:
         # Not where the products were put on their AVX2 code (set_avx512(False)): as an AVX2 CPU.
         return self.bfloat16_rows is not None and rows >= self.bfloat16_rows and self.kernels.avx512
+
+    def rounds_input_to_bfloat16(self, rows: int) -> bool:
+        return self._in_bfloat16(rows)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         out = self.compute(x)
@@ -743,6 +760,9 @@ class PlannedLinear(WeightLinear):
 
     def add_into(self, x: torch.Tensor, residual: torch.Tensor) -> None:
         self._layer_for(x).add_into(x, residual)
+
+    def rounds_input_to_bfloat16(self, rows: int) -> bool:
+        return (self._by_rows[rows] if rows < len(self._by_rows) else self._beyond).rounds_input_to_bfloat16(rows)
 
     def _layer_for(self, x: torch.Tensor) -> WeightLinear:
         rows = x.numel() // self.in_features

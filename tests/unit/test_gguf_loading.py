@@ -319,3 +319,43 @@ def test_bfloat16_prefill_is_chosen_where_the_copy_and_its_product_take_under_ou
     expected = weights.BFLOAT16_PREFILL_ROWS if chosen else None
     assert [small.bfloat16_rows, large.bfloat16_rows, part.bfloat16_rows] == [expected] * 3
     assert not ggml.choose_bfloat16_prefill([lambda x: x])  # no block layer: nothing timed
+
+
+@pytest.mark.parametrize("down_kind", [ggml.F32, ggml.Q8_0, ggml.F16, ggml.Q4_K], ids=["f32", "q8_0", "f16", "q4_k"])
+def test_a_down_product_that_is_not_in_bfloat16_gets_the_float32_glu_of_a_bfloat16_gate_up(sixteen_bits, down_kind):
+    """A file whose gate/up run long chunks in bfloat16 but whose down does not (F32 or F16 tensors,
+    or Q8_0, llama.cpp's fallback for Q6_K): the runner's MLP gives down the GLU in float32, as
+    before gate/up's bfloat16 output went straight to the GLU kernel; rounding it to bfloat16 is
+    free only where down rounds its input to bfloat16 anyway."""
+    if not cpu_kernels.avx512_products():
+        pytest.skip("the bfloat16 copies need the AVX-512 products")
+    kernels = cpu_kernels.load(None)
+    gate_up = ggml.StackedLinear([ggml.linear(random_q4_k(256, 512, seed=s), ggml.Q4_K, 512) for s in (13, 14)])
+    for part in gate_up.parts:
+        part.bfloat16_rows = 5
+    if down_kind == ggml.Q4_K:  # the usual file: down in bfloat16 too, and the GLU's output in it
+        down = ggml.linear(random_q4_k(512, 256, seed=15), ggml.Q4_K, 256)
+        down.bfloat16_rows = 5
+    else:
+        values = torch.randn(512, 256, generator=torch.Generator().manual_seed(15)).numpy()
+        raw = torch.from_numpy(gguf.quants.quantize(values, down_kind).view(np.uint8).copy())
+        down = ggml.linear(raw.reshape(512, -1), down_kind, 256)
+    runner = LlamaModelRunner.__new__(LlamaModelRunner)  # only what _mlp_add reads
+    runner._kernels, runner._hidden_act, runner.eps = kernels, "silu", 1e-6
+    runner.hidden_size, runner.intermediate_size = 512, 256
+    post_norm = torch.ones(512)
+
+    class Layer:
+        pass
+
+    layer = Layer()
+    layer.gate_up, layer.down, layer.post_norm, layer.mlp_output_norm = gate_up, down.compute, post_norm, None
+    layer.down_add, layer.products = down.add_into, (None, None, gate_up, down)
+    x = torch.randn(7, 512, generator=torch.Generator().manual_seed(16))
+    expected = x.clone()
+    normed = kernels.rms_norm(x, post_norm, 1e-6)
+    gated = kernels.silu_mul(gate_up.compute(normed) if down_kind == ggml.Q4_K else gate_up(normed))
+    assert gated.dtype == (torch.bfloat16 if down_kind == ggml.Q4_K else torch.float32)
+    down.add_into(gated, expected)
+    runner._mlp_add(layer, x)
+    assert torch.equal(x, expected)
