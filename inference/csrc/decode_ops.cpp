@@ -4,7 +4,7 @@
 // many as the caller says.
 //
 //   rms_norm:         Zhang & Sennrich 2019, as transformers' LlamaRMSNorm computes it in float32.
-//   silu_mul:         SwiGLU's silu(gate) * up (Shazeer 2020) from the fused gate/up product.
+//   glu_mul:          SwiGLU's silu(gate) * up (Shazeer 2020), or GeGLU's, from the fused gate/up product.
 //   decode_attention: rotary embeddings (Su et al. 2021) of each row's new query and key, the new
 //                     key and value written into the row's cache at its position, then grouped-query
 //                     attention (Ainslie et al. 2023) of the queries over positions 0..position,
@@ -492,41 +492,18 @@ bool prefill_attention_any(float* qkv, int64_t count, const int64_t* sequences, 
 // Below this many elements a GLU runs on the calling thread alone (a decode step's few rows).
 constexpr int64_t PARALLEL_ELEMENTS = 1 << 16;
 
-// bfloat16 bits (uint16_t) to and from float32: widening is exact; narrowing rounds to nearest
-// even and keeps a NaN a (quiet) NaN, as torch's casts do.
-inline __m256 load8_bfloat16(const uint16_t* p) {
-  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
-}
-inline void store8_bfloat16(uint16_t* p, __m256 v) {
-  const __m256i u = _mm256_castps_si256(v);
-  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  __m256i bits = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), odd)), 16);
-  const __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
-  bits = _mm256_blendv_epi8(bits, _mm256_set1_epi32(0x7fc0), _mm256_castps_si256(nan));
+inline __m256 glu_load(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 glu_load(const uint16_t* p) { return kernels::load8_bfloat16(p); }
+inline void glu_store(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
+inline void glu_store(uint16_t* p, __m256 v) {
+  const __m256i bits = kernels::bfloat16_bits(v);
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
                    _mm_packus_epi32(_mm256_castsi256_si128(bits), _mm256_extracti128_si256(bits, 1)));
 }
-inline float bfloat16_to_float(uint16_t b) {
-  const uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  memcpy(&f, &u, sizeof f);
-  return f;
-}
-inline uint16_t float_to_bfloat16(float f) {
-  if (f != f) return 0x7fc0;
-  uint32_t u;
-  memcpy(&u, &f, sizeof u);
-  return static_cast<uint16_t>((u + 0x7fff + ((u >> 16) & 1)) >> 16);
-}
-inline __m256 glu_load(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 glu_load(const uint16_t* p) { return load8_bfloat16(p); }
-inline void glu_store(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
-inline void glu_store(uint16_t* p, __m256 v) { store8_bfloat16(p, v); }
 inline float glu_load1(const float* p) { return *p; }
-inline float glu_load1(const uint16_t* p) { return bfloat16_to_float(*p); }
+inline float glu_load1(const uint16_t* p) { return kernels::bfloat16_to_float(*p); }
 inline void glu_store1(float* p, float v) { *p = v; }
-inline void glu_store1(uint16_t* p, float v) { *p = float_to_bfloat16(v); }
+inline void glu_store1(uint16_t* p, float v) { *p = kernels::bfloat16_bits(v); }
 
 // Rows [first, last) of act(gate) * up, gate_up [rows, 2 * width] (gate then up), out [rows, width]:
 // SwiGLU's silu (Shazeer 2020) or, GELU, GeGLU's tanh form (Hendrycks & Gimpel 2016; torch's
@@ -606,19 +583,9 @@ KERNEL_EXPORT void copy_cache_rows(const int64_t* targets, int64_t layers, int64
   }
 }
 
-// gate_up: [rows, 2 * width] (gate then up); out: [rows, width] = silu(gate) * up.
-KERNEL_EXPORT void silu_mul(const float* gate_up, int64_t rows, int64_t width, float* out) {
-  glu_rows<false>(gate_up, 0, rows, width, out);
-}
-
-// gate_up: [rows, 2 * width] (gate then up); out: [rows, width] = gelu(gate) * up, GELU's tanh form
-// (Hendrycks & Gimpel 2016; torch's approximate="tanh"), Gemma's GeGLU.
-KERNEL_EXPORT void gelu_mul(const float* gate_up, int64_t rows, int64_t width, float* out) {
-  glu_rows<true>(gate_up, 0, rows, width, out);
-}
-
-// silu_mul (gelu == 0) or gelu_mul over pool.h's threads, in float32 (bfloat16 == 0) or on bfloat16
-// bits in and out (bfloat16 != 0: a long prefill chunk's bfloat16 product, and the next one's input).
+// gate_up: [rows, 2 * width] (gate then up); out: [rows, width] = act(gate) * up, act SiLU (gelu ==
+// 0) or GELU's tanh form (Gemma's GeGLU), over pool.h's threads, in float32 (bfloat16 == 0) or on
+// bfloat16 bits in and out (bfloat16 != 0: a long prefill chunk's bfloat16 product, and the next one's input).
 KERNEL_EXPORT void glu_mul(const void* gate_up, int64_t rows, int64_t width, void* out, int gelu, int bfloat16,
                            int threads) {
   if (rows * width < PARALLEL_ELEMENTS) threads = 1;
@@ -796,7 +763,7 @@ void decode_layers(float* x, int64_t rows, int64_t layers, const int64_t* table,
     add_normed(O, attended.data(), heads * dim, ATTENTION_OUTPUT_NORM);
     rms_norm(x, rows, hidden, static_cast<const float*>(pointer(f[POST_NORM])), eps, normed.data());
     gemm(GATE_UP, normed.data(), hidden, gate_up.data(), 2 * inter, 0);
-    (gelu ? gelu_mul : silu_mul)(gate_up.data(), rows, inter, normed.data());
+    (gelu ? glu_rows<true> : glu_rows<false>)(gate_up.data(), 0, rows, inter, normed.data());
     add_normed(DOWN, normed.data(), inter, MLP_OUTPUT_NORM);
   }
 }
@@ -813,8 +780,8 @@ extern "C" {
 // (Gemma's; 0: none); then its q/k/v, o, gate/up and down products,
 // 3 parts of 5 each: kind (1 Q4_1: qs, d, m as q4_1_gemm takes them; 2 Q8_0: qs, d; 3 ggml blocks:
 // the weight, its ggml type; 0 after the last part), the three operands, the part's output columns.
-// The rest as rms_norm, silu_mul and decode_attention take them; inter: the MLP's width; softcap:
-// decode_attention's, every layer's; gelu: GeGLU (gelu_mul) where nonzero, else SwiGLU (silu_mul).
+// The rest as rms_norm, glu_mul and decode_attention take them; inter: the MLP's width; softcap:
+// decode_attention's, every layer's; gelu: GeGLU where nonzero, else SwiGLU (as glu_mul's).
 KERNEL_EXPORT void decode_layers_f32(float* x, int64_t rows, int64_t layers, const int64_t* table, int64_t hidden,
                                      int64_t heads, int64_t kv_heads, int64_t dim, int64_t inter, float eps,
                                      const float* cos, const float* sin, const int64_t* positions, int64_t row_stride,

@@ -540,25 +540,17 @@ void dequantize_rows(const uint8_t* w, int64_t K, const int64_t* indices, int64_
     }
 }
 
-// x[0 .. n) as bfloat16 bits, each rounded to nearest even as torch's cast rounds a finite value.
+// x[0 .. n) as bfloat16 bits (simd.h's bfloat16_bits: nearest even, as torch's cast rounds).
 inline void round_to_bfloat16(const float* x, int64_t n, uint16_t* out) {
-  const __m256i bias = _mm256_set1_epi32(0x7FFF), one = _mm256_set1_epi32(1);
-  auto rounded = [&](const float* p) {
-    const __m256i bits = _mm256_castps_si256(_mm256_loadu_ps(p));
-    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), one);
-    return _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(bias, lsb)), 16);
-  };
+  using kernels::bfloat16_bits;
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
     // packus works within 128-bit lanes: a0-3 b0-3 a4-7 b4-7, put back in order.
-    const __m256i packed = _mm256_packus_epi32(rounded(x + i), rounded(x + i + 8));
+    const __m256i packed =
+        _mm256_packus_epi32(bfloat16_bits(_mm256_loadu_ps(x + i)), bfloat16_bits(_mm256_loadu_ps(x + i + 8)));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm256_permute4x64_epi64(packed, 0xD8));
   }
-  for (; i < n; ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, x + i, 4);
-    out[i] = static_cast<uint16_t>((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
-  }
+  for (; i < n; ++i) out[i] = bfloat16_bits(x[i]);
 }
 
 // The whole weight [N, K] as bfloat16 bits into out [N, K] (dequantize_rows' values, rounded), rows
