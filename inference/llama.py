@@ -456,8 +456,6 @@ class LlamaModelRunner:
         where the fused decode ops run (float32 or bfloat16, in its dtype), else torch's SiLU or
         tanh-approximated GELU."""
         if self._kernels is not None:
-            if gate_up.dtype not in (torch.float32, torch.bfloat16):
-                gate_up = gate_up.float()
             return self._kernels.silu_mul(gate_up) if self._hidden_act == "silu" else self._kernels.gelu_mul(gate_up)
         gate, up = gate_up.split(self.intermediate_size, dim=-1)
         if self._hidden_act == "silu":
@@ -491,9 +489,10 @@ class LlamaModelRunner:
             return
         # The product's own dtype (bfloat16 for a long chunk's bfloat16 product): our GLU kernel takes
         # it and gives the same, which the down product takes as it is where it rounds its input to
-        # bfloat16 anyway; another down (a file's F16 or Q8_0 tensor) gets the GLU in float32.
+        # bfloat16 anyway; another down (a file's F16 or Q8_0 tensor), or another dtype, gets it in float32.
         gate_up = getattr(layer.gate_up, "compute", layer.gate_up)(self._norm(x, layer.post_norm))
-        if gate_up.dtype == torch.bfloat16 and not _rounds_input_to_bfloat16(layer.products[3], x.shape[0]):
+        bfloat16_down = gate_up.dtype == torch.bfloat16 and _rounds_input_to_bfloat16(layer.products[3], x.shape[0])
+        if gate_up.dtype != torch.float32 and not bfloat16_down:
             gate_up = gate_up.float()
         gated = self._gated(gate_up)
         if layer.mlp_output_norm is None:
