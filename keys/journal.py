@@ -22,9 +22,10 @@ A stream that is still running keeps its provisional record in the ``in_flight``
 it sends tokens.  The flusher never writes that table to the database; the stream's final record
 replaces its row (:meth:`Journal.append`, one transaction).  Only rows left by a process that is
 gone become records: those of this journal's earlier process when it is opened, those of an
-adopted journal when it is adopted.  Updates of that table commit with ``synchronous=NORMAL``: a
-process killed with SIGKILL loses none of them (they are in the operating system's cache); a power
-loss may take back the latest few, which the next ``FULL`` commit would have made durable.  The
+adopted journal when it is adopted.  Updates of that table, and the deletes of delivered records,
+commit with ``synchronous=NORMAL``: a process killed with SIGKILL loses none of them (they are in
+the operating system's cache); a power loss may take back the latest few, which the next ``FULL``
+commit would have made durable (a delivered record brought back is delivered again, idempotently).  The
 row of a stream whose final record the journal could not take (a full disk) stays until its
 process ends; written then, it changes nothing if the final record reached the database.
 
@@ -39,6 +40,7 @@ logged with its fields as lost if that fails too).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -48,6 +50,7 @@ import socket
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -232,28 +235,25 @@ class Journal:
             if self._db is None:
                 raise JournalUnavailable("the usage journal is not open")
             try:
-                self._db.execute("PRAGMA synchronous=NORMAL")
-                try:
-                    with self._db:
-                        self._db.execute(
-                            "INSERT INTO in_flight (request_id, fields) VALUES (?, ?)"
-                            " ON CONFLICT (request_id) DO UPDATE SET fields = excluded.fields",
-                            (fields["request_id"], text),
-                        )
-                finally:
-                    self._db.execute("PRAGMA synchronous=FULL")
+                with _without_fsync(self._db):
+                    self._db.execute(
+                        "INSERT INTO in_flight (request_id, fields) VALUES (?, ?)"
+                        " ON CONFLICT (request_id) DO UPDATE SET fields = excluded.fields",
+                        (fields["request_id"], text),
+                    )
             except (OSError, sqlite3.Error) as error:
                 self._journal_failed(error)
                 raise JournalUnavailable(str(error)) from error
 
     def ack(self, seq: int) -> None:
         """The database has record ``seq``: forget it.  Never raises (a record kept by mistake is
-        written again later, which changes nothing)."""
+        written again later, which changes nothing).  Committed without fsync, for that reason: a
+        power loss may bring back the latest few, which are then delivered again."""
         with self._lock:
             if self._db is None:
                 return
             try:
-                with self._db:
+                with _without_fsync(self._db):
                     self.records -= self._db.execute("DELETE FROM records WHERE seq = ?", (seq,)).rowcount
             except (OSError, sqlite3.Error) as error:
                 logger.warning("Usage journal %s: could not forget a written record: %s", self.path, error)
@@ -589,6 +589,18 @@ def _reopen_journal(*, setting: str, **kwargs: Any) -> None:
 
 
 # --- helpers ------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _without_fsync(db: sqlite3.Connection) -> Iterator[None]:
+    """One transaction committed with ``synchronous=NORMAL``: it survives the process, not a power
+    loss (the connection's next ``FULL`` commit makes it durable)."""
+    db.execute("PRAGMA synchronous=NORMAL")
+    try:
+        with db:
+            yield
+    finally:
+        db.execute("PRAGMA synchronous=FULL")
 
 
 def _connect(path: Path) -> sqlite3.Connection:

@@ -162,6 +162,30 @@ def test_a_record_already_in_the_database_is_not_counted_again(valid_key):
     assert journal.records == 0
 
 
+def test_a_record_is_fsynced_once_when_appended_and_its_delete_after_delivery_is_not(valid_key):
+    """One fsync per record: the append commits with ``synchronous=FULL``; the delete once the
+    database has it with ``NORMAL`` (a power loss that takes it back only delivers the record again,
+    as above), and the connection is back to ``FULL`` for the next append."""
+    journal = get_journal()
+    statements: list[str] = []
+    journal._db.set_trace_callback(statements.append)
+    try:
+        assert journal_module.write_durably(fields("cmpl-once", valid_key.api_key))
+    finally:
+        journal._db.set_trace_callback(None)
+
+    def synchronous_at(marker: str) -> str:
+        index = next(i for i, statement in enumerate(statements) if statement.startswith(marker))
+        pragmas = [s for s in statements[:index] if s.startswith("PRAGMA synchronous=")]
+        return pragmas[-1].split("=")[1] if pragmas else "FULL"
+
+    assert synchronous_at("INSERT OR IGNORE INTO records") == "FULL"
+    assert synchronous_at("DELETE FROM records") == "NORMAL"
+    assert statements[-1] == "PRAGMA synchronous=FULL"
+    assert journal._db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+    assert journal.records == 0 and UsageRecord.objects.filter(request_id="cmpl-once").exists()
+
+
 def test_a_journal_left_by_a_process_of_the_same_id_is_replayed_at_start_up(valid_key, settings):
     settings.USAGE_JOURNAL_ID = "8001"
     earlier = get_journal()
