@@ -1,4 +1,5 @@
-"""Graceful shutdown under daphne: SIGTERM drains the process instead of cutting its requests off.
+"""Graceful shutdown under daphne: SIGTERM (or Ctrl-C's SIGINT) drains the process instead of
+cutting its requests off.
 
 How daphne stops today: it runs Twisted's asyncio reactor with ``installSignalHandlers=True``, so
 Twisted installs a SIGTERM handler (``reactor.sigTerm``) when the reactor starts, which calls
@@ -6,13 +7,15 @@ Twisted installs a SIGTERM handler (``reactor.sigTerm``) when the reactor starts
 running application instance, and ``daphne`` exits 0.  A running stream was cut off mid-token.
 
 What this module adds: once the reactor runs (``reactor.callWhenRunning``, after Twisted installed
-its handlers), :func:`install_when_served` puts :class:`Drainer`'s handler in front of Twisted's.
-The first SIGTERM makes the process drain (``api/draining.py``): new API requests get a 503 with
+its handlers), :func:`install_when_served` puts :class:`Drainer`'s handler in front of Twisted's,
+for SIGTERM and for SIGINT (Twisted's SIGINT stop cut streams off after daphne's application close
+timeout, with neither an error event nor ``[DONE]``, and left their usage records to the next
+process).  The first signal makes the process drain (``api/draining.py``): new API requests get a 503 with
 ``Retry-After``, ``/healthz`` a 503 ``draining``; running requests may finish for up to
 ``SHUTDOWN_GRACE_SECONDS``.  Then the engine stops, which ends the requests still running with
 one error (an in-band event in a stream, a 503 otherwise); their usage records are written (which
 frees their concurrency slots in Redis), and Twisted's own handler stops the reactor as before.
-A second SIGTERM skips the rest of the grace period.  A ``before shutdown`` trigger, after
+A second signal (a second Ctrl-C) skips the rest of the grace period.  A ``before shutdown`` trigger, after
 daphne's, waits for the usage writes of whatever daphne's trigger cancelled.  Everything after the
 grace period shares one budget, :data:`FINISH_SECONDS`.
 """
@@ -39,7 +42,7 @@ FINISH_SECONDS = 10.0
 
 
 def install_when_served() -> bool:
-    """Under daphne, install the SIGTERM drain once its reactor runs; returns whether it will.
+    """Under daphne, install the drain on SIGTERM and SIGINT once its reactor runs; returns whether it will.
 
     Elsewhere (``manage.py``, tests in one process) nothing is installed: importing Twisted's
     reactor here would install a reactor that daphne did not choose.
@@ -62,7 +65,8 @@ def _install(reactor: Any) -> None:
             reactor.stop()
 
     drainer = Drainer(asyncio.get_event_loop(), stop)
-    signal.signal(signal.SIGTERM, drainer.on_sigterm)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, drainer.on_signal)
     reactor.addSystemEventTrigger("before", "shutdown", drainer.before_shutdown)
 
 
@@ -77,12 +81,13 @@ async def _flush_journal(timeout: float) -> None:
 
 
 class Drainer:
-    """Drains the process on the first SIGTERM, hurries on the second; ``stop`` ends the reactor."""
+    """Drains the process on the first SIGTERM or SIGINT, hurries on the second; ``stop`` ends the reactor."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, stop: Callable[[], None]) -> None:
         self.loop = loop
         self.stop = stop
         self.signals = 0
+        self.signal_name = "SIGTERM"  # the first signal's, for the log
         self.hurry = asyncio.Event()
         self.task: asyncio.Task | None = None
         self.deadline: float | None = None  # the end of FINISH_SECONDS, once the grace period is over
@@ -93,10 +98,11 @@ class Drainer:
             self.deadline = time.monotonic() + FINISH_SECONDS
         return max(0.0, self.deadline - time.monotonic())
 
-    def on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+    def on_signal(self, signum: int, frame: FrameType | None) -> None:
         """The signal handler: hands the work to the event loop (signal handlers must not block)."""
         self.signals += 1
         if self.signals == 1:
+            self.signal_name = signal.Signals(signum).name
             self.loop.call_soon_threadsafe(self._start)
         else:
             self.loop.call_soon_threadsafe(self.hurry.set)
@@ -112,12 +118,17 @@ class Drainer:
         state = draining.state
         grace = draining.grace_seconds()
         state.begin()
-        logger.warning("SIGTERM: draining %d open requests for up to %g s", state.open_requests, grace)
+        logger.warning(
+            "%s: draining %d open requests for up to %g s (send it again to end them now)",
+            self.signal_name,
+            state.open_requests,
+            grace,
+        )
         try:
             idle = await state.wait_idle(grace, self.hurry)
             self.left()  # the finishing budget starts now
             if not idle:
-                reason = "a second SIGTERM" if self.hurry.is_set() else "the grace period's end"
+                reason = "a second signal" if self.hurry.is_set() else "the grace period's end"
                 logger.warning("Ending %d open requests after %s", state.open_requests, reason)
                 models = get_models()
                 if any(engine.ready for engine in models.engines):

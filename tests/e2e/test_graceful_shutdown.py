@@ -1,6 +1,7 @@
 """SIGTERM drains a real daphne process: it stops admitting, lets short streams finish, ends the
 long ones with one in-band error after ``SHUTDOWN_GRACE_SECONDS``, writes every usage record,
-frees its concurrency slots and exits 0.  A second SIGTERM ends the rest at once.
+frees its concurrency slots and exits 0.  A second SIGTERM ends the rest at once; SIGINT (Ctrl-C)
+does the same.
 
 Each test starts a server of its own (it is stopped by the test), with a short grace period.
 """
@@ -143,22 +144,28 @@ def test_sigterm_drains_short_streams_ends_long_ones_in_band_records_all_and_exi
     assert "Could not record usage" not in log and "still being written" not in log, log[-3000:]
 
 
-def test_a_second_sigterm_ends_running_streams_at_once_and_still_records_them(tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "sigint"])
+def test_a_second_signal_ends_running_streams_at_once_and_still_records_them(tmp_path, signum):
+    """SIGINT (Ctrl-C) drains as SIGTERM does: the first stops admitting, the second ends the
+    streams with an in-band error and ``[DONE]``; the records are written before the exit."""
     server = start_server(tmp_path, SHUTDOWN_GRACE_SECONDS="120", ENGINE_NUM_THREADS="1")
     try:
         stream = Stream(server, 4000)
         stream.start()
         assert stream.first_event.wait(60)
-        server.process.send_signal(signal.SIGTERM)
+        server.process.send_signal(signum)
         _wait_for_health(server, "draining")
         started = time.monotonic()
-        server.process.send_signal(signal.SIGTERM)
+        server.process.send_signal(signum)
         assert server.process.wait(timeout=30) == 0
         assert time.monotonic() - started < 15
         stream.join(10)
         assert stream.events[-1] == "[DONE]" and "error" in stream.events[-2]
         record = server.usage(stream.request_id, wait=0)
         assert record is not None and record["finish_reason"] == "error"
+        log = server.log.read_text()
+        assert f"{signum.name}: draining 1 open requests" in log, log[-3000:]
+        assert "Could not record usage" not in log and "Traceback" not in log, log[-3000:]
     finally:
         if server.alive():
             server.process.kill()
