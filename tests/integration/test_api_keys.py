@@ -217,13 +217,30 @@ def test_bootstraps_example_names_model_id_when_models_config_cannot_be_served(s
 
 @pytest.mark.django_db
 def test_bootstrap_uses_host_and_port_from_the_environment(monkeypatch):
-    monkeypatch.setenv("HOST", "0.0.0.0")
+    monkeypatch.setenv("HOST", "192.168.1.20")
     monkeypatch.setenv("PORT", "9001")
 
     output = run_command("bootstrap")
 
-    assert "http://0.0.0.0:9001/admin/" in output
-    assert "curl http://0.0.0.0:9001/v1/completions" in output
+    assert "http://192.168.1.20:9001/admin/" in output
+    assert "curl http://192.168.1.20:9001/v1/completions" in output
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("allowed_hosts", "address"),
+    [(["api.example.com", "localhost"], "api.example.com"), ([".example.com", "*"], "127.0.0.1")],
+)
+def test_bootstrap_on_every_address_names_the_host_the_server_accepts(monkeypatch, settings, allowed_hosts, address):
+    # HOST=0.0.0.0 is no address to call, and Host 127.0.0.1 is refused unless ALLOWED_HOSTS has it.
+    monkeypatch.setenv("HOST", "0.0.0.0")
+    monkeypatch.setenv("PORT", "9001")
+    settings.ALLOWED_HOSTS = allowed_hosts
+
+    output = run_command("bootstrap")
+
+    assert f"http://{address}:9001/admin/" in output
+    assert f"curl http://{address}:9001/v1/completions" in output
 
 
 @pytest.mark.django_db

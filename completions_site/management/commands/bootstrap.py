@@ -40,9 +40,17 @@ class Command(BaseCommand):
         self.stdout.write(self.style.SUCCESS(first_run_message(base_url, password, plaintext)))
 
 
+WILDCARD_HOSTS = ("0.0.0.0", "::", "[::]")  # daphne's "every address", which no client can call
+
+
 def server_url() -> str:
-    """``http://HOST:PORT`` from the same ``HOST``/``PORT`` variables the Makefile hands daphne."""
+    """``http://HOST:PORT`` from the same ``HOST``/``PORT`` variables the Makefile hands daphne; for a
+    wildcard ``HOST`` (every address), the first name of ``ALLOWED_HOSTS`` (the server refuses any
+    other ``Host``), else the loopback."""
     host = os.environ.get("HOST") or "127.0.0.1"
+    if host in WILDCARD_HOSTS:
+        names = [name for name in settings.ALLOWED_HOSTS if name != "*" and not name.startswith(".")]
+        host = names[0] if names else "127.0.0.1"
     port = os.environ.get("PORT") or "8000"
     return f"http://{host}:{port}"
 
