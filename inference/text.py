@@ -8,8 +8,11 @@ become a stop string, so that part is not released yet.
 
 from __future__ import annotations
 
+import json
+import re
+import threading
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -69,6 +72,9 @@ def prompt_text_offsets(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int], 
         offsets.append(position)
         piece = detokenizer.add(token_id)
         if not text.startswith(piece, position) and tokenizer.decode([token_id], skip_special_tokens=True) == "":
+            # What follows reads as the text's start: after a BOS a SentencePiece word's space is
+            # the tokenizer's own prefix, which the text does not hold.
+            detokenizer = IncrementalDetokenizer(tokenizer, [])
             continue
         position += len(piece)
     return offsets
@@ -130,26 +136,72 @@ def _prefix_function(pattern: str) -> list[int]:
 
 
 def token_text(tokenizer: PreTrainedTokenizerBase, token_id: int) -> str:
-    """A token's own text for ``logprobs.tokens``.
+    """A token's own text for ``logprobs.tokens``: the text it adds after other text, so a
+    SentencePiece word keeps its leading space, which decoding the token alone strips.
 
     A token that is not whole UTF-8 by itself is written ``bytes:\\xNN...`` as OpenAI does.
     """
-    text: str = tokenizer.decode([token_id])  # type: ignore[assignment]  # one sequence of ids: one str
-    if "\ufffd" not in text:
-        return text
     raw = token_bytes(tokenizer, token_id)
-    if raw is None:
-        return text
-    return "bytes:" + "".join(f"\\x{byte:02x}" for byte in raw)
+    if raw is not None:
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return "bytes:" + "".join(f"\\x{byte:02x}" for byte in raw)
+    text: str = tokenizer.decode([token_id])  # type: ignore[assignment]  # one sequence of ids: one str
+    return text
 
 
 def token_bytes(tokenizer: PreTrainedTokenizerBase, token_id: int) -> bytes | None:
-    """The raw bytes of a byte-level BPE token (GPT-2 style), or None for other tokenizers."""
+    """The raw bytes of a vocabulary token: a byte-level BPE token's (GPT-2's alphabet), or a
+    SentencePiece token's (``▁`` a space, a byte-fallback ``<0xNN>`` token its byte); None for an
+    added token (its text is its content) or a token of another kind of vocabulary."""
+    kind, added = _vocabulary(tokenizer)
+    if token_id in added:
+        return None
     piece = tokenizer.convert_ids_to_tokens(token_id)
+    if not isinstance(piece, str):
+        return None
+    if kind == "sentencepiece":
+        if match := _BYTE_FALLBACK.fullmatch(piece):
+            return bytes([int(match.group(1), 16)])
+        return piece.replace("\u2581", " ").encode()
     table = _byte_decoder()
-    if piece is None or any(char not in table for char in piece):
+    if any(char not in table for char in piece):
         return None
     return bytes(table[char] for char in piece)
+
+
+_BYTE_FALLBACK = re.compile("<0x([0-9A-Fa-f]{2})>")
+# id(tokenizer) -> (tokenizer, its vocabulary's kind, its added tokens' ids); the tokenizer is kept
+# so that its id is never another's.
+_VOCABULARIES: dict[int, tuple[Any, str, frozenset[int]]] = {}
+_VOCABULARIES_LOCK = threading.Lock()
+
+
+def _vocabulary(tokenizer: PreTrainedTokenizerBase) -> tuple[str, frozenset[int]]:
+    """``(kind, added)``: ``sentencepiece`` where the tokenizer's decoder reads ``▁`` and byte
+    fallback (Llama's, Mistral's, Phi-3's and Gemma's), else ``other``; the ids of its added tokens."""
+    with _VOCABULARIES_LOCK:
+        known = _VOCABULARIES.get(id(tokenizer))
+    if known is not None:
+        return known[1], known[2]
+    decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
+    kinds = _types(json.loads(decoder.__getstate__())) if decoder is not None else set()
+    kind = "sentencepiece" if kinds & {"ByteFallback", "Metaspace"} and "ByteLevel" not in kinds else "other"
+    added = frozenset(tokenizer.added_tokens_decoder)
+    with _VOCABULARIES_LOCK:
+        _VOCABULARIES[id(tokenizer)] = (tokenizer, kind, added)
+    return kind, added
+
+
+def _types(state: Any) -> set[str]:
+    """Every ``type`` named in a serialized decoder (a ``Sequence`` names its parts')."""
+    if isinstance(state, dict):
+        found = {state["type"]} if isinstance(state.get("type"), str) else set()
+        return found.union(*(_types(value) for value in state.values()))
+    if isinstance(state, list):
+        return set().union(*(_types(value) for value in state))
+    return set()
 
 
 _BYTE_DECODER: dict[str, int] | None = None

@@ -308,6 +308,29 @@ def _write_gemma_tokenizer(writer, chat_template: str) -> None:
     writer.add_chat_template(chat_template)
 
 
+# A SentencePiece vocabulary as Mistral's and Phi-3's GGUF files carry it (llama.cpp's ``llama``
+# tokenizer model, which transformers reads with Llama's tokenizer: its decoder strips the text's
+# first space): <unk>, <s>, </s>, the 256 byte-fallback tokens, then words whose ``▁`` is a space.
+SENTENCEPIECE_WORDS = ["\u2581", "\u2581H", "\u2581He", "\u2581Hel", "\u2581Hell", "\u2581Hello", "\u2581w", "\u2581wo"]
+SENTENCEPIECE_WORDS += ["\u2581wor", "\u2581worl", "\u2581world", *"Helowrd", "\u00e9"]
+SENTENCEPIECE_TOKENS = ["<unk>", "<s>", "</s>", *(f"<0x{byte:02X}>" for byte in range(256)), *SENTENCEPIECE_WORDS]
+
+
+def _write_sentencepiece_tokenizer(writer) -> None:
+    """:data:`SENTENCEPIECE_TOKENS` as ``convert_hf_to_gguf`` writes a SentencePiece vocabulary
+    (control, byte and normal token types; a BOS added), with Mistral's chat template."""
+    words = len(SENTENCEPIECE_WORDS)
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(SENTENCEPIECE_TOKENS)
+    writer.add_token_scores([0.0] * (3 + 256) + [-float(i) for i in range(words)])
+    writer.add_token_types([2, 3, 3] + [6] * 256 + [1] * words)  # unknown, control, byte, normal
+    writer.add_unk_token_id(0)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_add_bos_token(True)
+    writer.add_chat_template(MISTRAL_CHAT)
+
+
 def write_gguf(
     model,
     path: Path,
@@ -322,7 +345,8 @@ def write_gguf(
     (vectors in F32, as llama.cpp keeps them); returns the values each tensor holds as stored
     (dequantized), under GGUF names.  ``corrupt="kv_heads"`` writes a wrong KV head count,
     ``"partial_rope"`` a rotary width of 3/4 of the head;
-    ``tokenizer``: a family name whose :func:`vocabulary` and chat template the file carries;
+    ``tokenizer``: a family name whose :func:`vocabulary` and chat template the file carries, or
+    ``"sentencepiece"`` (:data:`SENTENCEPIECE_TOKENS`);
     ``chat_template``: Gemma's tokenizer (:data:`GEMMA_TOKENS`) with this template instead."""
     import gguf
 
@@ -330,6 +354,8 @@ def write_gguf(
     writer = gguf.GGUFWriter(str(path), architecture)
     if chat_template is not None:
         _write_gemma_tokenizer(writer, chat_template)
+    elif tokenizer == "sentencepiece":
+        _write_sentencepiece_tokenizer(writer)
     elif tokenizer:
         _add_tokenizer(writer, tokenizer)
     writer.add_context_length(config.max_position_embeddings)
