@@ -345,6 +345,7 @@ def write_gguf(
     (vectors in F32, as llama.cpp keeps them); returns the values each tensor holds as stored
     (dequantized), under GGUF names.  ``corrupt="kv_heads"`` writes a wrong KV head count,
     ``"partial_rope"`` a rotary width of 3/4 of the head;
+    ``"no_softcaps"`` leaves Gemma 2's soft-caps out, ``"no_sliding_window"`` the window;
     ``tokenizer``: a family name whose :func:`vocabulary` and chat template the file carries, or
     ``"sentencepiece"`` (:data:`SENTENCEPIECE_TOKENS`);
     ``chat_template``: Gemma's tokenizer (:data:`GEMMA_TOKENS`) with this template instead."""
@@ -371,7 +372,7 @@ def write_gguf(
     if dim != config.hidden_size // config.num_attention_heads:
         writer.add_key_length(dim)
         writer.add_value_length(dim)
-    if getattr(config, "sliding_window", None):
+    if getattr(config, "sliding_window", None) and corrupt != "no_sliding_window":
         writer.add_sliding_window(config.sliding_window)
     if corrupt == "partial_rope":  # Phi-4-mini's file: rotary embeddings on 3/4 of each head
         writer.add_rope_dimension_count(dim * 3 // 4)
@@ -385,7 +386,7 @@ def write_gguf(
         )
         writer.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))
         writer.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32))
-    _write_gemma_metadata(writer, config, architecture)
+    _write_gemma_metadata(writer, config, architecture, softcaps=corrupt != "no_softcaps")
     offset = NORM_OFFSETS.get(architecture, 0.0)
     state = {name: tensor.detach().float().numpy() for name, tensor in model.state_dict().items()}
     stored = {}
@@ -418,9 +419,10 @@ def write_gguf(
     return stored
 
 
-def _write_gemma_metadata(writer, config, architecture: str) -> None:
-    """What ``convert_hf_to_gguf``'s ``Gemma2Model``/``Gemma3Model`` write beyond the shared keys."""
-    if architecture == "gemma2":
+def _write_gemma_metadata(writer, config, architecture: str, softcaps: bool = True) -> None:
+    """What ``convert_hf_to_gguf``'s ``Gemma2Model``/``Gemma3Model`` write beyond the shared keys
+    (Gemma 2's soft-caps only where ``softcaps``)."""
+    if architecture == "gemma2" and softcaps:
         writer.add_attn_logit_softcapping(config.attn_logit_softcapping)
         writer.add_final_logit_softcapping(config.final_logit_softcapping)
     elif architecture == "gemma3":

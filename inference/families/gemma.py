@@ -18,10 +18,12 @@
 
 The GGUF files (architectures ``gemma2``, ``gemma3``; ``convert_hf_to_gguf``'s ``Gemma2Model``,
 ``Gemma3Model``) keep transformers' q/k row order and tie the output layer to the embeddings.  They
-do not store the layer pattern, the local rotary base or ``query_pre_attn_scalar``: llama.cpp's
-loader (``llama_model::load_hparams``) fixes the first two per architecture and takes the attention
-scale from the head size, or from ``hidden_size / heads`` for the 27B models (46 and 62 layers),
-and so does :func:`gguf_config`.
+do not store the layer pattern or ``query_pre_attn_scalar``, older ones not the local rotary base
+(``gemma3.rope.freq_base_swa``): llama.cpp's loader (``llama_model::load_hparams``) fixes the first
+and the default of the last per architecture and takes the attention scale from the head size, or
+from ``hidden_size / heads`` for the 27B models (46 and 62 layers), and so does :func:`gguf_config`;
+so too for a key a file may lack: Gemma 2's soft-caps (50 and 30), Gemma 3's window (none: no local
+layer).
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ from transformers import Gemma2Config, Gemma3TextConfig
 from .family import Family, register
 
 LOCAL_ROPE_BASE = 10000.0  # Gemma 3's local layers' rotary base (llama.cpp: rope_freq_base_train_swa)
+# Gemma 2's soft-caps where a file lacks their keys: llama.cpp's defaults (llama_hparams), Gemma2Config's too.
+GEMMA2_SOFTCAPS = {"attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}
 # Layer counts of the 27B models, whose attention scale is hidden_size / heads (llama.cpp's LLM_TYPE_27B).
 LAYERS_27B = {"gemma2": 46, "gemma3": 62}
 
@@ -44,19 +48,26 @@ def gguf_config(file, arch: str) -> dict[str, Any]:
     hidden = int(file.require(f"{arch}.embedding_length"))
     layers = int(file.require(f"{arch}.block_count"))
     head_dim = int(file.get(f"{arch}.attention.key_length") or hidden // heads)
+    defaults = GEMMA2_SOFTCAPS if arch == "gemma2" else {}
     result: dict[str, Any] = {
         "query_pre_attn_scalar": hidden // heads if layers == LAYERS_27B[arch] else head_dim,
-        "final_logit_softcapping": file.get(f"{arch}.final_logit_softcapping"),
-        "attn_logit_softcapping": file.get(f"{arch}.attn_logit_softcapping"),
+        **{
+            name: file.get(f"{arch}.{name}", defaults.get(name))
+            for name in ("final_logit_softcapping", "attn_logit_softcapping")
+        },
     }
     if arch == "gemma3":
         full: dict[str, Any] = {"rope_type": "default", "rope_theta": float(file.get(f"{arch}.rope.freq_base", 1e6))}
         if file.get(f"{arch}.rope.scaling.type") == "linear":
             full = {**full, "rope_type": "linear", "factor": float(file.require(f"{arch}.rope.scaling.factor"))}
+        local = float(file.get(f"{arch}.rope.freq_base_swa", LOCAL_ROPE_BASE))
         result["rope_parameters"] = {
             "full_attention": full,
-            "sliding_attention": {"rope_type": "default", "rope_theta": LOCAL_ROPE_BASE},
+            "sliding_attention": {"rope_type": "default", "rope_theta": local},
         }
+        if not file.get(f"{arch}.attention.sliding_window"):
+            # llama.cpp runs such a file (sliding_window_pattern 1 in its config) with no local layer.
+            result["layer_types"] = ["full_attention"] * layers
     return result
 
 

@@ -12,6 +12,7 @@ gguf = pytest.importorskip("gguf")
 
 from inference import cpu_kernels  # noqa: E402
 from inference.families import llama as family  # noqa: E402
+from inference.families.family import layer_windows  # noqa: E402
 from inference.formats import ggml  # noqa: E402
 from inference.formats.gguf import GGUFFile  # noqa: E402
 from inference.llama import LlamaModelRunner  # noqa: E402
@@ -140,6 +141,40 @@ def test_a_gguf_gemma_reads_its_family_settings_from_the_metadata(tmp_path, name
     for key in ("sliding_window", "query_pre_attn_scalar", "final_logit_softcapping", "attn_logit_softcapping"):
         assert getattr(config, key) == getattr(expected, key), key
     assert config.rope_parameters == expected.rope_parameters
+
+
+def test_a_gguf_gemma2_without_its_soft_caps_gets_llama_cpps(tmp_path):
+    model = tiny_families.tiny_family_model("gemma2")
+    tiny_families.write_gguf(model, tmp_path / "tiny.gguf", ggml.F32, architecture="gemma2", corrupt="no_softcaps")
+    config = family.config_from_gguf(GGUFFile(tmp_path / "tiny.gguf"))
+
+    assert (config.attn_logit_softcapping, config.final_logit_softcapping) == (50.0, 30.0)
+
+
+def test_a_gguf_gemma3_without_a_sliding_window_has_no_local_layer(tmp_path):
+    model = tiny_families.tiny_family_model("gemma3")
+    path = tmp_path / "tiny.gguf"
+    tiny_families.write_gguf(model, path, ggml.F32, architecture="gemma3", corrupt="no_sliding_window")
+    config = family.config_from_gguf(GGUFFile(path))
+
+    assert layer_windows(config) == [None] * config.num_hidden_layers
+    assert family.layer_ropes(config) == [None] * config.num_hidden_layers  # the global rope everywhere
+
+
+def test_a_gguf_gemma3_takes_its_local_rope_base_from_the_file(tmp_path, monkeypatch):
+    model = tiny_families.tiny_family_model("gemma3")
+    path = tmp_path / "tiny.gguf"
+    global_base = gguf.GGUFWriter.add_rope_freq_base
+
+    def add_rope_freq_base(writer, value):  # newer converters write the local base beside the global one
+        global_base(writer, value)
+        writer.add_rope_freq_base_swa(5e4)
+
+    monkeypatch.setattr(gguf.GGUFWriter, "add_rope_freq_base", add_rope_freq_base)
+    tiny_families.write_gguf(model, path, ggml.F32, architecture="gemma3")
+    config = family.config_from_gguf(GGUFFile(path))
+
+    assert config.rope_parameters["sliding_attention"]["rope_theta"] == 5e4
 
 
 # --- the chat template and the stop token of a GGUF file ------------------------------------------
