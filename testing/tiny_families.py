@@ -343,7 +343,8 @@ def write_gguf(
 ) -> dict[str, np.ndarray]:
     """Write ``model`` as a GGUF file of ``architecture`` with its matrices in ggml type ``kind``
     (vectors in F32, as llama.cpp keeps them); returns the values each tensor holds as stored
-    (dequantized), under GGUF names.  ``corrupt="kv_heads"`` writes a wrong KV head count,
+    (dequantized), under GGUF names.  ``corrupt="kv_heads"`` writes a wrong KV head count (1: the key and value
+    tensors disagree with it), ``"kv_groups"`` one that does not divide the heads (3),
     ``"partial_rope"`` a rotary width of 3/4 of the head;
     ``"no_softcaps"`` leaves Gemma 2's soft-caps out, ``"no_sliding_window"`` the window;
     ``tokenizer``: a family name whose :func:`vocabulary` and chat template the file carries, or
@@ -364,7 +365,8 @@ def write_gguf(
     writer.add_block_count(config.num_hidden_layers)
     writer.add_feed_forward_length(config.intermediate_size)
     writer.add_head_count(config.num_attention_heads)
-    writer.add_head_count_kv(config.num_key_value_heads if corrupt != "kv_heads" else 3)
+    kv_heads = {"kv_heads": 1, "kv_groups": 3}.get(corrupt, config.num_key_value_heads)
+    writer.add_head_count_kv(kv_heads)
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     if architecture != "gemma3":  # Gemma 3's rope_parameters are per layer type (see _write_gemma_metadata)
         writer.add_rope_freq_base(float((config.rope_parameters or {}).get("rope_theta", 10000.0)))

@@ -211,6 +211,12 @@ def config_from_gguf(file: GGUFFile):
     vocab, hidden = file.tensors["token_embd.weight"].shape
     heads = int(key("attention.head_count"))
     kv_heads = int(key("attention.head_count_kv", heads))
+    if heads < 1 or kv_heads < 1 or heads % kv_heads:
+        # Each KV head serves a whole group of query heads; no other split can run.
+        raise ModelFileError(
+            f"{file.path}: {arch}.attention.head_count {heads} is not a multiple of "
+            f"{arch}.attention.head_count_kv {kv_heads}"
+        )
     dim = int(key("attention.key_length", 0) or key("rope.dimension_count", 0) or int(key("embedding_length")) // heads)
     rotated = int(key("rope.dimension_count", 0) or 0)
     stored = file.tensors.get("blk.0.attn_q.weight") or file.tensors.get("blk.0.attn_qkv.weight")

@@ -136,7 +136,16 @@ def test_a_tensor_of_a_type_we_cannot_run_is_refused_by_name_and_type(tmp_path):
 def test_shapes_that_disagree_with_the_metadata_are_refused(tmp_path):
     path = tmp_path / "tiny.gguf"
     _write(_tiny_llama(), path, ggml.F32, corrupt="kv_heads")
-    with pytest.raises(ModelFileError, match=r"attn_k\.weight has shape \[32, 64\], but the metadata says \[48, 64\]"):
+    with pytest.raises(ModelFileError, match=r"attn_k\.weight has shape \[32, 64\], but the metadata says \[16, 64\]"):
+        family.config_from_gguf(GGUFFile(path))
+
+
+def test_a_kv_head_count_that_does_not_divide_the_heads_is_refused(tmp_path):
+    path = tmp_path / "tiny.gguf"
+    _write(_tiny_llama(), path, ggml.F32, corrupt="kv_groups")
+    with pytest.raises(
+        ModelFileError, match=r"llama\.attention\.head_count 4 is not a multiple of llama\.attention\.head_count_kv 3"
+    ):
         family.config_from_gguf(GGUFFile(path))
 
 
