@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -142,13 +143,20 @@ def token_text(tokenizer: PreTrainedTokenizerBase, token_id: int) -> str:
     A token that is not whole UTF-8 by itself is written ``bytes:\\xNN...`` as OpenAI does.
     """
     raw = token_bytes(tokenizer, token_id)
-    if raw is not None:
+    if raw is not None and _vocabulary(tokenizer)[0] == "sentencepiece":
         try:
             return raw.decode("utf-8")
         except UnicodeDecodeError:
-            return "bytes:" + "".join(f"\\x{byte:02x}" for byte in raw)
+            return _bytes_text(raw)
+    # Other vocabularies read as their decoder writes them (a clean-up of spaces included).
     text: str = tokenizer.decode([token_id])  # type: ignore[assignment]  # one sequence of ids: one str
-    return text
+    if "\ufffd" not in text or raw is None:
+        return text
+    return _bytes_text(raw)
+
+
+def _bytes_text(raw: bytes) -> str:
+    return "bytes:" + "".join(f"\\x{byte:02x}" for byte in raw)
 
 
 def token_bytes(tokenizer: PreTrainedTokenizerBase, token_id: int) -> bytes | None:
@@ -172,9 +180,8 @@ def token_bytes(tokenizer: PreTrainedTokenizerBase, token_id: int) -> bytes | No
 
 
 _BYTE_FALLBACK = re.compile("<0x([0-9A-Fa-f]{2})>")
-# id(tokenizer) -> (tokenizer, its vocabulary's kind, its added tokens' ids); the tokenizer is kept
-# so that its id is never another's.
-_VOCABULARIES: dict[int, tuple[Any, str, frozenset[int]]] = {}
+# tokenizer -> (its vocabulary's kind, its added tokens' ids); weak, so that a tokenizer let go is freed.
+_VOCABULARIES: weakref.WeakKeyDictionary[Any, tuple[str, frozenset[int]]] = weakref.WeakKeyDictionary()
 _VOCABULARIES_LOCK = threading.Lock()
 
 
@@ -182,15 +189,15 @@ def _vocabulary(tokenizer: PreTrainedTokenizerBase) -> tuple[str, frozenset[int]
     """``(kind, added)``: ``sentencepiece`` where the tokenizer's decoder reads ``▁`` and byte
     fallback (Llama's, Mistral's, Phi-3's and Gemma's), else ``other``; the ids of its added tokens."""
     with _VOCABULARIES_LOCK:
-        known = _VOCABULARIES.get(id(tokenizer))
+        known = _VOCABULARIES.get(tokenizer)
     if known is not None:
-        return known[1], known[2]
+        return known
     decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
     kinds = _types(json.loads(decoder.__getstate__())) if decoder is not None else set()
     kind = "sentencepiece" if kinds & {"ByteFallback", "Metaspace"} and "ByteLevel" not in kinds else "other"
     added = frozenset(tokenizer.added_tokens_decoder)
     with _VOCABULARIES_LOCK:
-        _VOCABULARIES[id(tokenizer)] = (tokenizer, kind, added)
+        _VOCABULARIES[tokenizer] = (kind, added)
     return kind, added
 
 
