@@ -65,8 +65,10 @@ def _install(reactor: Any) -> None:
             reactor.stop()
 
     drainer = Drainer(asyncio.get_event_loop(), stop)
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, drainer.on_signal)
+    signal.signal(signal.SIGTERM, drainer.on_signal)
+    # SIGINT only where Twisted took it: one ignored (a background job of a script) stays ignored.
+    if signal.getsignal(signal.SIGINT) in (getattr(reactor, "sigInt", None), signal.default_int_handler):
+        signal.signal(signal.SIGINT, drainer.on_signal)
     reactor.addSystemEventTrigger("before", "shutdown", drainer.before_shutdown)
 
 
