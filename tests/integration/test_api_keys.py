@@ -227,6 +227,13 @@ def test_bootstrap_uses_host_and_port_from_the_environment(monkeypatch):
 
 
 @pytest.mark.django_db
+def test_bootstrap_writes_an_ipv6_host_in_brackets(monkeypatch):
+    monkeypatch.setenv("HOST", "::1")
+
+    assert "curl http://[::1]:8000/v1/completions" in run_command("bootstrap")
+
+
+@pytest.mark.django_db
 @pytest.mark.parametrize(
     ("allowed_hosts", "address"),
     [(["api.example.com", "localhost"], "api.example.com"), ([".example.com", "*"], "127.0.0.1")],

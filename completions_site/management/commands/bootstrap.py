@@ -51,6 +51,8 @@ def server_url() -> str:
     if host in WILDCARD_HOSTS:
         names = [name for name in settings.ALLOWED_HOSTS if name != "*" and not name.startswith(".")]
         host = names[0] if names else "127.0.0.1"
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"  # an IPv6 address in a URL (RFC 3986, section 3.2.2)
     port = os.environ.get("PORT") or "8000"
     return f"http://{host}:{port}"
 
