@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -142,8 +141,9 @@ def token_text(tokenizer: PreTrainedTokenizerBase, token_id: int) -> str:
 
     A token that is not whole UTF-8 by itself is written ``bytes:\\xNN...`` as OpenAI does.
     """
-    raw = token_bytes(tokenizer, token_id)
-    if raw is not None and _vocabulary(tokenizer)[0] == "sentencepiece":
+    kind, added = _vocabulary(tokenizer)
+    raw = _token_bytes(tokenizer, token_id, kind, added)
+    if raw is not None and kind == "sentencepiece":
         try:
             return raw.decode("utf-8")
         except UnicodeDecodeError:
@@ -163,7 +163,10 @@ def token_bytes(tokenizer: PreTrainedTokenizerBase, token_id: int) -> bytes | No
     """The raw bytes of a vocabulary token: a byte-level BPE token's (GPT-2's alphabet), or a
     SentencePiece token's (``▁`` a space, a byte-fallback ``<0xNN>`` token its byte); None for an
     added token (its text is its content) or a token of another kind of vocabulary."""
-    kind, added = _vocabulary(tokenizer)
+    return _token_bytes(tokenizer, token_id, *_vocabulary(tokenizer))
+
+
+def _token_bytes(tokenizer: PreTrainedTokenizerBase, token_id: int, kind: str, added: frozenset[int]) -> bytes | None:
     if token_id in added:
         return None
     piece = tokenizer.convert_ids_to_tokens(token_id)
@@ -180,25 +183,21 @@ def token_bytes(tokenizer: PreTrainedTokenizerBase, token_id: int) -> bytes | No
 
 
 _BYTE_FALLBACK = re.compile("<0x([0-9A-Fa-f]{2})>")
-# tokenizer -> (its vocabulary's kind, its added tokens' ids); weak, so that a tokenizer let go is freed.
+# tokenizer -> (its vocabulary's kind, its added tokens' ids); weak, so that a tokenizer let go is
+# freed.  No lock: two threads that both miss compute the same entry.
 _VOCABULARIES: weakref.WeakKeyDictionary[Any, tuple[str, frozenset[int]]] = weakref.WeakKeyDictionary()
-_VOCABULARIES_LOCK = threading.Lock()
 
 
 def _vocabulary(tokenizer: PreTrainedTokenizerBase) -> tuple[str, frozenset[int]]:
     """``(kind, added)``: ``sentencepiece`` where the tokenizer's decoder reads ``▁`` and byte
     fallback (Llama's, Mistral's, Phi-3's and Gemma's), else ``other``; the ids of its added tokens."""
-    with _VOCABULARIES_LOCK:
-        known = _VOCABULARIES.get(tokenizer)
-    if known is not None:
-        return known
-    decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
-    kinds = _types(json.loads(decoder.__getstate__())) if decoder is not None else set()
-    kind = "sentencepiece" if kinds & {"ByteFallback", "Metaspace"} and "ByteLevel" not in kinds else "other"
-    added = frozenset(tokenizer.added_tokens_decoder)
-    with _VOCABULARIES_LOCK:
-        _VOCABULARIES[tokenizer] = (kind, added)
-    return kind, added
+    known = _VOCABULARIES.get(tokenizer)
+    if known is None:
+        decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
+        kinds = _types(json.loads(decoder.__getstate__())) if decoder is not None else set()
+        kind = "sentencepiece" if kinds & {"ByteFallback", "Metaspace"} and "ByteLevel" not in kinds else "other"
+        known = _VOCABULARIES[tokenizer] = (kind, frozenset(tokenizer.added_tokens_decoder))
+    return known
 
 
 def _types(state: Any) -> set[str]:
