@@ -17,25 +17,26 @@ REPLACEMENT_CHARACTER = 24211  # the embedded vocabulary's token for U+FFFD's th
 
 
 @cache
-def embedded_folder() -> Path:
+def embedded_tokenizer() -> PreTrainedTokenizerFast:
     from django.conf import settings
 
-    from inference.model_loader import converted_gguf_dir, embedded_gguf_path
+    from inference.model_loader import embedded_gguf_path, gguf_tokenizer
 
-    return converted_gguf_dir(embedded_gguf_path(), Path(settings.MODEL_CACHE_DIR))
+    return gguf_tokenizer(embedded_gguf_path(), Path(settings.MODEL_CACHE_DIR))
 
 
 def test_the_byte_level_replacement_character_token_is_still_written_as_bytes():
-    tokenizer = AutoTokenizer.from_pretrained(embedded_folder())
+    tokenizer = embedded_tokenizer()
 
     assert tokenizer.convert_tokens_to_string([tokenizer.convert_ids_to_tokens(REPLACEMENT_CHARACTER)]) == "\ufffd"
     assert token_text(tokenizer, REPLACEMENT_CHARACTER) == "bytes:\\xef\\xbf\\xbd"
 
 
 @pytest.mark.parametrize("text", ["Hello , world .", "Wait !"])
-def test_byte_level_tokens_spell_the_text_a_cleaning_decoder_writes(text):
+def test_byte_level_tokens_spell_the_text_a_cleaning_decoder_writes(text, tmp_path):
+    embedded_tokenizer().save_pretrained(tmp_path)
     tokenizer = AutoTokenizer.from_pretrained(
-        embedded_folder(),
+        tmp_path,
         clean_up_tokenization_spaces=True,
         clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output=True,
     )
