@@ -76,6 +76,9 @@ def prompt_text_offsets(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int], 
             # the tokenizer's own prefix, which the text does not hold.
             detokenizer = IncrementalDetokenizer(tokenizer, [])
             continue
+        if piece.startswith(" ") and not text.startswith(piece, position) and text.startswith(piece[1:], position):
+            # A space the tokenizer put in itself (Phi-3's after a special token) takes no room.
+            piece = piece[1:]
         position += len(piece)
     return offsets
 

@@ -72,5 +72,14 @@ def test_an_echoed_prompts_offsets_after_its_bos_point_at_its_words(tokenizer):
     assert prompt_text_offsets(tokenizer, ids, text) == [0, 0, 5]
 
 
+def test_echoed_offsets_after_a_special_token_in_the_prompt_stay_on_its_words(tokenizer):
+    # Phi-3's tokenizer adds a word space after a special token that the text does not hold.
+    text = "Hello</s> world world"
+
+    offsets = prompt_text_offsets(tokenizer, tokenizer.encode(text), text)
+
+    assert offsets[-1] == text.rindex(" world") and all(b <= len(text) for b in offsets)
+
+
 def test_special_tokens_read_as_their_text(tokenizer):
     assert token_text(tokenizer, TOKENS.index("</s>")) == "</s>"
