@@ -69,6 +69,8 @@ def _install(reactor: Any) -> None:
     # SIGINT only where Twisted took it: one ignored (a background job of a script) stays ignored.
     if signal.getsignal(signal.SIGINT) in (getattr(reactor, "sigInt", None), signal.default_int_handler):
         signal.signal(signal.SIGINT, drainer.on_signal)
+    else:
+        logger.info("SIGINT is ignored (started so by the parent): stop this server with SIGTERM")
     reactor.addSystemEventTrigger("before", "shutdown", drainer.before_shutdown)
 
 

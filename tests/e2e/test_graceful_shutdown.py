@@ -148,7 +148,13 @@ def test_sigterm_drains_short_streams_ends_long_ones_in_band_records_all_and_exi
 def test_a_second_signal_ends_running_streams_at_once_and_still_records_them(tmp_path, signum):
     """SIGINT (Ctrl-C) drains as SIGTERM does: the first stops admitting, the second ends the
     streams with an in-band error and ``[DONE]``; the records are written before the exit."""
-    server = start_server(tmp_path, SHUTDOWN_GRACE_SECONDS="120", ENGINE_NUM_THREADS="1")
+    # A shell's background job inherits SIGINT ignored, and the server would too (the server keeps
+    # an ignored SIGINT ignored); a Python handler here becomes the default in the child.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        server = start_server(tmp_path, SHUTDOWN_GRACE_SECONDS="120", ENGINE_NUM_THREADS="1")
+    finally:
+        signal.signal(signal.SIGINT, previous)
     try:
         stream = Stream(server, 4000)
         stream.start()
