@@ -236,7 +236,7 @@ class Engine:
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """Text of ``token_ids``, special tokens skipped."""
-        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)  # type: ignore[return-value]  # one sequence of ids: one str
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
 
     def fim_prompt_ids(self, prefix: str, suffix: str) -> list[int] | None:
         """Fill-in-the-middle prompt ids, ``<fim_prefix>prefix<fim_suffix>suffix<fim_middle>``

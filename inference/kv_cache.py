@@ -13,7 +13,6 @@ column for all rows.  The engine keeps the matching ``attention_mask`` (0 on pad
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import cast
 
 import torch
 from transformers import DynamicCache
@@ -96,6 +95,8 @@ class BatchKVCache(DynamicCache):
     layers, whose caches cannot be left-padded this way.
     """
 
+    layers: list[GrowingLayer]
+
     def __init__(self, config) -> None:
         super().__init__(config=config)
         if any(type(layer) is not DynamicLayer for layer in self.layers):
@@ -105,18 +106,13 @@ class BatchKVCache(DynamicCache):
         self.layers = [GrowingLayer() for _ in self.layers]
 
     @property
-    def growing_layers(self) -> list[GrowingLayer]:
-        """``layers``, typed as :meth:`__init__` made them (transformers types the list by its base layers)."""
-        return cast("list[GrowingLayer]", self.layers)
-
-    @property
     def width(self) -> int:
-        return self.growing_layers[0].get_seq_length()
+        return self.layers[0].get_seq_length()
 
     @property
     def rows(self) -> int:
         """The batch's row count; raises ``AssertionError`` before the first update."""
-        return self.growing_layers[0].used()[0].shape[0]
+        return self.layers[0].used()[0].shape[0]
 
     def join(self, parts: Sequence[tuple[BatchKVCache, torch.Tensor, int]]) -> None:
         """Append rows of other caches, in one copy: for each ``(cache, rows, first_column)``, rows
@@ -125,21 +121,21 @@ class BatchKVCache(DynamicCache):
         width = self.width
         widths = [cache.width - first for cache, _, first in parts]
         total = max([width, *widths])
-        for index, mine in enumerate(self.growing_layers):
+        for index, mine in enumerate(self.layers):
             keys, values = [], []
             if width:
                 my_keys, my_values = mine.used()
                 keys.append(_pad_left(my_keys, total - width))
                 values.append(_pad_left(my_values, total - width))
             for (cache, rows, first), part_width in zip(parts, widths):
-                their_keys, their_values = cache.growing_layers[index].used()
+                their_keys, their_values = cache.layers[index].used()
                 keys.append(_pad_left(their_keys.index_select(0, rows)[:, :, first:], total - part_width))
                 values.append(_pad_left(their_values.index_select(0, rows)[:, :, first:], total - part_width))
             mine.assign(torch.cat(keys), torch.cat(values))
 
     def select(self, rows: torch.Tensor, first_column: int) -> None:
         """Keep batch ``rows`` (``[k]`` int64) and the columns from ``first_column`` on."""
-        for layer in self.growing_layers:
+        for layer in self.layers:
             keys, values = layer.used()
             layer.assign(
                 keys.index_select(0, rows)[:, :, first_column:], values.index_select(0, rows)[:, :, first_column:]

@@ -133,7 +133,7 @@ def converted_gguf_dir(gguf: Path, cache_dir: Path) -> Path:
         gguf.parent, gguf_file=gguf.name, dtype=torch.float32, quantization_config=GgufConfig(dequantize=True)
     )
     # The dequantized model is a plain dense one; drop the GGUF quantizer so it saves as such.
-    model.hf_quantizer = None  # type: ignore[assignment]  # undeclared: torch types it as a submodule or tensor
+    model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     partial = target.with_name(target.name + ".partial")
@@ -260,7 +260,7 @@ def load_gguf(
     model = AutoModelForCausalLM.from_pretrained(
         path.parent, gguf_file=path.name, dtype=dtype, quantization_config=GgufConfig(dequantize=True)
     )
-    model.to(device).eval()  # type: ignore[arg-type]  # transformers' @wraps(Module.to) loses self's binding for mypy
+    model.to(device).eval()
     return model, tokenizer, device
 
 
@@ -292,7 +292,7 @@ def load_model(
         source, config=model_config, dtype=dtype, attn_implementation="sdpa", disable_mmap=llama_runner
     )
     # Its linears are prepacked or rebuilt by the model runner (model_runner.build_runner).
-    model.to(device).eval()  # type: ignore[arg-type]  # transformers' @wraps(Module.to) loses self's binding for mypy
+    model.to(device).eval()
     logger.info(
         "Loaded %s (%s, %s on %s) in %.1f s", config.model_id, source, dtype, device, time.perf_counter() - started
     )

@@ -46,7 +46,7 @@ class IncrementalDetokenizer:
 
     def add(self, token_id: int) -> str:
         self._ids.append(token_id)
-        decode: Callable[..., str] = self._tokenizer.decode  # type: ignore[assignment]  # one sequence of ids: one str
+        decode: Callable[..., str] = self._tokenizer.decode
         skip = self._skip
         prefix_text = decode(self._ids[self._prefix_offset : self._read_offset], skip_special_tokens=skip)
         new_text = decode(self._ids[self._prefix_offset :], skip_special_tokens=skip)
@@ -152,7 +152,7 @@ def token_text(tokenizer: PreTrainedTokenizerBase, token_id: int) -> str:
         except UnicodeDecodeError:
             return _bytes_text(raw)
     # Other vocabularies read as their decoder writes them (a clean-up of spaces included).
-    text: str = tokenizer.decode([token_id])  # type: ignore[assignment]  # one sequence of ids: one str
+    text: str = tokenizer.decode([token_id])
     if "\ufffd" not in text or raw is None:
         return text
     return _bytes_text(raw)

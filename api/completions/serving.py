@@ -66,7 +66,7 @@ class CompletionRun(Generation):
             else:
                 # Echo gives back what was sent: special tokens included, as they are in a text prompt.
                 ids = list(prompt)
-                text = engine.tokenizer.decode(prompt, skip_special_tokens=False)  # type: ignore[assignment]  # one sequence of ids: one str
+                text = engine.tokenizer.decode(prompt, skip_special_tokens=False)
             if not ids:
                 ids = engine.document_start_ids()
             request.check_context_length(len(ids), engine.max_context)
