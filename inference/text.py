@@ -145,17 +145,17 @@ def token_text(tokenizer: PreTrainedTokenizerBase, token_id: int) -> str:
     A token that is not whole UTF-8 by itself is written ``bytes:\\xNN...`` as OpenAI does.
     """
     kind, added = _vocabulary(tokenizer)
-    raw = _token_bytes(tokenizer, token_id, kind, added)
-    if raw is not None and kind == "sentencepiece":
+    if kind == "sentencepiece" and (raw := _token_bytes(tokenizer, token_id, kind, added)) is not None:
         try:
             return raw.decode("utf-8")
         except UnicodeDecodeError:
             return _bytes_text(raw)
-    # Other vocabularies read as their decoder writes them (a clean-up of spaces included).
+    # Other vocabularies read as their decoder writes them (a clean-up of spaces included); their
+    # bytes are looked up only where that text is not whole UTF-8.
     text: str = tokenizer.decode([token_id])
-    if "\ufffd" not in text or raw is None:
-        return text
-    return _bytes_text(raw)
+    if "\ufffd" in text and (raw := _token_bytes(tokenizer, token_id, kind, added)) is not None:
+        return _bytes_text(raw)
+    return text
 
 
 def _bytes_text(raw: bytes) -> str:
