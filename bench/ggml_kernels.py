@@ -3,7 +3,7 @@
 (a) Read bandwidth: the best of several sums of a 1 GB float32 tensor, on 1 thread and on all of
 torch's.  (b) Per type, products with a 1.7B model's layer shapes (N=8192 K=2048 and N=2048 K=8192,
 in turn over enough distinct layers, >= 256 MB, that the weights stream from DRAM, not the cache):
-at one row the time of a product and its weight bytes per second against (a), at 8 and 32 rows
+at one row the time of a product and its weight bytes per second against (a), at 8, 32 and 256 rows
 GFLOP/s.  ``--avx2`` forces the AVX2 code where the CPU has AVX-512; ``--bits 32`` keeps x float32
 in the products of up to 4 rows (16, the engine's default, multiplies them in integers).
 
@@ -106,7 +106,7 @@ def main() -> None:
     one, every = bandwidth(1), bandwidth(args.threads)
     print(f"read bandwidth (1 GB sum, best of 5): 1 thread {one:.1f} GB/s, {args.threads} threads {every:.1f} GB/s")
     print(
-        f"{'type':>5} {'bits/w':>6} {'1 row ms':>9} {'GB/s':>6} {'of bw':>6} {'8 rows GFLOP/s':>15} {'32 rows GFLOP/s':>16}"
+        f"{'type':>5} {'bits/w':>6} {'1 row ms':>9} {'GB/s':>6} {'of bw':>6} {'8 rows GFLOP/s':>15} {'32 rows GFLOP/s':>16} {'256 rows GFLOP/s':>17}"
     )
     generator = torch.Generator().manual_seed(0)
     for name in args.types.split(","):
@@ -114,7 +114,7 @@ def main() -> None:
         milliseconds, rate, flops = measure(kernels, TYPES[name], args.repeats, generator)
         print(
             f"{name:>5} {8 * size / block:6.2f} {milliseconds:9.3f} {rate:6.1f} {rate / every:6.0%} "
-            f"{flops[8]:15.1f} {flops[32]:16.1f}"
+            f"{flops[8]:15.1f} {flops[32]:16.1f} {flops[256]:17.1f}"
         )
 
 
@@ -122,21 +122,21 @@ def measure(
     kernels: cpu_kernels.CPUKernels, ggml_type: int, repeats: int, generator: torch.Generator
 ) -> tuple[float, float, dict[int, float]]:
     """One type's products over >= 256 MB of distinct weights: ms a one-row product, its weight
-    GB/s, and GFLOP/s at 8 and 32 rows."""
+    GB/s, and GFLOP/s at 8, 32 and 256 rows."""
     block, size = cpu_kernels.GGML_BLOCKS[ggml_type]
     pair_bytes = sum(n * k // block * size for n, k in SHAPES)
     layers = -(-STREAM_BYTES // pair_bytes)
     weights = [(weight(ggml_type, n, k, generator), k) for _ in range(layers) for n, k in SHAPES]
-    inputs = {rows: {k: torch.randn(rows, k, generator=generator) for _, k in SHAPES} for rows in (1, 8, 32)}
+    inputs = {rows: {k: torch.randn(rows, k, generator=generator) for _, k in SHAPES} for rows in (1, 8, 32, 256)}
 
     def products(rows: int) -> None:
         for data, k in weights:
             kernels.ggml_gemm(inputs[rows][k], data, ggml_type)
 
     products(1)  # warm: the pool's threads, the pages
-    seconds = {rows: best(lambda rows=rows: products(rows), repeats) for rows in (1, 8, 32)}
+    seconds = {rows: best(lambda rows=rows: products(rows), repeats) for rows in (1, 8, 32, 256)}
     weights_count = layers * sum(n * k for n, k in SHAPES)
-    flops = {rows: 2 * rows * weights_count / seconds[rows] / 1e9 for rows in (8, 32)}
+    flops = {rows: 2 * rows * weights_count / seconds[rows] / 1e9 for rows in (8, 32, 256)}
     return seconds[1] / len(weights) * 1e3, layers * pair_bytes / seconds[1] / 1e9, flops
 
 

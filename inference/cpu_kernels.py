@@ -45,7 +45,7 @@ logger = logging.getLogger(__name__)
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = (CSRC / "block_gemm.cpp", CSRC / "decode_ops.cpp", CSRC / "ggml_blocks.cpp")
-HEADERS = (CSRC / "pool.h", CSRC / "simd.h", CSRC / "ggml_blocks.h", CSRC / "ggml_int8.h")
+HEADERS = (CSRC / "pool.h", CSRC / "simd.h", CSRC / "ggml_blocks.h", CSRC / "ggml_int8.h", CSRC / "ggml_panels.h")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-pthread", "-shared", "-fPIC", "-fvisibility=hidden", "-std=c++17")
 GROUP = 32
 ACTIVATION_BITS = (32, 16, 8)  # what the AVX2 block products may round x to (set_activation_bits)
@@ -74,6 +74,7 @@ _GGML_DTYPES = {0: torch.float32, 1: torch.float16, 30: torch.bfloat16}  # the u
 
 _lock = threading.Lock()
 _loaded: dict[Path, CPUKernels | None] = {}
+_settings: dict[str, int] = {}  # configure's, for the kernels loaded later
 
 
 class CPUKernels:
@@ -550,6 +551,23 @@ def _build(compiler: str, target: Path) -> None:
 DEFAULT_CACHE_DIR = Path(".cache/models")
 
 
+def configure(activation_bits: int, k_quant_int8: bool) -> None:
+    """The process's :meth:`CPUKernels.set_activation_bits` and :meth:`CPUKernels.set_k_quant_int8`,
+    for the kernels loaded now and at their load: the engine sets them before the model loads, so
+    that the load's timings (the bfloat16 prefill's choice) time the products the engine will run."""
+    with _lock:
+        _settings.update(activation_bits=activation_bits, k_quant_int8=int(k_quant_int8))
+        for kernels in _loaded.values():
+            if kernels is not None:
+                _apply_settings(kernels)
+
+
+def _apply_settings(kernels: CPUKernels) -> None:
+    if "activation_bits" in _settings:
+        kernels.set_activation_bits(_settings["activation_bits"])
+        kernels.set_k_quant_int8(bool(_settings["k_quant_int8"]))
+
+
 def loaded() -> CPUKernels | None:
     """The kernels an earlier :func:`load` of this process loaded, without loading them."""
     with _lock:
@@ -596,6 +614,7 @@ def _load(cache_dir: Path) -> CPUKernels | None:
         if not _works(kernels):
             logger.warning("CPU kernels in %s give wrong results; torch's weight formats only", target)
             return None
+        _apply_settings(kernels)
         return kernels
     except (OSError, subprocess.SubprocessError, AttributeError) as error:
         detail = getattr(error, "stderr", "") or ""

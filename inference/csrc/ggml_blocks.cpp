@@ -206,6 +206,7 @@ constexpr int INT8_COLS = 2;
 constexpr int INT8_ROWS = 8;  // 32 registers: 8 rows' integer and float accumulators for one weight row
 
 #include "ggml_int8.h"
+#include "ggml_panels.h"
 
 }  // namespace avx512
 #if defined(__clang__)
@@ -246,8 +247,10 @@ KERNEL_EXPORT void ggml_gemm(int type, const float* x, int64_t M, int64_t K, con
                              int threads) {
   const int bits = kernels::activation_bits_setting();
   if ((bits == 8 || (bits == 16 && k_quant_int8)) && avx2::has_int8_form(type)) {
-    if (use_avx512 && int8_vnni ? avx512::int8_gemm(type, x, M, K, w, N, y, add != 0, threads)
-                                : avx2::int8_gemm(type, x, M, K, w, N, y, add != 0, threads))
+    const bool vnni = use_avx512 && int8_vnni;
+    if (vnni && avx512::has_panel_form(type, M) ? avx512::panel_gemm(x, M, K, w, N, y, add != 0, threads)
+        : vnni                                  ? avx512::int8_gemm(type, x, M, K, w, N, y, add != 0, threads)
+                                                : avx2::int8_gemm(type, x, M, K, w, N, y, add != 0, threads))
       return;
   }
   if (use_avx512)

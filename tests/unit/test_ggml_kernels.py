@@ -189,7 +189,7 @@ def minimums(data: np.ndarray, qtype: T, width: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("qtype", K_QUANTS, ids=lambda t: t.name)
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 11, 16, 33])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 11, 16, 33, 64, 70])
 def test_k_quants_multiply_x_rounded_to_8_bits(isa, qtype, rows):
     # Under 8 bits the K-quants' products of any rows multiply x rounded to 8 bits per 256 by their
     # integers (in tiles of rows and weight rows); their
