@@ -43,6 +43,7 @@ def main() -> None:
     cpu = subprocess.run(["grep", "-m1", "model name", "/proc/cpuinfo"], capture_output=True, text=True).stdout
     print(f"CPU: {cpu.split(':', 1)[-1].strip()}; {torch.get_num_threads()} threads")
     config = ModelConfig(path=str(args.model), model_id="bench", cache_dir=ROOT / ".cache/models")
+    cpu_kernels.configure(16, k_quant_int8=True)  # the engine's defaults, for the load's timings
     checkpoint, _, _ = load_model(config, "llama")
     runner = build_runner(checkpoint, "llama", max(args.rows), cache_dir=ROOT / ".cache")
     kernels = cpu_kernels.loaded()

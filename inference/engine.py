@@ -347,15 +347,13 @@ class Engine:
         try:
             if self.config.num_threads:
                 torch.set_num_threads(self.config.num_threads)
+            cpu_kernels.configure(self.config.activation_bits, self.config.k_quant_int8)
             loaded = model is None  # loaded here: nobody else uses the transformers model's layers
             if loaded:
                 model, tokenizer, self.device = load_model(self.model_config, self.config.runner)
             else:
                 self.device = next(model.parameters()).device
             self._install(model, tokenizer, loaded)
-            if (kernels := cpu_kernels.loaded()) is not None:  # loaded by the model's formats, if they use them
-                kernels.set_activation_bits(self.config.activation_bits)
-                kernels.set_k_quant_int8(self.config.k_quant_int8)
             # Before ready: the first request after /healthz says 200 finds kernels chosen and
             # buffers grown, and is as fast as later ones.
             started = time.perf_counter()

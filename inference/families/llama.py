@@ -427,11 +427,11 @@ def gguf_weights(file: GGUFFile, config, dtype: torch.dtype, weights: str = "aut
             )
         )
     bfloat16_prefill = (
-        weights == "auto"
-        and dtype == torch.float32
-        and ggml.choose_bfloat16_prefill(
+        ggml.choose_bfloat16_prefill(
             [linear for layer in layers for linear in (layer.qkv, layer.o, layer.gate_up, layer.down)]
         )
+        if weights == "auto" and dtype == torch.float32
+        else []
     )
     tied = "output.weight" not in file.tensors
     lm_head = build("token_embd.weight" if tied else "output.weight")
@@ -451,7 +451,9 @@ def gguf_weights(file: GGUFFile, config, dtype: torch.dtype, weights: str = "aut
     described = ", ".join(f"{name} x {count}" for name, count in sorted(counts.items(), key=lambda c: -c[1]))
     kind = "GGUF blocks as stored" if weights == "auto" else f"{weights} from the GGUF"
     if bfloat16_prefill:
-        described += f"; prefill chunks of {formats.BFLOAT16_PREFILL_ROWS}+ rows in bfloat16"
+        described += (
+            f"; {', '.join(bfloat16_prefill)} prefill chunks of {formats.BFLOAT16_PREFILL_ROWS}+ rows in bfloat16"
+        )
     return LlamaWeights(
         config=config,
         inv_freq=inv_freq,

@@ -345,15 +345,16 @@ def _scratch_weight(rows: int, columns: int) -> torch.Tensor:
     return buffer[:size].view(rows, columns)
 
 
-def choose_bfloat16_prefill(linears: Sequence[object], repeats: int = 3) -> bool:
-    """Whether long prefill chunks (:data:`inference.weights.BFLOAT16_PREFILL_ROWS` rows and more) of
-    the :class:`GGMLLinear` layers among ``linears`` (stacked parts included) run in bfloat16, on a
-    copy of the blocks made for each such call and oneDNN's product, and if so sets their
-    ``bfloat16_rows``.  Only where the CPU runs bfloat16 natively
-    (:func:`inference.weights.bfloat16_prefill_available`) and a timing of the largest such layer at
-    :data:`inference.weights.PREFILL_TIMING_ROWS` rows, the two forms taking turns, finds the copy and
-    its product under :data:`inference.weights.BFLOAT16_PREFILL_GAIN` of our products' time.  Rounds
-    x and the weights to bfloat16 there: a prompt's log-probabilities then depend on its chunks."""
+def choose_bfloat16_prefill(linears: Sequence[object], repeats: int = 3) -> list[str]:
+    """Which block types' long prefill chunks (:data:`inference.weights.BFLOAT16_PREFILL_ROWS` rows
+    and more) run in bfloat16, on a copy of the blocks made for each such call and oneDNN's product,
+    among the :class:`GGMLLinear` layers of ``linears`` (stacked parts included); sets those layers'
+    ``bfloat16_rows`` and returns the types' names.  Only where the CPU runs bfloat16 natively
+    (:func:`inference.weights.bfloat16_prefill_available`); per type, a timing of its largest layer at
+    :data:`inference.weights.PREFILL_TIMING_ROWS` rows, the two forms taking turns, must find the copy
+    and its product under :data:`inference.weights.BFLOAT16_PREFILL_GAIN` of our products' time (a
+    type whose products beat oneDNN's, as Q4_K's panels do with AVX-512 VNNI, keeps them).  Rounds x
+    and the weights to bfloat16 there: a prompt's log-probabilities then depend on its chunks."""
     blocks = [
         part
         for linear in linears
@@ -361,8 +362,18 @@ def choose_bfloat16_prefill(linears: Sequence[object], repeats: int = 3) -> bool
         if isinstance(part, GGMLLinear) and part.kind not in (F32, F16, BF16)
     ]
     if not blocks or not bfloat16_prefill_available():
-        return False
-    largest = max(blocks, key=lambda linear: linear.out_features * linear.in_features)
+        return []
+    chosen = []
+    for kind in sorted({linear.kind for linear in blocks}):
+        of_kind = [linear for linear in blocks if linear.kind == kind]
+        if _bfloat16_is_faster(max(of_kind, key=lambda linear: linear.out_features * linear.in_features), repeats):
+            chosen.append(type_name(kind))
+            for linear in of_kind:
+                linear.bfloat16_rows = BFLOAT16_PREFILL_ROWS
+    return chosen
+
+
+def _bfloat16_is_faster(largest: GGMLLinear, repeats: int) -> bool:
     x = torch.randn(PREFILL_TIMING_ROWS, largest.in_features, generator=torch.Generator().manual_seed(0))
     best = {"ours": float("inf"), "bfloat16": float("inf")}
     with torch.inference_mode():
@@ -376,7 +387,8 @@ def choose_bfloat16_prefill(linears: Sequence[object], repeats: int = 3) -> bool
     largest.bfloat16_rows = None
     chosen = best["bfloat16"] < BFLOAT16_PREFILL_GAIN * best["ours"]
     logger.info(
-        "prefill chunks of %d rows and more: %s (a %d x %d layer at %d rows: ours %.1f ms, bfloat16 copy %.1f ms)",
+        "%s prefill chunks of %d rows and more: %s (a %d x %d layer at %d rows: ours %.1f ms, bfloat16 copy %.1f ms)",
+        largest.format.upper(),
         BFLOAT16_PREFILL_ROWS,
         "bfloat16" if chosen else "our block products",
         largest.out_features,
@@ -385,7 +397,4 @@ def choose_bfloat16_prefill(linears: Sequence[object], repeats: int = 3) -> bool
         best["ours"] * 1e3,
         best["bfloat16"] * 1e3,
     )
-    if chosen:
-        for linear in blocks:
-            linear.bfloat16_rows = BFLOAT16_PREFILL_ROWS
     return chosen

@@ -75,6 +75,27 @@ def test_the_kernels_load_where_the_machine_can_build_them():
 
 
 @needs_kernels
+def test_configure_sets_the_loaded_kernels_and_those_a_later_load_returns(monkeypatch):
+    # The engine configures before its model loads, so that the load's timings run its products.
+    assert KERNELS is not None
+    saved = (KERNELS.activation_bits, KERNELS.k_quant_int8)
+    monkeypatch.setattr(cpu_kernels, "_settings", {})
+    try:
+        cpu_kernels.configure(8, k_quant_int8=True)
+        assert (KERNELS.activation_bits, KERNELS.k_quant_int8) == (8, KERNELS.k_quant_int8_available)
+        KERNELS.set_activation_bits(16)  # the shared library's state at a fresh process's load
+        KERNELS.set_k_quant_int8(False)
+        monkeypatch.setattr(cpu_kernels, "_loaded", {})  # a load of the same build, as a fresh process's
+        cpu_kernels.configure(32, k_quant_int8=False)
+        again = cpu_kernels.load(KERNELS.path.parent.parent)
+        assert again is not None and again is not KERNELS
+        assert (again.activation_bits, again.k_quant_int8) == (32, False)
+    finally:
+        KERNELS.set_activation_bits(saved[0])
+        KERNELS.set_k_quant_int8(saved[1])
+
+
+@needs_kernels
 @pytest.mark.parametrize("rows", ROWS)
 def test_q4_1_product_is_the_float32_product_of_the_blocks_as_they_are(rows, isa):
     generator = torch.Generator().manual_seed(rows)

@@ -306,28 +306,38 @@ def test_a_long_chunks_mlp_passes_bfloat16_from_gate_up_to_down_as_the_float32_p
 
 @pytest.mark.parametrize("copy_seconds", [1.0, 3.0])
 def test_bfloat16_prefill_is_chosen_where_the_copy_and_its_product_take_under_our_time(monkeypatch, copy_seconds):
-    """The timing of the largest block layer decides for every layer, stacked parts too."""
+    """The timing of a type's largest block layer decides for every layer of that type, stacked parts
+    too, and each type is timed on its own."""
     if cpu_kernels.load(None) is None:
         pytest.skip("no CPU kernels here")
     from inference import weights
 
     clock = [0.0]
+    timed = []
     monkeypatch.setattr(ggml, "bfloat16_prefill_available", lambda: True)
     monkeypatch.setattr(ggml.time, "perf_counter", lambda: clock[0])
 
     def compute(self, x):
-        clock[0] += copy_seconds if self._in_bfloat16(x.shape[0]) else 2.0
+        timed.append(self.out_features)
+        if self.kind == ggml.Q4_K:
+            clock[0] += copy_seconds if self._in_bfloat16(x.shape[0]) else 2.0
+        else:  # Q6_K: bfloat16 always the faster
+            clock[0] += 1.0 if self._in_bfloat16(x.shape[0]) else 2.0
         return x
 
     monkeypatch.setattr(ggml.GGMLLinear, "compute", compute)
     monkeypatch.setattr(ggml.GGMLLinear, "_in_bfloat16", lambda self, rows: self.bfloat16_rows is not None)
     small, large, part = (ggml.linear(random_q4_k(rows, 256, rows), ggml.Q4_K, 256) for rows in (8, 32, 16))
+    q6_k = ggml.linear(torch.zeros(12, 210, dtype=torch.uint8), ggml.Q6_K, 256)
     stacked = ggml.StackedLinear([part, ggml.linear(random_q4_k(8, 256, 9), ggml.Q4_K, 256)])
-    chosen = ggml.choose_bfloat16_prefill([small, large, stacked, lambda x: x])
-    assert chosen == (copy_seconds < 2.0 * weights.BFLOAT16_PREFILL_GAIN)
-    expected = weights.BFLOAT16_PREFILL_ROWS if chosen else None
+    chosen = ggml.choose_bfloat16_prefill([small, large, stacked, q6_k, lambda x: x])
+    q4_k_chosen = copy_seconds < 2.0 * weights.BFLOAT16_PREFILL_GAIN
+    assert chosen == (["Q4_K", "Q6_K"] if q4_k_chosen else ["Q6_K"])
+    assert set(timed) == {32, 12}  # the largest Q4_K layer and the Q6_K one
+    expected = weights.BFLOAT16_PREFILL_ROWS if q4_k_chosen else None
     assert [small.bfloat16_rows, large.bfloat16_rows, part.bfloat16_rows] == [expected] * 3
-    assert not ggml.choose_bfloat16_prefill([lambda x: x])  # no block layer: nothing timed
+    assert q6_k.bfloat16_rows == weights.BFLOAT16_PREFILL_ROWS
+    assert ggml.choose_bfloat16_prefill([lambda x: x]) == []  # no block layer: nothing timed
 
 
 @pytest.mark.parametrize("down_kind", [ggml.F32, ggml.Q8_0, ggml.F16, ggml.Q4_K], ids=["f32", "q8_0", "f16", "q4_k"])
