@@ -1,60 +1,75 @@
 // Products of many rows of x rounded to 8 bits (RoundedX8, as ggml_int8.h rounds them) with Q4_K
-// weights on AVX-512 VNNI's dpbusd, for prefill chunks and wide decode batches.  Included by
-// ggml_blocks.cpp after ggml_int8.h inside its VNNI namespace (RoundedX8, SUPER, k_scale_words and
+// and Q6_K weights on AVX-512 VNNI's dpbusd, for prefill chunks and wide decode batches.  Included by
+// ggml_blocks.cpp after ggml_int8.h inside its VNNI namespace (RoundedX8, SUPER, int8_cols and
 // friends); no include guard, on purpose.
 //
 // ggml_int8.h multiplies the blocks as stored: each int8 multiply-add of a weight row takes a
 // maddubs and a dpwssd (the sub-block scale), two instructions per 32 weights and row of x.  Here a
 // panel of PANEL_COLUMNS weight rows is first decoded, by the thread that multiplies it, into the
 // order of a GEMM's packed B (as oneDNN and llama.cpp's repacked tiles do): 4 consecutive weights of
-// 16 weight rows a 512-bit vector, so that one dpbusd multiplies them by 4 bytes of x broadcast, 64
-// multiply-adds, each of the 16 lanes its own weight row.  A sub-block's 8 such sums then leave the
-// integers: times d * sc in float (a lane a weight row), and the minimums' dmin * m times x's float
-// sum, per 32 weights; the super-block's sum times x's scale dx.  The decoding is paid once a panel
-// and row of the weight, so it pays where x has many rows (PANEL_MIN_ROWS).  The result is x rounded
-// per 256 times the dequantized weight, as ggml_int8.h's, up to the order of float sums.
+// 16 weight rows a 512-bit vector, gathered a 32-bit word of each row at a time, so that one dpbusd
+// multiplies them by 4 bytes of x broadcast, 64 multiply-adds, each of the 16 lanes its own weight
+// row.  A sub-block's sums then leave the integers: times d sc in float (a lane a weight row), with
+// the minimums (Q4_K: dmin m times x's float sums per 32) or the offset (Q6_K: 32 d sc times x's
+// rounded sums per 16), and the super-block's sum times x's scale dx.  The decoding is paid once a
+// panel and row of the weight, so it pays where x has more rows than one of ggml_int8.h's tiles
+// (PANEL_MIN_ROWS).  The result is ggml_int8.h's, up to the order of float sums.
 
 constexpr int PANEL_LANES = 16;    // weight rows a vector (int32 lanes)
 constexpr int PANEL_VECTORS = 2;   // vectors a panel
 constexpr int PANEL_COLUMNS = PANEL_LANES * PANEL_VECTORS;
 constexpr int PANEL_ROWS = 4;      // rows of x a tile: 4 x 2 x 3 accumulators fit 32 registers
-constexpr int64_t PANEL_MIN_ROWS = 32;  // rows of x from which the panels beat the stored blocks
+constexpr int64_t PANEL_MIN_ROWS = INT8_ROWS + 1;  // up to one tile of ggml_int8.h its products are as fast
 
-// PANEL_COLUMNS weight rows of a Q4_K weight, decoded: q [K / 4][PANEL_VECTORS][16 lanes][4 bytes]
-// (the unsigned 4-bit values), scale and minimum [K / 32][PANEL_VECTORS][16] (d sc and dmin m).
+// PANEL_COLUMNS weight rows of a Q4_K weight (d, dmin, 12 bytes of 6-bit scales and minimums, 128
+// of qs: group 2 j the low nibbles of qs[32 j ..], 2 j + 1 the high ones), decoded:
+// q [K / 4][PANEL_VECTORS][16 lanes][4 bytes] (the unsigned 4-bit values), scale and minimum
+// [K / 32][PANEL_VECTORS][16] (d sc and dmin m).
 struct Q4KPanel {
   std::vector<uint8_t> q;
   std::vector<float> scale, minimum;
 
+  // Gathers one 32-bit word of each of a vector's 16 weight rows at a time (rows row_bytes apart):
+  // their quads of 4-bit values, their scale words, their d and dmin.
   void decode(const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t K) {
     const int64_t blocks = K / SUPER;
     q.resize(static_cast<size_t>(K * PANEL_COLUMNS));
     scale.resize(static_cast<size_t>(K / GROUP * PANEL_COLUMNS));
     minimum.resize(scale.size());
-    const __m256i nibble = _mm256_set1_epi8(0x0F);
-    for (int column = 0; column < PANEL_COLUMNS; ++column) {
-      const int64_t lane = column;  // [PANEL_VECTORS][16] flattened: vector column / 16, lane column % 16
+    const __m512i nibble = _mm512_set1_epi8(0x0F), six = _mm512_set1_epi32(0x3F3F3F3F);
+    const __m512i low_nibbles = _mm512_set1_epi32(0x0F0F0F0F), top = _mm512_set1_epi32(0x03030303);
+    const __m512i rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32(static_cast<int>(row_bytes)));
+    for (int v = 0; v < PANEL_VECTORS; ++v) {
       for (int64_t blk = 0; blk < blocks; ++blk) {
-        const uint8_t* b = w + (n0 + column) * row_bytes + blk * 144;
-        const float d = half_to_float(b), dmin = half_to_float(b + 2);
-        uint64_t scales, minimums;
-        k_scale_words(b, scales, minimums);
+        const uint8_t* b = w + (n0 + v * PANEL_LANES) * row_bytes + blk * 144;
+        const __m512i halves = _mm512_i32gather_epi32(rows, b, 1);
+        const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(halves));
+        const __m512 dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(halves, 16)));
+        const __m512i u0 = _mm512_i32gather_epi32(rows, b + 4, 1), u1 = _mm512_i32gather_epi32(rows, b + 8, 1);
+        const __m512i u2 = _mm512_i32gather_epi32(rows, b + 12, 1);
+        // k_scale_words, 16 rows at a time: the scales' and minimums' bytes 0-3 and 4-7.
+        const __m512i words[2][2] = {
+            {_mm512_and_si512(u0, six),
+             _mm512_or_si512(_mm512_and_si512(u2, low_nibbles),
+                             _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u0, 6), top), 4))},
+            {_mm512_and_si512(u1, six),
+             _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(u2, 4), low_nibbles),
+                             _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u1, 6), top), 4))}};
         for (int g = 0; g < 8; ++g) {
-          const int64_t at = (blk * 8 + g) * PANEL_COLUMNS + lane;
-          scale[at] = d * static_cast<float>((scales >> (8 * g)) & 0xFF);
-          minimum[at] = dmin * static_cast<float>((minimums >> (8 * g)) & 0xFF);
+          const int64_t at = (blk * 8 + g) * PANEL_COLUMNS + v * PANEL_LANES;
+          const __m512i sc = _mm512_and_si512(_mm512_srli_epi32(words[0][g / 4], 8 * (g % 4)), _mm512_set1_epi32(0xFF));
+          const __m512i mn = _mm512_and_si512(_mm512_srli_epi32(words[1][g / 4], 8 * (g % 4)), _mm512_set1_epi32(0xFF));
+          _mm512_storeu_ps(&scale[at], _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc)));
+          _mm512_storeu_ps(&minimum[at], _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(mn)));
         }
-        for (int pair = 0; pair < 4; ++pair) {
-          const __m256i bytes = load32(b + 16 + 32 * pair);
-          alignas(32) uint32_t quads[2][8];
-          _mm256_store_si256(reinterpret_cast<__m256i*>(quads[0]), _mm256_and_si256(bytes, nibble));
-          _mm256_store_si256(reinterpret_cast<__m256i*>(quads[1]), _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nibble));
-          for (int half = 0; half < 2; ++half) {
-            const int64_t group = blk * 8 + 2 * pair + half;
-            auto* out = reinterpret_cast<uint32_t*>(q.data()) + group * 8 * PANEL_COLUMNS + lane;
-            for (int j = 0; j < 8; ++j) out[j * PANEL_COLUMNS] = quads[half][j];
+        for (int pair = 0; pair < 4; ++pair)
+          for (int j = 0; j < 8; ++j) {
+            const __m512i quads = _mm512_i32gather_epi32(rows, b + 16 + 32 * pair + 4 * j, 1);
+            uint8_t* out = q.data() + (((blk * 8 + 2 * pair) * 8 + j) * PANEL_COLUMNS + v * PANEL_LANES) * 4;
+            _mm512_storeu_si512(out, _mm512_and_si512(quads, nibble));
+            _mm512_storeu_si512(out + 8 * PANEL_COLUMNS * 4, _mm512_and_si512(_mm512_srli_epi16(quads, 4), nibble));
           }
-        }
       }
     }
   }
@@ -112,37 +127,163 @@ inline void q4_k_panel_tile(const Q4KPanel& panel, const RoundedX8& x, int64_t r
     }
 }
 
-inline bool has_panel_form(int type, int64_t M) { return type == TYPE_Q4_K && M >= PANEL_MIN_ROWS; }
+// Q6_K's PANEL_COLUMNS weight rows, decoded: q as Q4KPanel's (the unsigned 6-bit values), scale and
+// offset [K / 16][PANEL_VECTORS][16] (d sc, and 32 d sc: w = d sc q - 32 d sc, sc per 16 weights).
+struct Q6KPanel {
+  static constexpr int64_t BYTES = 210;
+  std::vector<uint8_t> q;
+  std::vector<float> scale, offset;
 
-// y[M, N] (+)= x[M, K] @ W^T for a Q4_K W: the panels of PANEL_COLUMNS weight rows, then the last
-// N % PANEL_COLUMNS rows as ggml_int8.h's tiles; false, nothing computed, where x cannot be rounded
-// (RoundedX8).
-inline bool panel_gemm(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, float* y, bool add,
-                       int threads) {
-  thread_local RoundedX8 callers;  // the caller's, reused; the workers take it by reference
-  RoundedX8& rounded = callers;
-  if (!rounded.round(x, M, K)) return false;
-  const int64_t row_bytes = K / SUPER * 144, panels = N / PANEL_COLUMNS, rest = N - panels * PANEL_COLUMNS;
-  kernels::parallel_for(panels + rest, threads, [&](int64_t first, int64_t last) {
-    thread_local Q4KPanel panel;
+  // Group g = 4 h + j's bits 0-3 from ql[64 h + 32 (j % 2) + i] (low nibble for j < 2, high for j >= 2),
+  // bits 4-5 from bits 2 j, 2 j + 1 of qh[32 h + i].
+  void decode(const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t K) {
+    const int64_t blocks = K / SUPER;
+    q.resize(static_cast<size_t>(K * PANEL_COLUMNS));
+    scale.resize(static_cast<size_t>(K / 16 * PANEL_COLUMNS));
+    offset.resize(scale.size());
+    const __m512i nibble = _mm512_set1_epi8(0x0F), two = _mm512_set1_epi8(0x03);
+    const __m512i rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32(static_cast<int>(row_bytes)));
+    for (int v = 0; v < PANEL_VECTORS; ++v) {
+      for (int64_t blk = 0; blk < blocks; ++blk) {
+        const uint8_t* b = w + (n0 + v * PANEL_LANES) * row_bytes + blk * BYTES;
+        // d is the block's last 2 bytes: gathered with the 2 scales before it, never past the block.
+        const __m512i last = _mm512_i32gather_epi32(rows, b + 206, 1);
+        const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(last, 16)));
+        __m512i words[4];
+        for (int i = 0; i < 4; ++i) words[i] = _mm512_i32gather_epi32(rows, b + 192 + 4 * i, 1);
+        for (int sub = 0; sub < 16; ++sub) {
+          const __m512i sc = _mm512_srai_epi32(_mm512_slli_epi32(words[sub / 4], 24 - 8 * (sub % 4)), 24);
+          const __m512 value = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc));
+          const int64_t at = (blk * 16 + sub) * PANEL_COLUMNS + v * PANEL_LANES;
+          _mm512_storeu_ps(&scale[at], value);
+          _mm512_storeu_ps(&offset[at], _mm512_mul_ps(value, _mm512_set1_ps(32.0f)));
+        }
+        for (int h = 0; h < 2; ++h)
+          for (int t = 0; t < 8; ++t) {
+            const __m512i ql0 = _mm512_i32gather_epi32(rows, b + 64 * h + 4 * t, 1);
+            const __m512i ql1 = _mm512_i32gather_epi32(rows, b + 64 * h + 32 + 4 * t, 1);
+            const __m512i qh = _mm512_i32gather_epi32(rows, b + 128 + 32 * h + 4 * t, 1);
+            const __m512i values[4] = {
+                _mm512_and_si512(ql0, nibble), _mm512_and_si512(ql1, nibble),
+                _mm512_and_si512(_mm512_srli_epi16(ql0, 4), nibble), _mm512_and_si512(_mm512_srli_epi16(ql1, 4), nibble)};
+            for (int j = 0; j < 4; ++j) {
+              const __m512i upper = _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh, 2 * j), two), 4);
+              uint8_t* out = q.data() + (((blk * 8 + 4 * h + j) * 8 + t) * PANEL_COLUMNS + v * PANEL_LANES) * 4;
+              _mm512_storeu_si512(out, _mm512_or_si512(values[j], upper));
+            }
+          }
+      }
+    }
+  }
+};
+
+// Rows r0 .. r0 + ROWS of x against a decoded Q6_K panel: y[r, n0 .. n0 + PANEL_COLUMNS) (+)=.  The
+// offset meets x's rounded sums per 16 (as ggml_int8.h's), inside the super-block's sum times dx.
+template <int ROWS>
+inline void q6_k_panel_tile(const Q6KPanel& panel, const RoundedX8& x, int64_t r0, int64_t K, float* y, int64_t N,
+                            int64_t n0, bool add) {
+  const int64_t blocks = K / SUPER, subs = K / 16;
+  __m512 total[ROWS][PANEL_VECTORS], partial[ROWS][PANEL_VECTORS];
+  for (int r = 0; r < ROWS; ++r)
+    for (int v = 0; v < PANEL_VECTORS; ++v) total[r][v] = partial[r][v] = _mm512_setzero_ps();
+  const int8_t* xq[ROWS];
+  for (int r = 0; r < ROWS; ++r) xq[r] = x.q.data() + (r0 + r) * K;
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    #pragma GCC unroll 2
+    for (int sub = 0; sub < 16; ++sub) {
+      const int64_t at = blk * 16 + sub;
+      __m512i sums[ROWS][PANEL_VECTORS];
+      for (int r = 0; r < ROWS; ++r)
+        for (int v = 0; v < PANEL_VECTORS; ++v) sums[r][v] = _mm512_setzero_si512();
+      const uint8_t* wq = panel.q.data() + at * 16 * PANEL_COLUMNS;
+      #pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) {
+        __m512i weights[PANEL_VECTORS];
+        for (int v = 0; v < PANEL_VECTORS; ++v) weights[v] = _mm512_loadu_si512(wq + (j * PANEL_VECTORS + v) * 64);
+        for (int r = 0; r < ROWS; ++r) {
+          int32_t four;
+          std::memcpy(&four, xq[r] + at * 16 + 4 * j, 4);
+          const __m512i xb = _mm512_set1_epi32(four);
+          for (int v = 0; v < PANEL_VECTORS; ++v) sums[r][v] = _mm512_dpbusd_epi32(sums[r][v], weights[v], xb);
+        }
+      }
+      for (int v = 0; v < PANEL_VECTORS; ++v) {
+        const __m512 sc = _mm512_loadu_ps(&panel.scale[at * PANEL_COLUMNS + v * PANEL_LANES]);
+        const __m512 off = _mm512_loadu_ps(&panel.offset[at * PANEL_COLUMNS + v * PANEL_LANES]);
+        for (int r = 0; r < ROWS; ++r) {
+          partial[r][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[r][v]), sc, partial[r][v]);
+          partial[r][v] = _mm512_fnmadd_ps(off, _mm512_set1_ps(x.q16[(r0 + r) * subs + at]), partial[r][v]);
+        }
+      }
+    }
+    for (int r = 0; r < ROWS; ++r) {
+      const __m512 dx = _mm512_set1_ps(x.dx[(r0 + r) * blocks + blk]);
+      for (int v = 0; v < PANEL_VECTORS; ++v) {
+        total[r][v] = _mm512_fmadd_ps(partial[r][v], dx, total[r][v]);
+        partial[r][v] = _mm512_setzero_ps();
+      }
+    }
+  }
+  for (int r = 0; r < ROWS; ++r)
+    for (int v = 0; v < PANEL_VECTORS; ++v) {
+      float* target = y + (r0 + r) * N + n0 + v * PANEL_LANES;
+      _mm512_storeu_ps(target, add ? _mm512_add_ps(_mm512_loadu_ps(target), total[r][v]) : total[r][v]);
+    }
+}
+
+template <int ROWS>
+inline void panel_tile(const Q4KPanel& panel, const RoundedX8& x, int64_t r0, int64_t K, float* y, int64_t N, int64_t n0,
+                       bool add) {
+  q4_k_panel_tile<ROWS>(panel, x, r0, K, y, N, n0, add);
+}
+template <int ROWS>
+inline void panel_tile(const Q6KPanel& panel, const RoundedX8& x, int64_t r0, int64_t K, float* y, int64_t N, int64_t n0,
+                       bool add) {
+  q6_k_panel_tile<ROWS>(panel, x, r0, K, y, N, n0, add);
+}
+
+inline bool has_panel_form(int type, int64_t M) { return (type == TYPE_Q4_K || type == TYPE_Q6_K) && M >= PANEL_MIN_ROWS; }
+
+// The panels of a type's weight (Panel: Q4KPanel or Q6KPanel), then its last N % PANEL_COLUMNS rows
+// as ggml_int8.h's tiles, x already rounded.
+template <typename Panel>
+inline void panels(int type, const RoundedX8& rounded, int64_t M, int64_t K, const uint8_t* w, int64_t N, float* y,
+                   bool add, int threads) {
+  const int64_t row_bytes = K / SUPER * int8_block_bytes(type), full = N / PANEL_COLUMNS;
+  kernels::parallel_for(full + N % PANEL_COLUMNS, threads, [&](int64_t first, int64_t last) {
+    thread_local Panel panel;
     for (int64_t item = first; item < last; ++item) {
-      if (item >= panels) {  // one weight row past the panels
-        const int64_t n = panels * PANEL_COLUMNS + (item - panels);
+      if (item >= full) {  // one weight row past the panels
+        const int64_t n = full * PANEL_COLUMNS + (item - full);
         for (int64_t r0 = 0; r0 < M; r0 += INT8_ROWS)
-          int8_cols<1>(TYPE_Q4_K, w, row_bytes, rounded, r0, std::min<int64_t>(M - r0, INT8_ROWS), n, K, N, y, add);
+          int8_cols<1>(type, w, row_bytes, rounded, r0, std::min<int64_t>(M - r0, INT8_ROWS), n, K, N, y, add);
         continue;
       }
       const int64_t n0 = item * PANEL_COLUMNS;
       panel.decode(w, row_bytes, n0, K);
       int64_t r0 = 0;
-      for (; r0 + PANEL_ROWS <= M; r0 += PANEL_ROWS) q4_k_panel_tile<PANEL_ROWS>(panel, rounded, r0, K, y, N, n0, add);
+      for (; r0 + PANEL_ROWS <= M; r0 += PANEL_ROWS) panel_tile<PANEL_ROWS>(panel, rounded, r0, K, y, N, n0, add);
       switch (M - r0) {
-        case 1: q4_k_panel_tile<1>(panel, rounded, r0, K, y, N, n0, add); break;
-        case 2: q4_k_panel_tile<2>(panel, rounded, r0, K, y, N, n0, add); break;
-        case 3: q4_k_panel_tile<3>(panel, rounded, r0, K, y, N, n0, add); break;
+        case 1: panel_tile<1>(panel, rounded, r0, K, y, N, n0, add); break;
+        case 2: panel_tile<2>(panel, rounded, r0, K, y, N, n0, add); break;
+        case 3: panel_tile<3>(panel, rounded, r0, K, y, N, n0, add); break;
         default: break;
       }
     }
   });
+}
+
+// y[M, N] (+)= x[M, K] @ W^T for a W of has_panel_form's types; false, nothing computed, where x
+// cannot be rounded (RoundedX8).
+inline bool panel_gemm(int type, const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, float* y, bool add,
+                       int threads) {
+  thread_local RoundedX8 callers;  // the caller's, reused; the workers take it by reference
+  RoundedX8& rounded = callers;
+  if (!rounded.round(x, M, K)) return false;
+  if (type == TYPE_Q4_K)
+    panels<Q4KPanel>(type, rounded, M, K, w, N, y, add, threads);
+  else
+    panels<Q6KPanel>(type, rounded, M, K, w, N, y, add, threads);
   return true;
 }
