@@ -239,3 +239,34 @@ def test_the_k_quant_switch_rounds_to_8_bits_where_bits_are_16(isa):
     assert torch.equal(results[8, False], results[16, True])  # the same 8-bit product
     assert not torch.equal(results[16, True], results[16, False])
     assert_product(results[32, True], x, reference(data.numpy(), T.Q6_K, 768))  # float32: unrounded
+
+
+@pytest.mark.parametrize("outputs", [64, 100], ids=["whole panels", "panels and a rest"])
+@pytest.mark.parametrize("rows", [32, 35])
+def test_q4_k_products_of_32_rows_and_more_add_into_out(isa, rows, outputs):
+    # From 32 rows, Q4_K's 8-bit products on AVX-512 VNNI decode 32 weight rows at a time
+    # (csrc/ggml_panels.h): several panels on several threads, with and without a rest of weight rows,
+    # a rest of rows of x past the 4-row tiles, a row of zeros, and the sum into out that the decode
+    # step's o and down products take.
+    KERNELS.set_activation_bits(8)
+    width = 512
+    data = blocks(T.Q4_K, outputs, width, seed=outputs)
+    x = torch.randn(rows, width, generator=torch.Generator().manual_seed(rows)) * 3
+    x[1] = 0.0
+    x[2, 256:] = 0.0
+    residual = torch.randn(rows, outputs, generator=torch.Generator().manual_seed(rows + 1))
+    out = residual.clone()
+    assert KERNELS.ggml_gemm(x, torch.from_numpy(data), int(T.Q4_K), out=out) is out
+    got = KERNELS.ggml_gemm(x, torch.from_numpy(data), int(T.Q4_K))
+    weight = reference(data, T.Q4_K, width)
+    offsets = minimums(data, T.Q4_K, width).astype(np.float64)
+    x64 = x.double().numpy()
+    expected = rounded_to_8_bits(x).double().numpy() @ (weight - offsets).T + x64 @ offsets.T
+    bound = 1e-5 * np.outer(np.linalg.norm(x64, axis=1), np.linalg.norm(weight, axis=1))
+    error = np.abs(got.double().numpy() - expected)
+    assert (error <= bound).all(), f"worst error {float((error / bound).max()):.2f} of the bound"
+    summed = residual.double().numpy() + expected  # out's float32 sum rounds once more
+    error = np.abs(out.double().numpy() - summed)
+    assert (error <= bound + 1e-6 * np.abs(summed)).all(), f"worst error {float(error.max()):.3g}"
+    assert not got[1].any()  # a row of zeros: exactly zero
+    assert not np.allclose(got.double().numpy(), x64 @ weight.astype(np.float64).T, rtol=1e-4, atol=0)
