@@ -554,7 +554,10 @@ DEFAULT_CACHE_DIR = Path(".cache/models")
 def configure(activation_bits: int, k_quant_int8: bool) -> None:
     """The process's :meth:`CPUKernels.set_activation_bits` and :meth:`CPUKernels.set_k_quant_int8`,
     for the kernels loaded now and at their load: the engine sets them before the model loads, so
-    that the load's timings (the bfloat16 prefill's choice) time the products the engine will run."""
+    that the load's timings (the bfloat16 prefill's choice) time the products the engine will run.
+    Raises ``ValueError`` for bits not in :data:`ACTIVATION_BITS`."""
+    if activation_bits not in ACTIVATION_BITS:
+        raise ValueError(f"activation bits must be one of {ACTIVATION_BITS}, not {activation_bits!r}")
     with _lock:
         _settings.update(activation_bits=activation_bits, k_quant_int8=int(k_quant_int8))
         for kernels in _loaded.values():
@@ -689,8 +692,9 @@ def _ggml_works(kernels: CPUKernels) -> bool:
     weights = {8: torch.cat([d.view(torch.uint8), q8.view(torch.uint8)], -1).reshape(8, -1)}
     for ggml_type in (12, 14):  # random bytes, float16 scales (Q4_K: d and dmin first; Q6_K: d last) small
         _, size = GGML_BLOCKS[ggml_type]
-        data = torch.randint(0, 256, (8, size), dtype=torch.uint8, generator=generator)
-        scales = (torch.rand(8, 2, generator=generator) * 0.1).half().view(torch.uint8)
+        # 40 weight rows: a panel of 32 (csrc/ggml_panels.h, from 9 rows of x with VNNI) and 8 past it
+        data = torch.randint(0, 256, (40, size), dtype=torch.uint8, generator=generator)
+        scales = (torch.rand(40, 2, generator=generator) * 0.1).half().view(torch.uint8)
         data[:, -2:] = scales[:, :2]
         if ggml_type == 12:
             data[:, :4] = scales
@@ -704,6 +708,7 @@ def _ggml_works(kernels: CPUKernels) -> bool:
             kernels.ggml_dequantize_rows(weights[8], 8, 256, every), (q8.float() * d.float()).reshape(8, 256)
         )
         for ggml_type, data in weights.items():
+            every = torch.arange(data.shape[0])
             dequantized = kernels.ggml_dequantize_rows(data, ggml_type, 256, every)
             for rows in (1, 3, 9):
                 expected = x[:rows] @ dequantized.T

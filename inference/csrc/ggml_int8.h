@@ -6,7 +6,8 @@
 // integers; then one float multiply-add by d * dx per super-block.  Included by ggml_blocks.cpp inside
 // a namespace that defines Dot16::add(acc, a, b) (acc + the sums of a * b's pairs of 16-bit lanes)
 // and Dot16::ACCUMULATORS (independent chains a tile keeps), under that namespace's target; 256-bit vectors in both (on the CPUs with VNNI we know, 512-bit
-// integer operations run as two 256-bit halves).  No include guard, on purpose.
+// integer operations run as two 256-bit halves: these tiles would gain nothing from them; the panels
+// of ggml_panels.h use them for fewer instructions).  No include guard, on purpose.
 //
 // A tile of ROWS rows of x against COLS weight rows keeps ROWS * COLS integer and float accumulators
 // in registers: each weight group is decoded once for ROWS rows, each x group loaded once for COLS.
@@ -281,13 +282,19 @@ inline bool has_int8_form(int type) { return type == TYPE_Q4_K || type == TYPE_Q
 // Weight rows a thread multiplies by every row of x before the next ones (they stay in L2).
 constexpr int64_t INT8_WEIGHT_ROWS = 32;
 
-// y[M, N] (+)= x[M, K] @ W^T for a type of has_int8_form and any M (a row is rounded alone: its result
-// does not depend on the batch), in tiles of INT8_ROWS rows of x by INT8_COLS weight rows (or one, past 4 rows); false, nothing
-// computed, where x cannot be rounded (RoundedX8).
+// The calling thread's rounded x, reused from call to call; the workers take it by reference.
+inline RoundedX8& callers_x() {
+  thread_local RoundedX8 rounded;
+  return rounded;
+}
+
+// y[M, N] (+)= x[M, K] @ W^T for a type of has_int8_form and any M (a row is rounded alone, so its
+// integer sums do not depend on the batch; ggml_panels.h's products of more rows sum the floats in
+// another order), in tiles of INT8_ROWS rows of x by INT8_COLS weight rows (or one, past 4 rows);
+// false, nothing computed, where x cannot be rounded (RoundedX8).
 inline bool int8_gemm(int type, const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, float* y, bool add,
                       int threads) {
-  thread_local RoundedX8 callers;  // the caller's, reused; the workers take it by reference
-  RoundedX8& rounded = callers;
+  RoundedX8& rounded = callers_x();
   if (!rounded.round(x, M, K)) return false;
   const int64_t row_bytes = K / SUPER * int8_block_bytes(type);
   kernels::parallel_for(N, threads, [&](int64_t first, int64_t last) {

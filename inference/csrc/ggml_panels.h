@@ -278,8 +278,7 @@ inline void panels(int type, const RoundedX8& rounded, int64_t M, int64_t K, con
 // cannot be rounded (RoundedX8).
 inline bool panel_gemm(int type, const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, float* y, bool add,
                        int threads) {
-  thread_local RoundedX8 callers;  // the caller's, reused; the workers take it by reference
-  RoundedX8& rounded = callers;
+  RoundedX8& rounded = callers_x();
   if (!rounded.round(x, M, K)) return false;
   if (type == TYPE_Q4_K)
     panels<Q4KPanel>(type, rounded, M, K, w, N, y, add, threads);

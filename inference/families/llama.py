@@ -451,9 +451,7 @@ def gguf_weights(file: GGUFFile, config, dtype: torch.dtype, weights: str = "aut
     described = ", ".join(f"{name} x {count}" for name, count in sorted(counts.items(), key=lambda c: -c[1]))
     kind = "GGUF blocks as stored" if weights == "auto" else f"{weights} from the GGUF"
     if bfloat16_prefill:
-        described += (
-            f"; {', '.join(bfloat16_prefill)} prefill chunks of {formats.BFLOAT16_PREFILL_ROWS}+ rows in bfloat16"
-        )
+        described += f"; {', '.join(bfloat16_prefill)} layers in bfloat16 from {formats.BFLOAT16_PREFILL_ROWS} rows"
     return LlamaWeights(
         config=config,
         inv_freq=inv_freq,
