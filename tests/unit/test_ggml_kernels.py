@@ -241,27 +241,31 @@ def test_the_k_quant_switch_rounds_to_8_bits_where_bits_are_16(isa):
     assert_product(results[32, True], x, reference(data.numpy(), T.Q6_K, 768))  # float32: unrounded
 
 
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K], ids=lambda t: t.name)
 @pytest.mark.parametrize("outputs", [64, 100], ids=["whole panels", "panels and a rest"])
-@pytest.mark.parametrize("rows", [32, 35])
-def test_q4_k_products_of_32_rows_and_more_add_into_out(isa, rows, outputs):
-    # From 32 rows, Q4_K's 8-bit products on AVX-512 VNNI decode 32 weight rows at a time
+@pytest.mark.parametrize("rows", [9, 32, 35])
+def test_k_quant_products_of_9_rows_and_more_add_into_out(isa, qtype, rows, outputs):
+    # From 9 rows, Q4_K's and Q6_K's 8-bit products on AVX-512 VNNI decode 32 weight rows at a time
     # (csrc/ggml_panels.h): several panels on several threads, with and without a rest of weight rows,
     # a rest of rows of x past the 4-row tiles, a row of zeros, and the sum into out that the decode
     # step's o and down products take.
     KERNELS.set_activation_bits(8)
     width = 512
-    data = blocks(T.Q4_K, outputs, width, seed=outputs)
+    data = blocks(qtype, outputs, width, seed=outputs)
     x = torch.randn(rows, width, generator=torch.Generator().manual_seed(rows)) * 3
     x[1] = 0.0
     x[2, 256:] = 0.0
     residual = torch.randn(rows, outputs, generator=torch.Generator().manual_seed(rows + 1))
     out = residual.clone()
-    assert KERNELS.ggml_gemm(x, torch.from_numpy(data), int(T.Q4_K), out=out) is out
-    got = KERNELS.ggml_gemm(x, torch.from_numpy(data), int(T.Q4_K))
-    weight = reference(data, T.Q4_K, width)
-    offsets = minimums(data, T.Q4_K, width).astype(np.float64)
+    assert KERNELS.ggml_gemm(x, torch.from_numpy(data), int(qtype), out=out) is out
+    got = KERNELS.ggml_gemm(x, torch.from_numpy(data), int(qtype))
+    weight = reference(data, qtype, width)
     x64 = x.double().numpy()
-    expected = rounded_to_8_bits(x).double().numpy() @ (weight - offsets).T + x64 @ offsets.T
+    if qtype == T.Q6_K:
+        expected = rounded_to_8_bits(x).double().numpy() @ weight.astype(np.float64).T
+    else:
+        offsets = minimums(data, qtype, width).astype(np.float64)
+        expected = rounded_to_8_bits(x).double().numpy() @ (weight - offsets).T + x64 @ offsets.T
     bound = 1e-5 * np.outer(np.linalg.norm(x64, axis=1), np.linalg.norm(weight, axis=1))
     error = np.abs(got.double().numpy() - expected)
     assert (error <= bound).all(), f"worst error {float((error / bound).max()):.2f} of the bound"
