@@ -247,11 +247,14 @@ KERNEL_EXPORT void ggml_gemm(int type, const float* x, int64_t M, int64_t K, con
                              int threads) {
   const int bits = kernels::activation_bits_setting();
   if ((bits == 8 || (bits == 16 && k_quant_int8)) && avx2::has_int8_form(type)) {
-    const bool vnni = use_avx512 && int8_vnni;
-    if (vnni && avx512::has_panel_form(type, M) ? avx512::panel_gemm(type, x, M, K, w, N, y, add != 0, threads)
-        : vnni                                  ? avx512::int8_gemm(type, x, M, K, w, N, y, add != 0, threads)
-                                                : avx2::int8_gemm(type, x, M, K, w, N, y, add != 0, threads))
-      return;
+    bool done;
+    if (!(use_avx512 && int8_vnni))
+      done = avx2::int8_gemm(type, x, M, K, w, N, y, add != 0, threads);
+    else if (avx512::has_panel_form(type, M))
+      done = avx512::panel_gemm(type, x, M, K, w, N, y, add != 0, threads);
+    else
+      done = avx512::int8_gemm(type, x, M, K, w, N, y, add != 0, threads);
+    if (done) return;
   }
   if (use_avx512)
     avx512::gemm_type(type, x, M, K, w, N, y, add != 0, threads);

@@ -21,6 +21,41 @@ constexpr int PANEL_COLUMNS = PANEL_LANES * PANEL_VECTORS;
 constexpr int PANEL_ROWS = 4;      // rows of x a tile: 4 x 2 x 3 accumulators fit 32 registers
 constexpr int64_t PANEL_MIN_ROWS = INT8_ROWS + 1;  // up to one tile of ggml_int8.h its products are as fast
 
+// Byte offsets of a vector's 16 weight rows, for the gathers that decode a panel.
+inline __m512i panel_row_offsets(int64_t row_bytes) {
+  return _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                            _mm512_set1_epi32(static_cast<int>(row_bytes)));
+}
+
+// A tile's float accumulators, ROWS rows of x by the panel's vectors: the current super-block's sum
+// (partial, in units of x's rounded values) and the total so far.
+template <int ROWS>
+struct PanelSums {
+  __m512 total[ROWS][PANEL_VECTORS], partial[ROWS][PANEL_VECTORS];
+  PanelSums() {
+    for (int r = 0; r < ROWS; ++r)
+      for (int v = 0; v < PANEL_VECTORS; ++v) total[r][v] = partial[r][v] = _mm512_setzero_ps();
+  }
+  // The super-block's sum times x's scale dx into the total.
+  void close_block(const RoundedX8& x, int64_t r0, int64_t block, int64_t blocks) {
+    for (int r = 0; r < ROWS; ++r) {
+      const __m512 dx = _mm512_set1_ps(x.dx[(r0 + r) * blocks + block]);
+      for (int v = 0; v < PANEL_VECTORS; ++v) {
+        total[r][v] = _mm512_fmadd_ps(partial[r][v], dx, total[r][v]);
+        partial[r][v] = _mm512_setzero_ps();
+      }
+    }
+  }
+  // y[r0 + r, n0 .. n0 + PANEL_COLUMNS) (+)= the totals.
+  void store(float* y, int64_t N, int64_t r0, int64_t n0, bool add) const {
+    for (int r = 0; r < ROWS; ++r)
+      for (int v = 0; v < PANEL_VECTORS; ++v) {
+        float* target = y + (r0 + r) * N + n0 + v * PANEL_LANES;
+        _mm512_storeu_ps(target, add ? _mm512_add_ps(_mm512_loadu_ps(target), total[r][v]) : total[r][v]);
+      }
+  }
+};
+
 // PANEL_COLUMNS weight rows of a Q4_K weight (d, dmin, 12 bytes of 6-bit scales and minimums, 128
 // of qs: group 2 j the low nibbles of qs[32 j ..], 2 j + 1 the high ones), decoded:
 // q [K / 4][PANEL_VECTORS][16 lanes][4 bytes] (the unsigned 4-bit values), scale and minimum
@@ -38,8 +73,7 @@ struct Q4KPanel {
     minimum.resize(scale.size());
     const __m512i nibble = _mm512_set1_epi8(0x0F), six = _mm512_set1_epi32(0x3F3F3F3F);
     const __m512i low_nibbles = _mm512_set1_epi32(0x0F0F0F0F), top = _mm512_set1_epi32(0x03030303);
-    const __m512i rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                            _mm512_set1_epi32(static_cast<int>(row_bytes)));
+    const __m512i rows = panel_row_offsets(row_bytes);
     for (int v = 0; v < PANEL_VECTORS; ++v) {
       for (int64_t blk = 0; blk < blocks; ++blk) {
         const uint8_t* b = w + (n0 + v * PANEL_LANES) * row_bytes + blk * 144;
@@ -80,9 +114,7 @@ template <int ROWS>
 inline void q4_k_panel_tile(const Q4KPanel& panel, const RoundedX8& x, int64_t r0, int64_t K, float* y, int64_t N,
                             int64_t n0, bool add) {
   const int64_t blocks = K / SUPER, groups = K / GROUP;
-  __m512 total[ROWS][PANEL_VECTORS], partial[ROWS][PANEL_VECTORS];
-  for (int r = 0; r < ROWS; ++r)
-    for (int v = 0; v < PANEL_VECTORS; ++v) total[r][v] = partial[r][v] = _mm512_setzero_ps();
+  PanelSums<ROWS> acc;
   const int8_t* xq[ROWS];
   for (int r = 0; r < ROWS; ++r) xq[r] = x.q.data() + (r0 + r) * K;
   for (int64_t blk = 0; blk < blocks; ++blk) {
@@ -107,24 +139,14 @@ inline void q4_k_panel_tile(const Q4KPanel& panel, const RoundedX8& x, int64_t r
         const __m512 sc = _mm512_loadu_ps(&panel.scale[group * PANEL_COLUMNS + v * PANEL_LANES]);
         const __m512 mn = _mm512_loadu_ps(&panel.minimum[group * PANEL_COLUMNS + v * PANEL_LANES]);
         for (int r = 0; r < ROWS; ++r) {
-          partial[r][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[r][v]), sc, partial[r][v]);
-          total[r][v] = _mm512_fnmadd_ps(mn, _mm512_set1_ps(x.sx[(r0 + r) * groups + group]), total[r][v]);
+          acc.partial[r][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[r][v]), sc, acc.partial[r][v]);
+          acc.total[r][v] = _mm512_fnmadd_ps(mn, _mm512_set1_ps(x.sx[(r0 + r) * groups + group]), acc.total[r][v]);
         }
       }
     }
-    for (int r = 0; r < ROWS; ++r) {
-      const __m512 dx = _mm512_set1_ps(x.dx[(r0 + r) * blocks + blk]);
-      for (int v = 0; v < PANEL_VECTORS; ++v) {
-        total[r][v] = _mm512_fmadd_ps(partial[r][v], dx, total[r][v]);
-        partial[r][v] = _mm512_setzero_ps();
-      }
-    }
+    acc.close_block(x, r0, blk, blocks);
   }
-  for (int r = 0; r < ROWS; ++r)
-    for (int v = 0; v < PANEL_VECTORS; ++v) {
-      float* target = y + (r0 + r) * N + n0 + v * PANEL_LANES;
-      _mm512_storeu_ps(target, add ? _mm512_add_ps(_mm512_loadu_ps(target), total[r][v]) : total[r][v]);
-    }
+  acc.store(y, N, r0, n0, add);
 }
 
 // Q6_K's PANEL_COLUMNS weight rows, decoded: q as Q4KPanel's (the unsigned 6-bit values), scale and
@@ -142,8 +164,7 @@ struct Q6KPanel {
     scale.resize(static_cast<size_t>(K / 16 * PANEL_COLUMNS));
     offset.resize(scale.size());
     const __m512i nibble = _mm512_set1_epi8(0x0F), two = _mm512_set1_epi8(0x03);
-    const __m512i rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                            _mm512_set1_epi32(static_cast<int>(row_bytes)));
+    const __m512i rows = panel_row_offsets(row_bytes);
     for (int v = 0; v < PANEL_VECTORS; ++v) {
       for (int64_t blk = 0; blk < blocks; ++blk) {
         const uint8_t* b = w + (n0 + v * PANEL_LANES) * row_bytes + blk * BYTES;
@@ -184,9 +205,7 @@ template <int ROWS>
 inline void q6_k_panel_tile(const Q6KPanel& panel, const RoundedX8& x, int64_t r0, int64_t K, float* y, int64_t N,
                             int64_t n0, bool add) {
   const int64_t blocks = K / SUPER, subs = K / 16;
-  __m512 total[ROWS][PANEL_VECTORS], partial[ROWS][PANEL_VECTORS];
-  for (int r = 0; r < ROWS; ++r)
-    for (int v = 0; v < PANEL_VECTORS; ++v) total[r][v] = partial[r][v] = _mm512_setzero_ps();
+  PanelSums<ROWS> acc;
   const int8_t* xq[ROWS];
   for (int r = 0; r < ROWS; ++r) xq[r] = x.q.data() + (r0 + r) * K;
   for (int64_t blk = 0; blk < blocks; ++blk) {
@@ -212,35 +231,23 @@ inline void q6_k_panel_tile(const Q6KPanel& panel, const RoundedX8& x, int64_t r
         const __m512 sc = _mm512_loadu_ps(&panel.scale[at * PANEL_COLUMNS + v * PANEL_LANES]);
         const __m512 off = _mm512_loadu_ps(&panel.offset[at * PANEL_COLUMNS + v * PANEL_LANES]);
         for (int r = 0; r < ROWS; ++r) {
-          partial[r][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[r][v]), sc, partial[r][v]);
-          partial[r][v] = _mm512_fnmadd_ps(off, _mm512_set1_ps(x.q16[(r0 + r) * subs + at]), partial[r][v]);
+          acc.partial[r][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[r][v]), sc, acc.partial[r][v]);
+          acc.partial[r][v] = _mm512_fnmadd_ps(off, _mm512_set1_ps(x.q16[(r0 + r) * subs + at]), acc.partial[r][v]);
         }
       }
     }
-    for (int r = 0; r < ROWS; ++r) {
-      const __m512 dx = _mm512_set1_ps(x.dx[(r0 + r) * blocks + blk]);
-      for (int v = 0; v < PANEL_VECTORS; ++v) {
-        total[r][v] = _mm512_fmadd_ps(partial[r][v], dx, total[r][v]);
-        partial[r][v] = _mm512_setzero_ps();
-      }
-    }
+    acc.close_block(x, r0, blk, blocks);
   }
-  for (int r = 0; r < ROWS; ++r)
-    for (int v = 0; v < PANEL_VECTORS; ++v) {
-      float* target = y + (r0 + r) * N + n0 + v * PANEL_LANES;
-      _mm512_storeu_ps(target, add ? _mm512_add_ps(_mm512_loadu_ps(target), total[r][v]) : total[r][v]);
-    }
+  acc.store(y, N, r0, n0, add);
 }
 
-template <int ROWS>
-inline void panel_tile(const Q4KPanel& panel, const RoundedX8& x, int64_t r0, int64_t K, float* y, int64_t N, int64_t n0,
+template <int ROWS, typename Panel>
+inline void panel_tile(const Panel& panel, const RoundedX8& x, int64_t r0, int64_t K, float* y, int64_t N, int64_t n0,
                        bool add) {
-  q4_k_panel_tile<ROWS>(panel, x, r0, K, y, N, n0, add);
-}
-template <int ROWS>
-inline void panel_tile(const Q6KPanel& panel, const RoundedX8& x, int64_t r0, int64_t K, float* y, int64_t N, int64_t n0,
-                       bool add) {
-  q6_k_panel_tile<ROWS>(panel, x, r0, K, y, N, n0, add);
+  if constexpr (std::is_same_v<Panel, Q4KPanel>)
+    q4_k_panel_tile<ROWS>(panel, x, r0, K, y, N, n0, add);
+  else
+    q6_k_panel_tile<ROWS>(panel, x, r0, K, y, N, n0, add);
 }
 
 inline bool has_panel_form(int type, int64_t M) { return (type == TYPE_Q4_K || type == TYPE_Q6_K) && M >= PANEL_MIN_ROWS; }
