@@ -74,7 +74,7 @@ _GGML_DTYPES = {0: torch.float32, 1: torch.float16, 30: torch.bfloat16}  # the u
 
 _lock = threading.Lock()
 _loaded: dict[Path, CPUKernels | None] = {}
-_settings: dict[str, int] = {}  # configure's, for the kernels loaded later
+_settings: tuple[int, bool] | None = None  # configure's (activation bits, K-quant int8), for later loads
 
 
 class CPUKernels:
@@ -558,17 +558,18 @@ def configure(activation_bits: int, k_quant_int8: bool) -> None:
     Raises ``ValueError`` for bits not in :data:`ACTIVATION_BITS`."""
     if activation_bits not in ACTIVATION_BITS:
         raise ValueError(f"activation bits must be one of {ACTIVATION_BITS}, not {activation_bits!r}")
+    global _settings
     with _lock:
-        _settings.update(activation_bits=activation_bits, k_quant_int8=int(k_quant_int8))
+        _settings = (activation_bits, bool(k_quant_int8))
         for kernels in _loaded.values():
             if kernels is not None:
                 _apply_settings(kernels)
 
 
 def _apply_settings(kernels: CPUKernels) -> None:
-    if "activation_bits" in _settings:
-        kernels.set_activation_bits(_settings["activation_bits"])
-        kernels.set_k_quant_int8(bool(_settings["k_quant_int8"]))
+    if _settings is not None:
+        kernels.set_activation_bits(_settings[0])
+        kernels.set_k_quant_int8(_settings[1])
 
 
 def loaded() -> CPUKernels | None:

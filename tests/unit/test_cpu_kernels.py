@@ -79,10 +79,10 @@ def test_configure_sets_the_loaded_kernels_and_those_a_later_load_returns(monkey
     # The engine configures before its model loads, so that the load's timings run its products.
     assert KERNELS is not None
     saved = (KERNELS.activation_bits, KERNELS.k_quant_int8)
-    monkeypatch.setattr(cpu_kernels, "_settings", {})
+    monkeypatch.setattr(cpu_kernels, "_settings", None)
     with pytest.raises(ValueError, match="activation bits"):
         cpu_kernels.configure(12, k_quant_int8=True)  # refused before any load could meet it
-    assert cpu_kernels._settings == {}
+    assert cpu_kernels._settings is None
     try:
         cpu_kernels.configure(8, k_quant_int8=True)
         assert (KERNELS.activation_bits, KERNELS.k_quant_int8) == (8, KERNELS.k_quant_int8_available)
