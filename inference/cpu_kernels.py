@@ -116,6 +116,9 @@ class CPUKernels:
         self.activation_bits_available = set(ACTIVATION_BITS)  # until the load's self-check says otherwise
         self._rms_norm = function("rms_norm", pointer, size, size, pointer, real, pointer)
         self._glu_mul = function("glu_mul", pointer, size, size, pointer, integer, integer, integer)
+        self._prompt_logprobs = function(
+            "prompt_logprobs", pointer, size, size, pointer, pointer, pointer, pointer, integer
+        )
         self._copy_cache_rows = function(
             "copy_cache_rows", pointer, size, size, size, size, size, size, pointer, pointer, pointer, size, size
         )
@@ -328,6 +331,30 @@ class CPUKernels:
             gate_up.data_ptr(), rows, width, out.data_ptr(), int(gelu), int(bfloat16), torch.get_num_threads()
         )
         return out
+
+    def prompt_logprobs(
+        self, logits: torch.Tensor, targets: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per row of ``logits`` (float32 ``[rows, vocab]``, contiguous): the log-probability of
+        ``targets[row]`` (int64 ``[rows]``; NaN for an id outside the vocabulary) and the row's most
+        likely token id and its log-probability, as ``log_softmax`` then ``topk(1)`` give them (up to
+        float32 rounding; ties go to the first id).  Returns ``(target_logprobs, top_ids, top_logprobs)``,
+        each ``[rows]``."""
+        rows, vocab = logits.shape
+        targets = targets.to(torch.int64).contiguous()
+        target_logprobs, top_logprobs = torch.empty(rows), torch.empty(rows)
+        top_ids = torch.empty(rows, dtype=torch.int64)
+        self._prompt_logprobs(
+            logits.data_ptr(),
+            rows,
+            vocab,
+            targets.data_ptr(),
+            target_logprobs.data_ptr(),
+            top_ids.data_ptr(),
+            top_logprobs.data_ptr(),
+            torch.get_num_threads(),
+        )
+        return target_logprobs, top_ids, top_logprobs
 
     def copy_cache_rows(
         self,

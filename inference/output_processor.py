@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 import torch
 
-from . import sampling
+from . import cpu_kernels, sampling
 from .outputs import CompletionOutput, RequestOutput, TokenLogprob
 from .sequence import Request, SequenceState
 from .text import IncrementalDetokenizer
@@ -57,15 +57,24 @@ class OutputProcessor:
         ``logits``: float32 ``[positions, vocab]``, row ``k`` predicting ``targets[k]``; rows past
         ``len(targets)`` (the prompt's last position, which predicts the first generated token) are ignored.
         """
-        logprobs = torch.log_softmax(logits[: len(targets)], dim=-1)
-        target = torch.tensor(targets, dtype=torch.long, device=logprobs.device)
-        chosen = logprobs.gather(-1, target[:, None])[:, 0].tolist()
+        logits = logits[: len(targets)]
+        target = torch.tensor(targets, dtype=torch.long, device=logits.device)
         k = request.params.logprobs or 0
-        tops = sampling.top_logprobs(logprobs, k) if k else None
+        kernels = cpu_kernels.loaded()
+        if kernels is not None and k <= 1 and logits.dtype == torch.float32 and logits.is_contiguous():
+            # What lm-evaluation-harness asks (logprobs 1): without log_softmax's [positions, vocab] copy.
+            chosen_values, best_ids, best_values = kernels.prompt_logprobs(logits, target)
+            tops = (best_values[:, None], best_ids[:, None]) if k else None
+        else:
+            logprobs = torch.log_softmax(logits, dim=-1)
+            chosen_values = logprobs.gather(-1, target[:, None])[:, 0]
+            tops = sampling.top_logprobs(logprobs, k) if k else None
+        chosen = chosen_values.tolist()
+        top_ids, top_values = (tops[1].tolist(), tops[0].tolist()) if tops is not None else ([], [])
         collected = request.prompt_logprobs
         assert collected is not None, "called for a request that asked for no prompt logprobs"
         for row, token_id in enumerate(targets):
-            top = list(zip(tops[1][row].tolist(), tops[0][row].tolist())) if tops is not None else []
+            top = list(zip(top_ids[row], top_values[row])) if tops is not None else []
             collected.append(TokenLogprob(token_id, chosen[row], top))
 
     def append(self, seq: SequenceState, token_id: int, logprob: TokenLogprob | None) -> None:

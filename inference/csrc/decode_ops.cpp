@@ -14,6 +14,8 @@
 //                     operations took rotary embeddings, copies into the cache, casts of the float16
 //                     cache, a mask per block of queries and SDPA, each a call of its own
 //                     (docs/performance.md#the-decode-steps-operations).
+//   prompt_logprobs:  a prompt's log-probabilities (echo) of each position's next token and its most
+//                     likely one, log_softmax's and topk(1)'s values without their copies.
 
 #include <immintrin.h>
 #include <math.h>
@@ -537,6 +539,57 @@ void glu_rows(const T* gate_up, int64_t first, int64_t last, int64_t width, T* o
   }
 }
 
+// Row r of logits [rows, vocab]: the log-probabilities of targets[r] and of the row's most likely
+// token (its first index), each (x - max) - log(sum(exp(x - max))) as torch's log_softmax takes
+// them. A row holding a NaN gives NaN log-probabilities and that NaN's index, as torch's topk ranks it.
+void prompt_logprob_rows(const float* logits, int64_t first, int64_t last, int64_t vocab, const int64_t* targets,
+                         float* target_logprobs, int64_t* top_ids, float* top_logprobs) {
+  for (int64_t r = first; r < last; ++r) {
+    const float* x = logits + r * vocab;
+    __m256 top = _mm256_set1_ps(-INFINITY), nan = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= vocab; i += 8) {
+      const __m256 v = _mm256_loadu_ps(x + i);
+      top = _mm256_max_ps(v, top);  // a NaN in v leaves top as it was: counted apart
+      nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    }
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, top);
+    float largest = *std::max_element(lanes, lanes + 8);
+    bool has_nan = _mm256_movemask_ps(nan) != 0;
+    for (int64_t j = i; j < vocab; ++j) {
+      has_nan |= x[j] != x[j];
+      largest = std::max(largest, x[j]);
+    }
+    if (has_nan) {
+      top_ids[r] = std::find_if(x, x + vocab, [](float v) { return v != v; }) - x;
+      target_logprobs[r] = top_logprobs[r] = NAN;
+      continue;
+    }
+    const __m256 shift = _mm256_set1_ps(largest);
+    __m256 sum = _mm256_setzero_ps();
+    int64_t argmax = -1;
+    for (i = 0; i + 8 <= vocab; i += 8) {
+      const __m256 v = _mm256_loadu_ps(x + i);
+      sum = _mm256_add_ps(sum, exp256(_mm256_sub_ps(v, shift)));
+      if (argmax < 0) {
+        const int equal = _mm256_movemask_ps(_mm256_cmp_ps(v, shift, _CMP_EQ_OQ));
+        if (equal) argmax = i + __builtin_ctz(static_cast<unsigned>(equal));
+      }
+    }
+    float total = horizontal_sum(sum);
+    for (; i < vocab; ++i) {
+      total += expf(x[i] - largest);
+      if (argmax < 0 && x[i] == largest) argmax = i;
+    }
+    const float log_sum = logf(total);
+    const int64_t target = targets[r];
+    target_logprobs[r] = target >= 0 && target < vocab ? (x[target] - largest) - log_sum : NAN;
+    top_ids[r] = argmax < 0 ? 0 : argmax;
+    top_logprobs[r] = 0.0f - log_sum;  // (largest - largest) - log_sum: +0 for a certain token, as torch's
+  }
+}
+
 }  // namespace
 
 extern "C" {
@@ -599,6 +652,16 @@ KERNEL_EXPORT void glu_mul(const void* gate_up, int64_t rows, int64_t width, voi
       auto* o = static_cast<float*>(out);
       (gelu ? glu_rows<true, float> : glu_rows<false, float>)(in, first, last, width, o);
     }
+  });
+}
+
+// logits: [rows, vocab] float32; targets: [rows]; out: [rows] each (prompt_logprob_rows), over
+// pool.h's threads: a prompt's log-probabilities (echo) without torch's log_softmax, topk and their
+// [rows, vocab] temporaries, which took most of a scoring request's time outside the model.
+KERNEL_EXPORT void prompt_logprobs(const float* logits, int64_t rows, int64_t vocab, const int64_t* targets,
+                                   float* target_logprobs, int64_t* top_ids, float* top_logprobs, int threads) {
+  kernels::parallel_for(rows, threads, [&](int64_t first, int64_t last) {
+    prompt_logprob_rows(logits, first, last, vocab, targets, target_logprobs, top_ids, top_logprobs);
   });
 }
 

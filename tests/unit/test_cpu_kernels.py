@@ -215,6 +215,29 @@ def test_glu_of_many_rows_equals_its_rows_alone():
 
 
 @needs_kernels
+@pytest.mark.parametrize("rows", [1, 37])  # 37 rows of a vocabulary past a whole vector: the pool's threads and a tail
+def test_prompt_logprobs_are_log_softmax_then_top_1(rows):
+    """A prompt's log-probabilities (echo): each row's target and its most likely token as
+    ``log_softmax`` then ``topk(1)`` give them, the first id of a tie, NaN for a row holding a NaN
+    (its index the top id, as topk ranks a NaN first) and for a target outside the vocabulary."""
+    generator = torch.Generator().manual_seed(4)
+    vocab = 1000 + 5
+    logits = torch.randn(rows, vocab, generator=generator) * 6
+    targets = torch.randint(0, vocab, (rows,), generator=generator)
+    logits[0, 17] = logits[0, 900] = logits[0].max() + 1  # a tie: the first id wins
+    got, top_ids, top_values = KERNELS.prompt_logprobs(logits, targets)
+    expected = torch.log_softmax(logits, dim=-1)
+    torch.testing.assert_close(got, expected.gather(-1, targets[:, None])[:, 0], rtol=1e-6, atol=2e-6)
+    values, ids = expected.topk(1, dim=-1)
+    torch.testing.assert_close(top_values, values[:, 0], rtol=1e-6, atol=2e-6)
+    assert top_ids[0] == 17 and torch.equal(top_ids[1:], ids[1:, 0])
+
+    logits[-1, 1003] = float("nan")
+    got, top_ids, top_values = KERNELS.prompt_logprobs(logits, torch.tensor([vocab] + [0] * (rows - 1)))
+    assert got[0].isnan() and got[-1].isnan() and top_values[-1].isnan() and top_ids[-1] == 1003
+
+
+@needs_kernels
 def test_decode_attention_soft_caps_scores_as_gemma_2_does():
     """Scores scaled, then ``cap * tanh(score / cap)`` before the softmax (inference.llama's
     soft_capped_attention, transformers' Gemma 2), at a cap the scores reach."""

@@ -7,6 +7,7 @@ import asyncio
 import pytest
 import torch
 
+from inference import cpu_kernels
 from inference.output_processor import OutputProcessor
 from inference.sampling import SamplingParams
 from inference.sequence import Request
@@ -96,8 +97,10 @@ def test_a_scoring_request_finishes_at_once_without_tokens(processor, tokenizer,
     assert req is scoring and output.finished and [o.num_tokens for o in output.outputs] == [0, 0]
 
 
-def test_prompt_logprobs_are_the_raw_log_softmax_and_go_out_once(processor, tokenizer, loop):
-    scoring = request(tokenizer, loop, prompt="abc", max_tokens=1, logprobs=2, prompt_logprobs=True)
+@pytest.mark.parametrize("logprobs", [0, 1, 2])  # 0 and 1 on our kernel where it loads
+def test_prompt_logprobs_are_the_raw_log_softmax_and_go_out_once(processor, tokenizer, loop, logprobs):
+    cpu_kernels.load(None)
+    scoring = request(tokenizer, loop, prompt="abc", max_tokens=1, logprobs=logprobs, prompt_logprobs=True)
     ids = scoring.prompt_ids
     logits = torch.randn(len(ids), len(tokenizer), generator=torch.Generator().manual_seed(0))
     processor.add_prompt_logprobs(scoring, logits, ids[1:])
@@ -105,8 +108,10 @@ def test_prompt_logprobs_are_the_raw_log_softmax_and_go_out_once(processor, toke
     entries = scoring.prompt_logprobs
     assert [entry.token_id for entry in entries] == ids and entries[0].logprob is None
     for row, entry in enumerate(entries[1:]):
-        assert entry.logprob == pytest.approx(float(expected[row, ids[row + 1]]))
-        assert [token for token, _ in entry.top] == expected[row].topk(2).indices.tolist()
+        assert entry.logprob == pytest.approx(float(expected[row, ids[row + 1]]), rel=1e-5)
+        top = expected[row].topk(logprobs) if logprobs else None
+        assert [token for token, _ in entry.top] == (top.indices.tolist() if top else [])
+        assert [value for _, value in entry.top] == pytest.approx(top.values.tolist() if top else [], rel=1e-5)
     sequences = processor.new_sequences(scoring)
     processor.append(sequences[0], ids[0], None)
     [(_, first)] = processor.outputs(sequences)
