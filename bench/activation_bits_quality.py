@@ -72,6 +72,7 @@ PASSAGES = [
 
 def load_runner(model_file: Path | None = None):
     folder = converted_gguf_dir(embedded_gguf_path(), ROOT / ".cache/models")
+    cpu_kernels.configure(16, k_quant_int8=True)  # the engine's defaults, for the load's timings
     kernels = cpu_kernels.load(ROOT / ".cache/models")
     if kernels is None:
         sys.exit(f"no CPU kernels here: {cpu_kernels.unavailable_reason()}")

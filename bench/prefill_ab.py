@@ -39,6 +39,7 @@ def main() -> None:
     args = parser.parse_args()
     cache = Path(".cache")
     with torch.inference_mode():
+        cpu_kernels.configure(16, k_quant_int8=True)  # the engine's defaults, for the load's timings
         kernels = cpu_kernels.load(cache / "models") is not None
         dtype = resolve_dtype("auto", torch.device("cpu"), fused_decode=kernels)
         model = AutoModelForCausalLM.from_pretrained(
