@@ -339,10 +339,21 @@ class CPUKernels:
         ``targets[row]`` (int64 ``[rows]``; NaN for an id outside the vocabulary) and the row's most
         likely token id and its log-probability, as ``log_softmax`` then ``topk(1)`` give them (up to
         float32 rounding; ties go to the first id).  Returns ``(target_logprobs, top_ids, top_logprobs)``,
-        each ``[rows]``."""
+        each ``[rows]``.  Raises ``ValueError`` for logits off the CPU, not float32 or not contiguous,
+        and for a count of targets other than ``rows``."""
+        # The kernel reads the rows through a raw pointer: anything else would be read out of bounds.
+        where = f"{logits.dtype} {tuple(logits.shape)} on {logits.device}"
+        if logits.device.type != "cpu" or logits.dtype != torch.float32 or logits.dim() != 2:
+            raise ValueError(f"prompt_logprobs takes float32 [rows, vocab] logits on the CPU, not {where}")
+        if not logits.is_contiguous():
+            raise ValueError(f"prompt_logprobs takes contiguous logits, not {where} of strides {logits.stride()}")
         rows, vocab = logits.shape
-        targets = targets.to(torch.int64).contiguous()
-        target_logprobs, top_logprobs = torch.empty(rows), torch.empty(rows)
+        targets = targets.to("cpu", torch.int64).contiguous()
+        if targets.shape != (rows,):
+            raise ValueError(f"prompt_logprobs takes one target a row: {rows} rows, targets {tuple(targets.shape)}")
+        # float32 as the kernel writes them, whatever torch's default dtype is then.
+        target_logprobs = torch.empty(rows, dtype=torch.float32)
+        top_logprobs = torch.empty(rows, dtype=torch.float32)
         top_ids = torch.empty(rows, dtype=torch.int64)
         self._prompt_logprobs(
             logits.data_ptr(),

@@ -238,6 +238,19 @@ def test_prompt_logprobs_are_log_softmax_then_top_1(rows):
 
 
 @needs_kernels
+def test_prompt_logprobs_take_only_contiguous_float32_rows_on_the_cpu():
+    """The kernel reads logits and targets through raw pointers: strided, float64 or off-CPU logits
+    (a GPU's: meta here, whose pointer is null), or too few targets, raise instead of being read
+    out of bounds."""
+    logits, targets = torch.randn(9, 4), torch.zeros(4, dtype=torch.long)
+    for bad in (logits.t(), logits.t().double(), torch.zeros(4, 9, device="meta")):
+        with pytest.raises(ValueError, match="prompt_logprobs takes"):
+            KERNELS.prompt_logprobs(bad, targets)
+    with pytest.raises(ValueError, match="one target a row"):
+        KERNELS.prompt_logprobs(torch.randn(4, 9), targets[:3])
+
+
+@needs_kernels
 def test_decode_attention_soft_caps_scores_as_gemma_2_does():
     """Scores scaled, then ``cap * tanh(score / cap)`` before the softmax (inference.llama's
     soft_capped_attention, transformers' Gemma 2), at a cap the scores reach."""

@@ -117,3 +117,19 @@ def test_prompt_logprobs_are_the_raw_log_softmax_and_go_out_once(processor, toke
     [(_, first)] = processor.outputs(sequences)
     assert first.prompt_logprobs == entries
     assert scoring.prompt_logprobs is None  # published once: later outputs carry none
+
+
+def test_prompt_logprobs_of_logits_off_the_cpu_keep_torchs_path(processor, tokenizer, loop, monkeypatch):
+    """Our kernel reads host memory: logits on another device (a GPU's; meta here) go to torch's
+    log_softmax, never to it, whose read of a device pointer would crash the process."""
+
+    class Kernels:
+        def prompt_logprobs(self, logits, targets):
+            raise AssertionError(f"the CPU kernel was given logits on {logits.device}")
+
+    monkeypatch.setattr(cpu_kernels, "loaded", lambda: Kernels())
+    scoring = request(tokenizer, loop, prompt="abc", max_tokens=1, logprobs=1, prompt_logprobs=True)
+    ids = scoring.prompt_ids
+    logits = torch.zeros(len(ids), len(tokenizer), device="meta")
+    with pytest.raises(NotImplementedError, match="meta tensor"):  # torch's path, up to its copy out of meta
+        processor.add_prompt_logprobs(scoring, logits, ids[1:])
