@@ -541,7 +541,8 @@ void glu_rows(const T* gate_up, int64_t first, int64_t last, int64_t width, T* o
 
 // Row r of logits [rows, vocab]: the log-probabilities of targets[r] and of the row's most likely
 // token (its first index), each (x - max) - log(sum(exp(x - max))) as torch's log_softmax takes
-// them. A row holding a NaN gives NaN log-probabilities and that NaN's index, as torch's topk ranks it.
+// them. A row holding a NaN gives NaN log-probabilities and that NaN's index (every value of torch's
+// log_softmax row is then NaN, and which one its topk names is arbitrary).
 void prompt_logprob_rows(const float* logits, int64_t first, int64_t last, int64_t vocab, const int64_t* targets,
                          float* target_logprobs, int64_t* top_ids, float* top_logprobs) {
   for (int64_t r = first; r < last; ++r) {

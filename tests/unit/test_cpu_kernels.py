@@ -219,7 +219,7 @@ def test_glu_of_many_rows_equals_its_rows_alone():
 def test_prompt_logprobs_are_log_softmax_then_top_1(rows):
     """A prompt's log-probabilities (echo): each row's target and its most likely token as
     ``log_softmax`` then ``topk(1)`` give them, the first id of a tie, NaN for a row holding a NaN
-    (its index the top id, as topk ranks a NaN first) and for a target outside the vocabulary."""
+    (its index the top id) and for a target outside the vocabulary."""
     generator = torch.Generator().manual_seed(4)
     vocab = 1000 + 5
     logits = torch.randn(rows, vocab, generator=generator) * 6
