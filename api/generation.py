@@ -126,7 +126,7 @@ class Generation(abc.ABC):
                 str(error),
                 status=error.status,
                 type="server_error",
-                code=_submit_error_code(error),
+                code=engine_error_code(error),
                 headers={"Retry-After": "1"},
             ) from error
 
@@ -176,8 +176,9 @@ class Generation(abc.ABC):
                 task.cancel()
 
 
-def _submit_error_code(error: EngineError) -> str | None:
-    """The ``code`` of a submission the engine refused: a full queue, or a process shutting down."""
+def engine_error_code(error: BaseException) -> str | None:
+    """The ``code`` of an engine's refusal or end of a request: a full queue, or a process shutting
+    down (a refused submission's 503, or a request its grace period ended); None for other errors."""
     if isinstance(error, EngineShuttingDown):
         return "server_shutting_down"  # the same code as the draining process's own 503
     if isinstance(error, EngineOverloaded):

@@ -37,7 +37,7 @@ from .completions.protocol import new_completion_id, parse_completion_request
 from .completions.serving import CompletionRun
 from .engine import get_models, key_may_use
 from .errors import APIError, error_response
-from .generation import Generation
+from .generation import Generation, engine_error_code
 from .handlers import is_api_path
 from .protocol import body_too_large_error, model_list, model_not_found_error, model_object
 from .types import Model
@@ -235,6 +235,7 @@ def _as_api_error(error: BaseException) -> APIError:
         str(error) or "The server had an error while processing your request.",
         status=_status_of(error),
         type="server_error",
+        code=engine_error_code(error),  # a request the shutdown ended: server_shutting_down, as its refusals
     )
 
 

@@ -128,10 +128,12 @@ def test_sigterm_drains_short_streams_ends_long_ones_in_band_records_all_and_exi
         errors = [e for e in stream.events if isinstance(e, dict) and "error" in e]
         assert len(errors) == 1 and stream.events[-2] is errors[0]
         assert "shutting down" in errors[0]["error"]["message"]
+        assert errors[0]["error"]["code"] == "server_shutting_down"
 
     waiting.join(10)
     ended = plain["response"]
     assert ended.status_code == 503 and "shutting down" in ended.json()["error"]["message"]
+    assert ended.json()["error"]["code"] == "server_shutting_down"
     assert server.usage(ended.headers["x-request-id"], wait=0)["finish_reason"] == "error"
 
     records = {s.request_id: server.usage(s.request_id, wait=0) for s in short + long}
