@@ -554,9 +554,7 @@ void prompt_logprob_rows(const float* logits, int64_t first, int64_t last, int64
       top = _mm256_max_ps(v, top);  // a NaN in v leaves top as it was: counted apart
       nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
     }
-    alignas(32) float lanes[8];
-    _mm256_store_ps(lanes, top);
-    float largest = *std::max_element(lanes, lanes + 8);
+    float largest = horizontal_max(top);
     bool has_nan = _mm256_movemask_ps(nan) != 0;
     for (int64_t j = i; j < vocab; ++j) {
       has_nan |= x[j] != x[j];
