@@ -341,12 +341,11 @@ class CPUKernels:
         float32 rounding; ties go to the first id).  Returns ``(target_logprobs, top_ids, top_logprobs)``,
         each ``[rows]``.  Raises ``ValueError`` for logits off the CPU, not float32 or not contiguous,
         and for a count of targets other than ``rows``."""
-        # The kernel reads the rows through a raw pointer: anything else would be read out of bounds.
-        where = f"{logits.dtype} {tuple(logits.shape)} on {logits.device}"
-        if logits.device.type != "cpu" or logits.dtype != torch.float32 or logits.dim() != 2:
-            raise ValueError(f"prompt_logprobs takes float32 [rows, vocab] logits on the CPU, not {where}")
-        if not logits.is_contiguous():
-            raise ValueError(f"prompt_logprobs takes contiguous logits, not {where} of strides {logits.stride()}")
+        if not prompt_logprobs_takes(logits):
+            raise ValueError(
+                "prompt_logprobs takes contiguous float32 [rows, vocab] logits on the CPU, not "
+                f"{logits.dtype} {tuple(logits.shape)} of strides {logits.stride()} on {logits.device}"
+            )
         rows, vocab = logits.shape
         targets = targets.to("cpu", torch.int64).contiguous()
         if targets.shape != (rows,):
@@ -608,6 +607,14 @@ def _apply_settings(kernels: CPUKernels) -> None:
     if _settings is not None:
         kernels.set_activation_bits(_settings[0])
         kernels.set_k_quant_int8(_settings[1])
+
+
+def prompt_logprobs_takes(logits: torch.Tensor) -> bool:
+    """Whether :meth:`CPUKernels.prompt_logprobs` takes ``logits``: contiguous float32 ``[rows,
+    vocab]`` on the CPU, as it reads them through a raw pointer (a GPU's logits keep torch's path)."""
+    return (
+        logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.dim() == 2 and logits.is_contiguous()
+    )
 
 
 def loaded() -> CPUKernels | None:

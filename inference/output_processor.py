@@ -61,8 +61,7 @@ class OutputProcessor:
         target = torch.tensor(targets, dtype=torch.long, device=logits.device)
         k = request.params.logprobs or 0
         kernels = cpu_kernels.loaded()
-        on_cpu = logits.device.type == "cpu"  # the kernel reads host memory: a GPU's logits keep torch's path
-        if kernels is not None and k <= 1 and on_cpu and logits.dtype == torch.float32 and logits.is_contiguous():
+        if kernels is not None and k <= 1 and cpu_kernels.prompt_logprobs_takes(logits):
             # What lm-evaluation-harness asks (logprobs 1): without log_softmax's [positions, vocab] copy.
             chosen_values, best_ids, best_values = kernels.prompt_logprobs(logits, target)
             tops = (best_values[:, None], best_ids[:, None]) if k else None
