@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from inference import cpu_kernels  # noqa: E402
+from inference.engine import EngineConfig  # noqa: E402
 from inference.model_loader import converted_gguf_dir, embedded_gguf_path, resolve_dtype  # noqa: E402
 from inference.model_runner import PrefillChunk, build_runner  # noqa: E402
 
@@ -72,7 +73,7 @@ PASSAGES = [
 
 def load_runner(model_file: Path | None = None):
     folder = converted_gguf_dir(embedded_gguf_path(), ROOT / ".cache/models")
-    cpu_kernels.configure(16, k_quant_int8=True)  # the engine's defaults, for the load's timings
+    EngineConfig().configure_kernels()  # the engine's defaults, for the load's timings
     kernels = cpu_kernels.load(ROOT / ".cache/models")
     if kernels is None:
         sys.exit(f"no CPU kernels here: {cpu_kernels.unavailable_reason()}")

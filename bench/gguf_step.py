@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from inference import cpu_kernels  # noqa: E402
+from inference.engine import EngineConfig  # noqa: E402
 from inference.model_loader import ModelConfig, load_model  # noqa: E402
 from inference.model_runner import PrefillChunk, build_runner  # noqa: E402
 
@@ -43,7 +44,7 @@ def main() -> None:
     cpu = subprocess.run(["grep", "-m1", "model name", "/proc/cpuinfo"], capture_output=True, text=True).stdout
     print(f"CPU: {cpu.split(':', 1)[-1].strip()}; {torch.get_num_threads()} threads")
     config = ModelConfig(path=str(args.model), model_id="bench", cache_dir=ROOT / ".cache/models")
-    cpu_kernels.configure(16, k_quant_int8=True)  # the engine's defaults, for the load's timings
+    EngineConfig().configure_kernels()  # the engine's defaults, for the load's timings
     checkpoint, _, _ = load_model(config, "llama")
     runner = build_runner(checkpoint, "llama", max(args.rows), cache_dir=ROOT / ".cache")
     kernels = cpu_kernels.loaded()

@@ -22,12 +22,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.bench_serving import EOS
 from bench.weight_formats import TOPICS, _prompts
-from inference import cpu_kernels, model_loader
+from inference import model_loader
+from inference.engine import EngineConfig
 from inference.model_runner import PrefillChunk, build_runner
 
 
 def runner(folder: Path, weights: str, kv_cache_dtype: str):
-    cpu_kernels.configure(16, k_quant_int8=True)  # the engine's defaults, for the load's timings
+    EngineConfig().configure_kernels()  # the engine's defaults, for the load's timings
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     return build_runner(
         model,

@@ -27,6 +27,7 @@ from transformers import AutoModelForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from inference import cpu_kernels, llama
+from inference.engine import EngineConfig
 from inference.model_loader import converted_gguf_dir, embedded_gguf_path, resolve_dtype
 from inference.model_runner import PrefillChunk, build_runner
 
@@ -39,7 +40,7 @@ def main() -> None:
     args = parser.parse_args()
     cache = Path(".cache")
     with torch.inference_mode():
-        cpu_kernels.configure(16, k_quant_int8=True)  # the engine's defaults, for the load's timings
+        EngineConfig().configure_kernels()  # the engine's defaults, for the load's timings
         kernels = cpu_kernels.load(cache / "models") is not None
         dtype = resolve_dtype("auto", torch.device("cpu"), fused_decode=kernels)
         model = AutoModelForCausalLM.from_pretrained(

@@ -38,10 +38,10 @@ def _build(root: str, tag: str, weights: str, max_batch: int, dtype: str):
         importlib.import_module("inference.llama")
         folder = loader.converted_gguf_dir(loader.embedded_gguf_path(), Path(".cache/models"))
         with torch.inference_mode():
-            cpu_kernels = importlib.import_module("inference.cpu_kernels")
-            if hasattr(cpu_kernels, "configure"):  # the engine's defaults, for the load's timings
-                cpu_kernels.configure(16, k_quant_int8=True)
-            kernels = cpu_kernels.load(Path(".cache/models")) is not None
+            engine_config = importlib.import_module("inference.engine").EngineConfig()
+            if hasattr(engine_config, "configure_kernels"):  # the engine's defaults, for the load's timings
+                engine_config.configure_kernels()
+            kernels = importlib.import_module("inference.cpu_kernels").load(Path(".cache/models")) is not None
             activations = loader.resolve_dtype(dtype, torch.device("cpu"), fused_decode=kernels)
             model = AutoModelForCausalLM.from_pretrained(folder, dtype=activations).eval()
             runner = model_runner.build_runner(

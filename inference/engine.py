@@ -96,6 +96,12 @@ class EngineConfig:
     freeze_gc: bool = False  # once loaded, gc.freeze() what is alive (a serving process's choice; see Engine._run)
     exit_on_load_failure: bool = False  # a model that cannot load ends the process with status 1 (a server's choice)
 
+    def configure_kernels(self) -> None:
+        """Set the process's CPU kernels to this configuration's activation widths
+        (:func:`inference.cpu_kernels.configure`): before a model loads, so that the load's timings
+        run the products the engine will run."""
+        cpu_kernels.configure(self.activation_bits, self.k_quant_int8)
+
 
 class RequestStream:
     """The async iterator of one submitted request's :class:`RequestOutput` s.
@@ -347,7 +353,7 @@ class Engine:
         try:
             if self.config.num_threads:
                 torch.set_num_threads(self.config.num_threads)
-            cpu_kernels.configure(self.config.activation_bits, self.config.k_quant_int8)
+            self.config.configure_kernels()
             loaded = model is None  # loaded here: nobody else uses the transformers model's layers
             if loaded:
                 model, tokenizer, self.device = load_model(self.model_config, self.config.runner)
