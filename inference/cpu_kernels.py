@@ -45,7 +45,7 @@ logger = logging.getLogger(__name__)
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = (CSRC / "block_gemm.cpp", CSRC / "decode_ops.cpp", CSRC / "ggml_blocks.cpp")
-HEADERS = (CSRC / "pool.h", CSRC / "simd.h", CSRC / "ggml_blocks.h", CSRC / "ggml_int8.h", CSRC / "ggml_panels.h")
+HEADERS = tuple(sorted(CSRC.glob("*.h")))  # in the build's digest
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-pthread", "-shared", "-fPIC", "-fvisibility=hidden", "-std=c++17")
 GROUP = 32
 ACTIVATION_BITS = (32, 16, 8)  # what the AVX2 block products may round x to (set_activation_bits)
@@ -726,19 +726,20 @@ def _rounded_per_256(x: torch.Tensor) -> torch.Tensor:
 
 
 def _ggml_works(kernels: CPUKernels) -> bool:
-    """The ggml block products, one small product per family (Q8_0, Q4_K, Q6_K) at 1, 3 and 9 rows on
+    """The ggml block products, one small product per family (Q8_0, Q4_K, Q6_K) at 1, 3, 9 and 32 rows on
     each ISA the CPU has, with float32 activations and with 16-bit ones (the integer products of up
     to 4 rows), against torch's product of the kernels' own dequantized rows, and the K-quants' 8-bit
     products against x rounded as they round it; Q8_0's
     dequantized rows against torch's (its blocks built here).  The tests check every type against gguf-py."""
     generator = torch.Generator().manual_seed(1)
-    x = torch.randn(9, 256, generator=generator)
+    x = torch.randn(32, 256, generator=generator)
     q8 = torch.randint(-127, 128, (8, 8, GROUP), dtype=torch.int8, generator=generator)
     d = (torch.rand(8, 8, 1, generator=generator) * 0.1).half()
     weights = {8: torch.cat([d.view(torch.uint8), q8.view(torch.uint8)], -1).reshape(8, -1)}
     for ggml_type in (12, 14):  # random bytes, float16 scales (Q4_K: d and dmin first; Q6_K: d last) small
         _, size = GGML_BLOCKS[ggml_type]
-        # 40 weight rows: a panel of 32 (csrc/ggml_panels.h, from 9 rows of x with VNNI) and 8 past it
+        # 40 weight rows: panels (csrc/ggml_panels.h's of 32 from 9 rows of x with VNNI, ggml_panels_avx2.h's
+        # of 16 from 10 or 32) and 8 past them
         data = torch.randint(0, 256, (40, size), dtype=torch.uint8, generator=generator)
         scales = (torch.rand(40, 2, generator=generator) * 0.1).half().view(torch.uint8)
         data[:, -2:] = scales[:, :2]
@@ -756,7 +757,7 @@ def _ggml_works(kernels: CPUKernels) -> bool:
         for ggml_type, data in weights.items():
             every = torch.arange(data.shape[0])
             dequantized = kernels.ggml_dequantize_rows(data, ggml_type, 256, every)
-            for rows in (1, 3, 9):
+            for rows in (1, 3, 9, 32):
                 expected = x[:rows] @ dequantized.T
                 kernels._set_activation_bits(32)
                 close &= torch.allclose(kernels.ggml_gemm(x[:rows], data, ggml_type), expected, rtol=1e-4, atol=1e-4)

@@ -117,6 +117,8 @@ constexpr int INT8_COLS = 1;  // weight rows a tile: 16 registers hold 4 rows' a
 constexpr int INT8_ROWS = 4;  // rows of x a tile
 
 #include "ggml_int8.h"
+#include "ggml_panels_avx2.h"
+#include "ggml_panel_gemm.h"
 
 }  // namespace avx2
 
@@ -207,6 +209,7 @@ constexpr int INT8_ROWS = 8;  // 32 registers: 8 rows' integer and float accumul
 
 #include "ggml_int8.h"
 #include "ggml_panels.h"
+#include "ggml_panel_gemm.h"
 
 }  // namespace avx512
 #if defined(__clang__)
@@ -249,7 +252,8 @@ KERNEL_EXPORT void ggml_gemm(int type, const float* x, int64_t M, int64_t K, con
   if ((bits == 8 || (bits == 16 && k_quant_int8)) && avx2::has_int8_form(type)) {
     bool done;
     if (!(use_avx512 && int8_vnni))
-      done = avx2::int8_gemm(type, x, M, K, w, N, y, add != 0, threads);
+      done = avx2::has_panel_form(type, M) ? avx2::panel_gemm(type, x, M, K, w, N, y, add != 0, threads)
+                                           : avx2::int8_gemm(type, x, M, K, w, N, y, add != 0, threads);
     else if (avx512::has_panel_form(type, M))
       done = avx512::panel_gemm(type, x, M, K, w, N, y, add != 0, threads);
     else

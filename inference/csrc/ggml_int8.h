@@ -289,8 +289,8 @@ inline RoundedX8& callers_x() {
 }
 
 // y[M, N] (+)= x[M, K] @ W^T for a type of has_int8_form and any M (a row is rounded alone, so its
-// integer sums do not depend on the batch; ggml_panels.h's products of more rows sum the floats in
-// another order), in tiles of INT8_ROWS rows of x by INT8_COLS weight rows (or one, past 4 rows);
+// integer sums do not depend on the batch; the panels' products of more rows, ggml_panels.h's and
+// ggml_panels_avx2.h's, sum the floats in another order), in tiles of INT8_ROWS rows of x by INT8_COLS weight rows (or one, past 4 rows);
 // false, nothing computed, where x cannot be rounded (RoundedX8).
 inline bool int8_gemm(int type, const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, float* y, bool add,
                       int threads) {

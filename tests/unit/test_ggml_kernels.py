@@ -246,9 +246,9 @@ def test_the_k_quant_switch_rounds_to_8_bits_where_bits_are_16(isa):
 @pytest.mark.parametrize("rows", [9, 32, 35])
 def test_k_quant_products_of_9_rows_and_more_add_into_out(isa, qtype, rows, outputs):
     # From 9 rows, Q4_K's and Q6_K's 8-bit products on AVX-512 VNNI decode 32 weight rows at a time
-    # (csrc/ggml_panels.h): several panels on several threads, with and without a rest of weight rows,
-    # a rest of rows of x past the 4-row tiles, a row of zeros, and the sum into out that the decode
-    # step's o and down products take.
+    # (csrc/ggml_panels.h), on AVX2 16 from 10 rows (Q4_K) or 32 (Q6_K; ggml_panels_avx2.h): several
+    # panels on several threads, with and without a rest of weight rows, a rest of rows of x past the
+    # 4-row tiles, a row of zeros, and the sum into out that the decode step's o and down products take.
     KERNELS.set_activation_bits(8)
     width = 512
     data = blocks(qtype, outputs, width, seed=outputs)
