@@ -179,8 +179,9 @@ def end_of_generation_ids(file) -> list[int]:
 def gguf_file_of(path: str) -> Path | None:
     """The GGUF file ``path`` (``MODEL_PATH``, or a model's in ``MODELS_CONFIG``) names: the file
     itself, or the one ``.gguf`` file of a folder without a ``config.json``; None for a transformers
-    folder or a hub id.  Raises
-    :class:`inference.formats.gguf.ModelFileError` for a folder holding several GGUF files."""
+    folder or a hub id.  Raises :class:`inference.formats.gguf.ModelFileError` for a folder holding
+    several GGUF files or neither one nor a ``config.json``, and for a path that does not exist but
+    cannot be a hub id (:func:`names_a_local_path`), which would otherwise go to the hub."""
     from .formats.gguf import ModelFileError
 
     candidate = Path(path).expanduser()
@@ -194,8 +195,18 @@ def gguf_file_of(path: str) -> Path | None:
                 f"{candidate} holds several GGUF files ({names}): "
                 'name one in MODEL_PATH or in the model\'s "path" of MODELS_CONFIG'
             )
-        return files[0] if files else None
+        if not files:
+            raise ModelFileError(f"{candidate} holds neither a GGUF file nor a transformers model's config.json")
+        return files[0]
+    if not candidate.exists() and names_a_local_path(path):
+        raise ModelFileError(f"{path}: no such file or folder")
     return None
+
+
+def names_a_local_path(path: str) -> bool:
+    """Whether ``path`` can only be a file or folder, never a hub id (``name`` or ``namespace/name``):
+    it ends in ``.gguf``, starts with ``/``, ``.`` or ``~``, or has more than one ``/``."""
+    return path.lower().endswith(".gguf") or path.startswith(("/", ".", "~")) or path.count("/") > 1
 
 
 def _starts_with_magic(path: Path) -> bool:

@@ -84,9 +84,9 @@ def type_name(kind: int) -> str:
     try:
         from gguf import GGMLQuantizationType
 
-        return f"{GGMLQuantizationType(kind).name} (ggml type {kind})"
+        return f"{GGMLQuantizationType(kind).name} ({kind})"
     except (ImportError, ValueError):
-        return f"ggml type {kind}"
+        return str(kind)
 
 
 def supported_names() -> list[str]:

@@ -62,12 +62,20 @@ def test_the_chat_endpoint_uses_the_files_chat_template_and_stops_at_its_eos(ggu
 
 @pytest.mark.parametrize(
     "contents, message",
-    [(b"not a model at all" * 4, "not a GGUF file"), (None, "truncated")],
-    ids=["wrong magic", "truncated"],
+    [
+        (b"not a model at all" * 4, "not a GGUF file"),
+        (None, "truncated"),
+        ("missing", "broken.gguf: no such file or folder"),
+        ("folder", "holds neither a GGUF file nor a transformers model's config.json"),
+    ],
+    ids=["wrong magic", "truncated", "a missing file", "a folder without a model"],
 )
 def test_a_model_file_that_cannot_load_ends_the_server_with_its_reason(tmp_path, contents, message):
     path = tmp_path / "broken.gguf"
-    path.write_bytes(contents if contents is not None else embedded_gguf_path().read_bytes()[:50_000_000])
+    if contents == "folder":
+        path.mkdir()
+    elif contents != "missing":  # a missing file is never taken for a hub id: no network, no wait
+        path.write_bytes(contents if contents is not None else embedded_gguf_path().read_bytes()[:50_000_000])
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "completions_site.settings",

@@ -5,6 +5,7 @@ broken file is a start-up error naming the problem."""
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,7 @@ from inference.families import llama as family  # noqa: E402
 from inference.formats import ggml  # noqa: E402
 from inference.formats.gguf import GGUFFile, ModelFileError  # noqa: E402
 from inference.llama import LlamaModelRunner  # noqa: E402
-from inference.model_loader import end_of_generation_ids  # noqa: E402
+from inference.model_loader import end_of_generation_ids, gguf_file_of  # noqa: E402
 from inference.model_runner import PrefillChunk  # noqa: E402
 from inference.weights import STEP_GGML  # noqa: E402
 from testing import tiny_families  # noqa: E402
@@ -131,6 +132,35 @@ def test_a_tensor_of_a_type_we_cannot_run_is_refused_by_name_and_type(tmp_path):
     writer.close()
     with pytest.raises(ModelFileError, match=r"blk\.0\.attn_q\.weight has ggml type Q2_K"):
         GGUFFile(path)
+
+
+def test_a_type_no_library_knows_is_named_by_its_number(tmp_path):
+    path = tmp_path / "unknown.gguf"
+    _write(_tiny_llama(), path, ggml.F32)
+    reader = gguf.GGUFReader(path)
+    tensor = reader.tensors[0]
+    offset = tensor.field.parts[4].ctypes.data - reader.data.ctypes.data  # the record's ggml type id
+    name = tensor.name
+    del tensor, reader
+    data = bytearray(path.read_bytes())
+    data[offset : offset + 4] = (99).to_bytes(4, "little")
+    path.write_bytes(bytes(data))
+    with pytest.raises(ModelFileError, match=rf"{re.escape(name)} has ggml type 99, which this server cannot run"):
+        GGUFFile(path)
+
+
+@pytest.mark.parametrize("path", ["/no/such/model.gguf", "models/missing.gguf", "./missing", "~/a/b/c"])
+def test_a_missing_path_that_cannot_be_a_hub_id_is_refused_as_missing(path):
+    with pytest.raises(ModelFileError, match="no such file or folder"):
+        gguf_file_of(path)
+
+
+def test_a_hub_id_and_a_folder_without_a_model_are_told_apart(tmp_path):
+    assert gguf_file_of("HuggingFaceTB/SmolLM2-135M-Instruct") is None  # left to transformers and the hub
+    with pytest.raises(ModelFileError, match="holds neither a GGUF file nor a transformers model's config.json"):
+        gguf_file_of(str(tmp_path))
+    (tmp_path / "config.json").write_text("{}")
+    assert gguf_file_of(str(tmp_path)) is None  # a transformers folder
 
 
 def test_shapes_that_disagree_with_the_metadata_are_refused(tmp_path):
