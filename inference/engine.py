@@ -42,6 +42,7 @@ import torch
 
 from . import chat_template, cpu_kernels, memory, sampling, structured
 from . import metrics as m
+from .formats.gguf import ModelFileError
 from .model_loader import GGUFCheckpoint, ModelConfig, embedded_gguf_path, load_model, model_fingerprint
 from .model_runner import ModelRunner, PrefillChunk, build_runner
 from .output_processor import OutputProcessor
@@ -372,7 +373,10 @@ class Engine:
                 time.perf_counter() - started,
             )
         except BaseException as error:  # reported through /healthz and the log
-            logger.exception("The model %s failed to load", self.model_id)
+            if isinstance(error, ModelFileError):  # its message names the file and the problem: no traceback
+                logger.error("The model %s failed to load: %s", self.model_id, error)
+            else:
+                logger.exception("The model %s failed to load", self.model_id)
             self.load_error = error
             if self.config.exit_on_load_failure:
                 # As vLLM and llama-server do: make run shows it, a process manager sees it; a 503 for ever helps no one.

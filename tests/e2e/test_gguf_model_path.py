@@ -89,6 +89,7 @@ def test_a_model_file_that_cannot_load_ends_the_server_with_its_reason(tmp_path,
     )  # fmt: skip
     assert process.returncode != 0
     assert message in process.stdout + process.stderr
+    assert "Traceback" not in process.stdout + process.stderr  # the reason alone, not after a traceback
 
 
 # --- another family's file: a tiny Qwen3 GGUF with its ChatML template ------------------------------
