@@ -313,3 +313,33 @@ inline bool int8_gemm(int type, const float* x, int64_t M, int64_t K, const uint
   });
   return true;
 }
+
+// The panels' float accumulators (ggml_panels.h, ggml_panels_avx2.h), ROWS rows of x by VECTORS
+// vectors of the namespace's V, a weight row a lane: the current super-block's sum (in units of x's
+// rounded values) and the total so far.
+template <int ROWS, int VECTORS>
+struct PanelSums {
+  typename V::F total[ROWS][VECTORS], partial[ROWS][VECTORS];
+  PanelSums() {
+    for (int r = 0; r < ROWS; ++r)
+      for (int v = 0; v < VECTORS; ++v) total[r][v] = partial[r][v] = V::zero();
+  }
+  // The super-block's sum times x's scale dx into the total.
+  void close_block(const RoundedX8& x, int64_t r0, int64_t block, int64_t blocks) {
+    for (int r = 0; r < ROWS; ++r) {
+      const typename V::F dx = V::set1(x.dx[(r0 + r) * blocks + block]);
+      for (int v = 0; v < VECTORS; ++v) {
+        total[r][v] = V::fmadd(partial[r][v], dx, total[r][v]);
+        partial[r][v] = V::zero();
+      }
+    }
+  }
+  // y[r0 + r, n0 .. n0 + VECTORS * V::LANES) (+)= the totals.
+  void store(float* y, int64_t N, int64_t r0, int64_t n0, bool add) const {
+    for (int r = 0; r < ROWS; ++r)
+      for (int v = 0; v < VECTORS; ++v) {
+        float* target = y + (r0 + r) * N + n0 + v * V::LANES;
+        V::store(target, add ? V::add(V::load(target), total[r][v]) : total[r][v]);
+      }
+  }
+};

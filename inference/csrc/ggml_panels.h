@@ -29,35 +29,6 @@ inline __m512i panel_row_offsets(int64_t row_bytes) {
                             _mm512_set1_epi32(static_cast<int>(row_bytes)));
 }
 
-// A tile's float accumulators, ROWS rows of x by the panel's vectors: the current super-block's sum
-// (partial, in units of x's rounded values) and the total so far.
-template <int ROWS>
-struct PanelSums {
-  __m512 total[ROWS][PANEL_VECTORS], partial[ROWS][PANEL_VECTORS];
-  PanelSums() {
-    for (int r = 0; r < ROWS; ++r)
-      for (int v = 0; v < PANEL_VECTORS; ++v) total[r][v] = partial[r][v] = _mm512_setzero_ps();
-  }
-  // The super-block's sum times x's scale dx into the total.
-  void close_block(const RoundedX8& x, int64_t r0, int64_t block, int64_t blocks) {
-    for (int r = 0; r < ROWS; ++r) {
-      const __m512 dx = _mm512_set1_ps(x.dx[(r0 + r) * blocks + block]);
-      for (int v = 0; v < PANEL_VECTORS; ++v) {
-        total[r][v] = _mm512_fmadd_ps(partial[r][v], dx, total[r][v]);
-        partial[r][v] = _mm512_setzero_ps();
-      }
-    }
-  }
-  // y[r0 + r, n0 .. n0 + PANEL_COLUMNS) (+)= the totals.
-  void store(float* y, int64_t N, int64_t r0, int64_t n0, bool add) const {
-    for (int r = 0; r < ROWS; ++r)
-      for (int v = 0; v < PANEL_VECTORS; ++v) {
-        float* target = y + (r0 + r) * N + n0 + v * PANEL_LANES;
-        _mm512_storeu_ps(target, add ? _mm512_add_ps(_mm512_loadu_ps(target), total[r][v]) : total[r][v]);
-      }
-  }
-};
-
 // PANEL_COLUMNS weight rows of a Q4_K weight (d, dmin, 12 bytes of 6-bit scales and minimums, 128
 // of qs: group 2 j the low nibbles of qs[32 j ..], 2 j + 1 the high ones), decoded:
 // q [K / 4][PANEL_VECTORS][16 lanes][4 bytes] (the unsigned 4-bit values), scale and minimum
@@ -116,7 +87,7 @@ template <int ROWS>
 inline void q4_k_panel_tile(const Q4KPanel& panel, const RoundedX8& x, int64_t r0, int64_t K, float* y, int64_t N,
                             int64_t n0, bool add) {
   const int64_t blocks = K / SUPER, groups = K / GROUP;
-  PanelSums<ROWS> acc;
+  PanelSums<ROWS, PANEL_VECTORS> acc;
   const int8_t* xq[ROWS];
   for (int r = 0; r < ROWS; ++r) xq[r] = x.q.data() + (r0 + r) * K;
   for (int64_t blk = 0; blk < blocks; ++blk) {
@@ -207,7 +178,7 @@ template <int ROWS>
 inline void q6_k_panel_tile(const Q6KPanel& panel, const RoundedX8& x, int64_t r0, int64_t K, float* y, int64_t N,
                             int64_t n0, bool add) {
   const int64_t blocks = K / SUPER, subs = K / 16;
-  PanelSums<ROWS> acc;
+  PanelSums<ROWS, PANEL_VECTORS> acc;
   const int8_t* xq[ROWS];
   for (int r = 0; r < ROWS; ++r) xq[r] = x.q.data() + (r0 + r) * K;
   for (int64_t blk = 0; blk < blocks; ++blk) {

@@ -42,33 +42,6 @@ inline void transposed_words(const uint8_t* p, int64_t stride, __m256i (&out)[8]
   }
 }
 
-// The panels' float accumulators, in memory (16 registers hold the 16-bit sums): ROWS rows of x by the
-// panel's vectors, the current super-block's sum (in units of x's rounded values) and the total.
-template <int ROWS>
-struct PanelSums {
-  __m256 total[ROWS][PANEL_VECTORS], partial[ROWS][PANEL_VECTORS];
-  PanelSums() {
-    for (int r = 0; r < ROWS; ++r)
-      for (int v = 0; v < PANEL_VECTORS; ++v) total[r][v] = partial[r][v] = _mm256_setzero_ps();
-  }
-  void close_block(const RoundedX8& x, int64_t r0, int64_t block, int64_t blocks) {
-    for (int r = 0; r < ROWS; ++r) {
-      const __m256 dx = _mm256_set1_ps(x.dx[(r0 + r) * blocks + block]);
-      for (int v = 0; v < PANEL_VECTORS; ++v) {
-        total[r][v] = _mm256_fmadd_ps(partial[r][v], dx, total[r][v]);
-        partial[r][v] = _mm256_setzero_ps();
-      }
-    }
-  }
-  void store(float* y, int64_t N, int64_t r0, int64_t n0, bool add) const {
-    for (int r = 0; r < ROWS; ++r)
-      for (int v = 0; v < PANEL_VECTORS; ++v) {
-        float* target = y + (r0 + r) * N + n0 + v * PANEL_LANES;
-        _mm256_storeu_ps(target, add ? _mm256_add_ps(_mm256_loadu_ps(target), total[r][v]) : total[r][v]);
-      }
-  }
-};
-
 // x's 4 rounded values at p in every 32-bit lane.
 inline __m256i broadcast4(const int8_t* p) {
   int32_t four;
@@ -123,7 +96,7 @@ inline void q4_k_panel_tile(const Q4KPanel& panel, const RoundedX8& x, int64_t r
                             int64_t n0, bool add) {
   const int64_t blocks = K / SUPER, groups = K / GROUP;
   const __m256i ones = _mm256_set1_epi16(1);
-  PanelSums<ROWS> acc;
+  PanelSums<ROWS, PANEL_VECTORS> acc;
   const int8_t* xq[ROWS];
   for (int r = 0; r < ROWS; ++r) xq[r] = x.q.data() + (r0 + r) * K;
   for (int64_t blk = 0; blk < blocks; ++blk) {
@@ -215,7 +188,7 @@ inline void q6_k_panel_tile(const Q6KPanel& panel, const RoundedX8& x, int64_t r
                             int64_t n0, bool add) {
   const int64_t blocks = K / SUPER, subs = K / 16;
   const __m256i ones = _mm256_set1_epi16(1);
-  PanelSums<ROWS> acc;
+  PanelSums<ROWS, PANEL_VECTORS> acc;
   const int8_t* xq[ROWS];
   for (int r = 0; r < ROWS; ++r) xq[r] = x.q.data() + (r0 + r) * K;
   for (int64_t blk = 0; blk < blocks; ++blk) {
