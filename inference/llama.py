@@ -67,7 +67,7 @@ if TYPE_CHECKING:
 Linear = Callable[[torch.Tensor], torch.Tensor]
 
 ROW_CHUNK = 8  # the running batch's cache grows by this many rows: at most 4 copies on the way to 32
-COLUMN_CHUNK = 64  # ... and by this many positions: one copy per 64 decode steps, little unused memory
+COLUMN_CHUNK = 64  # ... and its positions in multiples of this many, at least doubling (_reserve)
 OUTPUT_NAME = "lm_head.weight"  # the name a factory is given for the output layer (tied or not)
 # A prefill chunk's queries attend in blocks of this many: two calls of 256 queries were faster than one
 # of 512 in torch's CPU flash attention (docs/performance.md#the-llama-runners-prefill).
@@ -985,13 +985,18 @@ class LlamaModelRunner:
     # --- the running batch's cache ----------------------------------------------------------------
 
     def _reserve(self, rows: int, columns: int) -> None:
-        """Make the batch cache hold ``rows`` rows of ``columns`` positions, growing by whole chunks."""
+        """Make the batch cache hold ``rows`` rows of ``columns`` positions, growing by whole chunks of
+        rows and by at least doubling its columns (up to the model's context), so that a sequence's
+        growth costs a number of copies logarithmic in its length; unused capacity costs address
+        space only (:func:`inference.memory.zeroed`)."""
         if rows <= self._row_capacity and columns <= self._column_capacity:
             return
+        column_capacity = self._column_capacity
+        if columns > column_capacity:
+            longest = _round_up(self.max_context, COLUMN_CHUNK)
+            column_capacity = max(_round_up(columns, COLUMN_CHUNK), min(2 * column_capacity, longest))
         self._reallocate(
-            max(self._row_capacity, _round_up(rows, ROW_CHUNK)),
-            max(self._column_capacity, _round_up(columns, COLUMN_CHUNK)),
-            list(range(len(self._lengths))),
+            max(self._row_capacity, _round_up(rows, ROW_CHUNK)), column_capacity, list(range(len(self._lengths)))
         )
 
     def _reallocate(self, row_capacity: int, column_capacity: int, sources: list[int]) -> None:
@@ -1000,6 +1005,8 @@ class LlamaModelRunner:
         One layer at a time, each old buffer dropped once copied, so growing never holds two whole
         caches (at 32 rows of 512 positions that would be 0.4 GB more at the peak, in bfloat16).
         Zero-filled: masked columns meet zero attention weights, and stale memory could hold NaN.
+        Fresh mappings (:func:`inference.memory.zeroed`): only the copied positions are written here,
+        and the rest is mapped as decode steps write it.
         """
         shape = (row_capacity, self.num_kv_heads, column_capacity, self.head_dim)
         used = max((self._lengths[row] for row in sources), default=0)
@@ -1007,7 +1014,7 @@ class LlamaModelRunner:
         index = torch.tensor(sources, dtype=torch.long, device=self.device)
         for buffers in (self._layer_keys, self._layer_values):
             for layer in range(self.num_layers):
-                buffer = torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
+                buffer = memory.zeroed(shape, self.kv_dtype, self.device)
                 if layer < len(buffers):
                     if sources:
                         buffer[: len(sources), :, :used] = buffers[layer][index, :, :used]
@@ -1015,8 +1022,6 @@ class LlamaModelRunner:
                 else:
                     buffers.append(buffer)
         self._row_capacity, self._column_capacity = row_capacity, column_capacity
-        # The old buffers' holes in the heap cannot hold their larger successors: back to the system.
-        memory.trim()
         # The buffers' addresses, keys then values, for our kernels' row copy (_append_rows).
         self._cache_addresses = torch.tensor(
             [buffer.data_ptr() for buffer in (*self._layer_keys, *self._layer_values)], dtype=torch.int64

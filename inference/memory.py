@@ -13,7 +13,11 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import math
+import mmap
 import sys
+
+import torch
 
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number (malloc.h)
 MMAP_THRESHOLD = 32 << 20  # bytes from which an allocation is its own mapping (glibc's own maximum)
@@ -48,3 +52,14 @@ def trim() -> None:
     libc = _libc()
     if libc is not None:
         libc.malloc_trim(0)
+
+
+def zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zero-filled tensor; on the CPU over its own anonymous mapping, whose pages the kernel maps at
+    their first touch, so that creating it costs no time and its untouched pages no memory
+    (``torch.zeros`` writes every byte at once: a pause of a whole step or more for a KV cache that
+    may never fill); freeing it unmaps it."""
+    size = math.prod(shape) * dtype.itemsize
+    if size == 0 or device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    return torch.frombuffer(mmap.mmap(-1, size), dtype=torch.uint8).view(dtype).view(shape)

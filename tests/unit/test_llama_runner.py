@@ -257,6 +257,24 @@ def test_the_cache_grows_past_its_first_capacity(tiny):
     assert_matches_transformers(tiny, seqs, EXACT)
 
 
+def test_the_cache_doubles_its_positions_as_a_sequence_grows(tiny):
+    """Copies logarithmic in a sequence's length: past 128 positions the cache holds 256, not 192
+    (the tiny model's whole context)."""
+    generator = torch.Generator().manual_seed(5)
+    runner = LlamaModelRunner(tiny, dtype=torch.float64)
+    assert runner.max_context == 256
+    seq = Sequence(random_ids(generator, 120))
+    with torch.inference_mode():
+        prefill(runner, seq, 0, [120], all_logits=False)
+        runner.join(0, 1)
+        layers, kv_heads, dim, item = 2, 2, 16, 8  # the tiny model's, in float64
+        assert runner.cache_bytes == 2 * layers * 8 * kv_heads * 128 * dim * item  # 8 rows, 128 positions
+        for _ in range(10):
+            decode(runner, [seq], generator)
+        assert runner.cache_bytes == 2 * layers * 8 * kv_heads * 256 * dim * item
+    assert_matches_transformers(tiny, [seq], EXACT)
+
+
 def test_an_emptied_batch_frees_its_cache_and_starts_again(tiny):
     generator = torch.Generator().manual_seed(4)
     runner = LlamaModelRunner(tiny, dtype=torch.float64)
