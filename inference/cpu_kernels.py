@@ -37,6 +37,7 @@ import os
 import shutil
 import subprocess
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -99,6 +100,10 @@ class CPUKernels:
         self._q4_1_to_bfloat16 = function("q4_1_to_bfloat16", pointer, pointer, pointer, size, size, pointer, integer)
         self._set_avx512 = function("set_avx512", integer)
         self._ggml_gemm = function("ggml_gemm", integer, pointer, size, size, pointer, size, pointer, integer, integer)
+        self._ggml_gemm_parts = function(
+            "ggml_gemm_parts", integer, pointer, pointer, pointer, pointer, size, size, pointer, size, integer, integer
+        )
+        self._ggml_gemm_parts.restype = ctypes.c_int
         self._ggml_dequantize_rows = function("ggml_dequantize_rows", integer, pointer, size, pointer, size, pointer)
         self._ggml_to_bfloat16 = function("ggml_to_bfloat16", integer, pointer, size, size, pointer, integer)
         self._ggml_to_bfloat16.restype = ctypes.c_int
@@ -270,6 +275,28 @@ class CPUKernels:
             torch.get_num_threads(),
         )  # fmt: skip
         return out
+
+    def ggml_gemm_parts(self, x: torch.Tensor, parts: Sequence[tuple[torch.Tensor, int]]) -> torch.Tensor | None:
+        """``x [M, K]`` times several weights, as :meth:`ggml_gemm` takes each (``(weight, ggml_type)``),
+        their products side by side: ``[M, sum of N]`` float32, equal to :meth:`ggml_gemm`'s part by
+        part, in one parallel region where every part takes the 8-bit tiles at ``M`` rows (a K-quant,
+        x rounded to 8 bits, fewer rows than the panels take: a layer's q/k/v or gate/up in a decode
+        step); None, nothing computed, otherwise.  Raises ``ValueError`` as :meth:`ggml_gemm`."""
+        x = x.contiguous() if x.dtype == torch.float32 else x.float().contiguous()
+        rows, width = x.shape
+        for weight, ggml_type in parts:
+            block, size = _ggml_block(ggml_type)
+            _check_ggml_weight(weight, ggml_type, width, block, size)
+        count = len(parts)
+        types = (ctypes.c_int * count)(*(ggml_type for _, ggml_type in parts))
+        weights = (ctypes.c_void_p * count)(*(weight.data_ptr() for weight, _ in parts))
+        columns = (ctypes.c_int64 * count)(*(weight.shape[0] for weight, _ in parts))
+        out = torch.empty(rows, sum(columns), dtype=torch.float32)
+        done = self._ggml_gemm_parts(
+            count, types, weights, columns, x.data_ptr(), rows, width, out.data_ptr(), out.shape[1], 0,
+            torch.get_num_threads(),
+        )  # fmt: skip
+        return out if done else None
 
     def ggml_to_bfloat16(
         self, weight: torch.Tensor, ggml_type: int, K: int, out: torch.Tensor | None = None

@@ -724,6 +724,8 @@ extern "C" void q8_0_gemm(const float* x, int64_t M, int64_t K, const int8_t* qs
                           int add, int threads);
 extern "C" void ggml_gemm(int type, const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, float* y, int add,
                           int threads);
+extern "C" int ggml_gemm_parts(int parts, const int* types, const uint8_t* const* ws, const int64_t* Ns, const float* x,
+                               int64_t M, int64_t K, float* y, int64_t width, int add, int threads);
 
 namespace {
 
@@ -756,13 +758,25 @@ void part_gemm(const int64_t* part, const float* in, int64_t rows, int64_t K, fl
   }
 }
 
-// out [rows, width] (+)= in [rows, K] times a product's parts; several parts go through scratch.
+// out [rows, width] (+)= in [rows, K] times a product's parts: ggml blocks in one call where
+// ggml_gemm_parts takes them, else part by part through scratch.
 void product(const int64_t* parts, const float* in, int64_t rows, int64_t K, float* out, int64_t width, int add,
              std::vector<float>& scratch, int threads) {
   if (parts[PART_FIELDS] == PART_END) {
     part_gemm(parts, in, rows, K, out, add, threads);
     return;
   }
+  int count = 0, types[PARTS];
+  const uint8_t* weights[PARTS];
+  int64_t columns[PARTS];
+  bool blocks = true;
+  for (const int64_t* part = parts; count < PARTS && part[0] != PART_END; part += PART_FIELDS, ++count) {
+    blocks &= part[0] == PART_GGML;
+    types[count] = static_cast<int>(part[2]);
+    weights[count] = static_cast<const uint8_t*>(pointer(part[1]));
+    columns[count] = part[4];
+  }
+  if (blocks && ggml_gemm_parts(count, types, weights, columns, in, rows, K, out, width, add, threads)) return;
   int64_t column = 0;
   for (const int64_t* part = parts; part < parts + PRODUCT_FIELDS && part[0] != PART_END; part += PART_FIELDS) {
     const int64_t n = part[4];

@@ -266,6 +266,22 @@ KERNEL_EXPORT void ggml_gemm(int type, const float* x, int64_t M, int64_t K, con
     avx2::gemm_type(type, x, M, K, w, N, y, add != 0, threads);
 }
 
+// y[M, width] (+)= x[M, K] @ [W_0; W_1; ...]^T, the parts' outputs side by side (width: the sum of
+// Ns), equal to ggml_gemm's part by part, in one parallel region (int8_gemm_parts) where every part
+// takes the 8-bit tiles at M rows (a K-quant, x rounded to 8 bits, fewer rows than the panels
+// take); else 0, nothing computed.
+KERNEL_EXPORT int ggml_gemm_parts(int parts, const int* types, const uint8_t* const* ws, const int64_t* Ns,
+                                  const float* x, int64_t M, int64_t K, float* y, int64_t width, int add, int threads) {
+  const int bits = kernels::activation_bits_setting();
+  if (!(bits == 8 || (bits == 16 && k_quant_int8))) return 0;
+  const bool vnni = use_avx512 && int8_vnni;
+  for (int p = 0; p < parts; ++p)
+    if (!avx2::has_int8_form(types[p]) || (vnni ? avx512::has_panel_form(types[p], M) : avx2::has_panel_form(types[p], M)))
+      return 0;
+  if (vnni) return avx512::int8_gemm_parts(parts, types, ws, Ns, x, M, K, y, width, add != 0, threads);
+  return avx2::int8_gemm_parts(parts, types, ws, Ns, x, M, K, y, width, add != 0, threads);
+}
+
 // out[n, K] = the float32 values of weight rows rows[0 .. n) (an embedding lookup); one thread.
 KERNEL_EXPORT void ggml_dequantize_rows(int type, const uint8_t* w, int64_t K, const int64_t* rows, int64_t n, float* out) {
   if ((type == TYPE_F32 || type == TYPE_F16 || type == TYPE_BF16) && K % GROUP != 0) {

@@ -288,27 +288,50 @@ inline RoundedX8& callers_x() {
   return rounded;
 }
 
+// Weight rows [first, last) of a type of has_int8_form against every row of x, already rounded, in
+// tiles of INT8_ROWS rows of x by INT8_COLS weight rows (or one, past 4 rows); y's rows ldy apart.
+inline void int8_rows(int type, const uint8_t* w, int64_t K, const RoundedX8& rounded, int64_t M, int64_t first,
+                      int64_t last, float* y, int64_t ldy, bool add) {
+  const int64_t row_bytes = K / SUPER * int8_block_bytes(type);
+  for (int64_t start = first; start < last; start += INT8_WEIGHT_ROWS) {
+    const int64_t end = std::min(last, start + INT8_WEIGHT_ROWS);
+    for (int64_t r0 = 0; r0 < M; r0 += INT8_ROWS) {
+      const int64_t rows = std::min<int64_t>(M - r0, INT8_ROWS);
+      int64_t n = start;
+      // Few rows of x keep one weight row's chains in flight, and more than 4 fill the registers
+      // alone: wider tiles there only spill.
+      if (rows > 2 && rows <= 4)
+        for (; n + INT8_COLS <= end; n += INT8_COLS) int8_cols<INT8_COLS>(type, w, row_bytes, rounded, r0, rows, n, K, ldy, y, add);
+      for (; n < end; ++n) int8_cols<1>(type, w, row_bytes, rounded, r0, rows, n, K, ldy, y, add);
+    }
+  }
+}
+
 // y[M, N] (+)= x[M, K] @ W^T for a type of has_int8_form and any M (a row is rounded alone, so its
 // integer sums do not depend on the batch; the panels' products of more rows, ggml_panels.h's and
-// ggml_panels_avx2.h's, sum the floats in another order), in tiles of INT8_ROWS rows of x by INT8_COLS weight rows (or one, past 4 rows);
-// false, nothing computed, where x cannot be rounded (RoundedX8).
+// ggml_panels_avx2.h's, sum the floats in another order); false, nothing computed, where x cannot
+// be rounded (RoundedX8).
 inline bool int8_gemm(int type, const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, float* y, bool add,
                       int threads) {
   RoundedX8& rounded = callers_x();
   if (!rounded.round(x, M, K)) return false;
-  const int64_t row_bytes = K / SUPER * int8_block_bytes(type);
-  kernels::parallel_for(N, threads, [&](int64_t first, int64_t last) {
-    for (int64_t start = first; start < last; start += INT8_WEIGHT_ROWS) {
-      const int64_t end = std::min(last, start + INT8_WEIGHT_ROWS);
-      for (int64_t r0 = 0; r0 < M; r0 += INT8_ROWS) {
-        const int64_t rows = std::min<int64_t>(M - r0, INT8_ROWS);
-        int64_t n = start;
-        // Few rows of x keep one weight row's chains in flight, and more than 4 fill the registers
-        // alone: wider tiles there only spill.
-        if (rows > 2 && rows <= 4)
-          for (; n + INT8_COLS <= end; n += INT8_COLS) int8_cols<INT8_COLS>(type, w, row_bytes, rounded, r0, rows, n, K, N, y, add);
-        for (; n < end; ++n) int8_cols<1>(type, w, row_bytes, rounded, r0, rows, n, K, N, y, add);
-      }
+  kernels::parallel_for(N, threads, [&](int64_t first, int64_t last) { int8_rows(type, w, K, rounded, M, first, last, y, N, add); });
+  return true;
+}
+
+// y[M, width] (+)= x[M, K] @ [W_0; W_1; ...]^T, the parts' outputs side by side (a layer's q, k and
+// v, or gate and up), each part of has_int8_form: one parallel region over all their weight rows,
+// x rounded once; a region's start and its barrier cost as much as a few microseconds of reading
+// weights.  width: the sum of Ns.  false, nothing computed, where x cannot be rounded.
+inline bool int8_gemm_parts(int parts, const int* types, const uint8_t* const* ws, const int64_t* Ns, const float* x,
+                            int64_t M, int64_t K, float* y, int64_t width, bool add, int threads) {
+  RoundedX8& rounded = callers_x();
+  if (!rounded.round(x, M, K)) return false;
+  kernels::parallel_for(width, threads, [&](int64_t first, int64_t last) {
+    int64_t column = 0;
+    for (int p = 0; p < parts && column < last; column += Ns[p], ++p) {
+      const int64_t begin = std::max(first, column), end = std::min(last, column + Ns[p]);
+      if (begin < end) int8_rows(types[p], ws[p], K, rounded, M, begin - column, end - column, y + column, width, add);
     }
   });
   return true;

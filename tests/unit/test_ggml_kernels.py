@@ -274,3 +274,24 @@ def test_k_quant_products_of_9_rows_and_more_add_into_out(isa, qtype, rows, outp
     assert (error <= bound + 1e-6 * np.abs(summed)).all(), f"worst error {float(error.max()):.3g}"
     assert not got[1].any()  # a row of zeros: exactly zero
     assert not np.allclose(got.double().numpy(), x64 @ weight.astype(np.float64).T, rtol=1e-4, atol=0)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5, 8])
+def test_a_layers_parts_in_one_call_are_its_products_part_by_part(isa, rows):
+    # A Q4_K_M file's q/k/v (Q4_K, Q4_K, Q6_K) or gate/up: one parallel region over every part's
+    # weight rows, x rounded once, each part's output in its own columns of every row, to the bit
+    # the separate products; at the panels' row counts, or where x is not rounded to 8 bits, the
+    # caller multiplies part by part.
+    KERNELS.set_activation_bits(8)
+    width = 512
+    parts = [
+        (torch.from_numpy(blocks(qtype, outputs, width, seed=outputs)), int(qtype))
+        for qtype, outputs in ((T.Q4_K, 70), (T.Q5_K, 33), (T.Q6_K, 40))
+    ]
+    x = torch.randn(rows, width, generator=torch.Generator().manual_seed(rows))
+    together = KERNELS.ggml_gemm_parts(x, parts)
+    assert together is not None and together.shape == (rows, 143)
+    assert torch.equal(together, torch.cat([KERNELS.ggml_gemm(x, weight, qtype) for weight, qtype in parts], dim=1))
+    assert KERNELS.ggml_gemm_parts(torch.randn(32, width), parts) is None  # Q4_K's and Q6_K's panels
+    KERNELS.set_activation_bits(16)
+    assert KERNELS.ggml_gemm_parts(x, parts) is None
