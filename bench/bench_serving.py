@@ -105,7 +105,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -389,9 +389,10 @@ def start_transformers(directory: Path, folder: Path) -> Server:
     )
 
 
-def start_llama_server(directory: Path, binary: str) -> Server:
+def start_llama_server(directory: Path, binary: str, extra: Sequence[str] = ()) -> Server:
     """llama.cpp's server on the embedded GGUF file with 8 slots of 1024 tokens, the peer issue 4 names
-    (its completions honour ``logit_bias``); more concurrent requests wait for a slot."""
+    (its completions honour ``logit_bias``); more concurrent requests wait for a slot.  ``extra``:
+    more of its flags (``-t 1``)."""
     argv = [
         binary,
         "-m",
@@ -404,6 +405,7 @@ def start_llama_server(directory: Path, binary: str) -> Server:
         "8",
         "-c",
         "8192",
+        *extra,
     ]
     process, base_url, log = start_process("llama-server", argv, directory, "/health", 300)
     return Server(
