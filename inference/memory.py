@@ -39,7 +39,8 @@ def tune_allocator(mmap_threshold: int = MMAP_THRESHOLD) -> None:
     """Serve allocations of ``mmap_threshold`` bytes and more with their own mappings, so that freeing
     them (a large KV-cache buffer, a load's temporaries) returns them to the system at once, and
     smaller ones from the heap, so that a pass's temporaries mostly reuse pages already faulted in
-    (the engine calls :func:`trim` once it idles, and after the batch's cache grows).  By default
+    (the engine calls :func:`trim` once it idles; the batch's KV cache has mappings of its own,
+    :func:`zeroed`).  By default
     glibc maps every allocation of 128 KB and more afresh until its first large free.  Call once,
     before the model loads."""
     libc = _libc()
