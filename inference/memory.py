@@ -63,4 +63,5 @@ def zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
     size = math.prod(shape) * dtype.itemsize
     if size == 0 or device.type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
-    return torch.frombuffer(mmap.mmap(-1, size), dtype=torch.uint8).view(dtype).view(shape)
+    # Private: reading an unwritten page maps the kernel's zero page (a shared mapping would allocate it).
+    return torch.frombuffer(mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE), dtype=torch.uint8).view(dtype).view(shape)
