@@ -36,7 +36,7 @@ DEFAULT_LLAMA_SERVER = serving.ROOT / ".cache/llama.cpp/build-0.3.36/bin/llama-s
 STEP_METRIC = "completions_decode_step_duration_seconds"
 
 
-async def step_ms(client: httpx.AsyncClient, server: serving.Server) -> tuple[float, float]:
+async def decode_steps(client: httpx.AsyncClient, server: serving.Server) -> tuple[float, float]:
     """Our engine's decode steps so far: (seconds in all, count), from /metrics."""
     text = (await client.get(server.base_url + "/metrics", headers=server.headers)).text
     total = count = 0.0
@@ -71,7 +71,7 @@ async def rounds(servers: list[serving.Server], prompts: serving.Prompts, count:
     async with httpx.AsyncClient(timeout=600) as client:
 
         async def stream(server: serving.Server, prompt: serving.Prompt) -> tuple[float, float]:
-            before = await step_ms(client, server) if server.name == "ours" else None
+            before = await decode_steps(client, server) if server.name == "ours" else None
             logged = len(llama_evals(server)) if before is None else 0
             deadline = asyncio.get_running_loop().time() + 300
             result = await serving.stream_once(client, server, prompt, tokens, deadline)
@@ -80,7 +80,7 @@ async def rounds(servers: list[serving.Server], prompts: serving.Prompts, count:
             if before is None:
                 step = await llama_eval_ms(server, logged)
             else:
-                after = await step_ms(client, server)
+                after = await decode_steps(client, server)
                 step = (after[0] - before[0]) / max(1.0, after[1] - before[1]) * 1e3
             return (result.chunks - 1) / (result.last - result.first), step
 

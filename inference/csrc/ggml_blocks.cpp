@@ -222,6 +222,20 @@ bool use_avx512 = false;
 bool k_quant_int8 = false;  // ggml_set_k_quant_int8
 const bool int8_vnni = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
 
+// Whether the K-quants multiply x rounded to 8 bits: set_activation_bits(8), or 16 with
+// ggml_set_k_quant_int8.
+bool k_quants_in_int8() {
+  const int bits = kernels::activation_bits_setting();
+  return bits == 8 || (bits == 16 && k_quant_int8);
+}
+
+// The 8-bit products' code: AVX-512 VNNI's where chosen and present, else AVX2's.
+bool vnni_products() { return use_avx512 && int8_vnni; }
+
+bool takes_panels(int type, int64_t M) {
+  return vnni_products() ? avx512::has_panel_form(type, M) : avx2::has_panel_form(type, M);
+}
+
 // F32, F16 and BF16 rows of any width, one value at a time (dequantize_rows' widths that are not a
 // multiple of 32).
 float element(int type, const uint8_t* row, int64_t k) {
@@ -248,16 +262,15 @@ extern "C" {
 // An unknown type leaves y untouched.
 KERNEL_EXPORT void ggml_gemm(int type, const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, float* y, int add,
                              int threads) {
-  const int bits = kernels::activation_bits_setting();
-  if ((bits == 8 || (bits == 16 && k_quant_int8)) && avx2::has_int8_form(type)) {
+  if (k_quants_in_int8() && avx2::has_int8_form(type)) {
+    const bool panels = takes_panels(type, M);
     bool done;
-    if (!(use_avx512 && int8_vnni))
-      done = avx2::has_panel_form(type, M) ? avx2::panel_gemm(type, x, M, K, w, N, y, add != 0, threads)
-                                           : avx2::int8_gemm(type, x, M, K, w, N, y, add != 0, threads);
-    else if (avx512::has_panel_form(type, M))
-      done = avx512::panel_gemm(type, x, M, K, w, N, y, add != 0, threads);
+    if (vnni_products())
+      done = panels ? avx512::panel_gemm(type, x, M, K, w, N, y, add != 0, threads)
+                    : avx512::int8_gemm(type, x, M, K, w, N, y, add != 0, threads);
     else
-      done = avx512::int8_gemm(type, x, M, K, w, N, y, add != 0, threads);
+      done = panels ? avx2::panel_gemm(type, x, M, K, w, N, y, add != 0, threads)
+                    : avx2::int8_gemm(type, x, M, K, w, N, y, add != 0, threads);
     if (done) return;
   }
   if (use_avx512)
@@ -272,13 +285,10 @@ KERNEL_EXPORT void ggml_gemm(int type, const float* x, int64_t M, int64_t K, con
 // take); else 0, nothing computed.
 KERNEL_EXPORT int ggml_gemm_parts(int parts, const int* types, const uint8_t* const* ws, const int64_t* Ns,
                                   const float* x, int64_t M, int64_t K, float* y, int64_t width, int add, int threads) {
-  const int bits = kernels::activation_bits_setting();
-  if (!(bits == 8 || (bits == 16 && k_quant_int8))) return 0;
-  const bool vnni = use_avx512 && int8_vnni;
+  if (!k_quants_in_int8()) return 0;
   for (int p = 0; p < parts; ++p)
-    if (!avx2::has_int8_form(types[p]) || (vnni ? avx512::has_panel_form(types[p], M) : avx2::has_panel_form(types[p], M)))
-      return 0;
-  if (vnni) return avx512::int8_gemm_parts(parts, types, ws, Ns, x, M, K, y, width, add != 0, threads);
+    if (!avx2::has_int8_form(types[p]) || takes_panels(types[p], M)) return 0;
+  if (vnni_products()) return avx512::int8_gemm_parts(parts, types, ws, Ns, x, M, K, y, width, add != 0, threads);
   return avx2::int8_gemm_parts(parts, types, ws, Ns, x, M, K, y, width, add != 0, threads);
 }
 

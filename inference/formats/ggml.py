@@ -301,11 +301,8 @@ class StackedLinear(WeightLinear):
         self.out_features = sum(part.out_features for part in parts)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self._parts_in_bfloat16(x):
-            return self.compute(x).to(x.dtype)
-        if (together := self._in_one_call(x)) is not None:
-            return together.to(x.dtype)
-        return torch.cat([part(x) for part in self.parts], dim=-1)
+        out = self.compute(x)
+        return out if out.dtype == x.dtype else out.to(x.dtype)
 
     def compute(self, x: torch.Tensor) -> torch.Tensor:
         if (together := self._in_one_call(x)) is not None:
@@ -325,19 +322,19 @@ class StackedLinear(WeightLinear):
     def _in_one_call(self, x: torch.Tensor) -> torch.Tensor | None:
         """The parts' float32 products side by side from one call of our kernels, where every part is
         stored blocks that take it at these rows (CPUKernels.ggml_gemm_parts); else None."""
-        parts = self.parts
         rows = x.numel() // self.in_features
-        if not all(
-            isinstance(part, GGMLLinear)
+        blocks = [
+            part
+            for part in self.parts
+            if isinstance(part, GGMLLinear)
             and part.bias is None
             and not part._uses_many(rows)
             and not part._in_bfloat16(rows)
-            for part in parts
-        ):
+        ]
+        if len(blocks) != len(self.parts):
             return None
-        kernels = parts[0].kernels  # type: ignore[attr-defined]
         flat = x.reshape(-1, self.in_features)
-        out = kernels.ggml_gemm_parts(flat, [(part.raw, part.kind) for part in parts])  # type: ignore[attr-defined]
+        out = blocks[0].kernels.ggml_gemm_parts(flat, [(part.raw, part.kind) for part in blocks])
         return None if out is None else out.reshape(*x.shape[:-1], self.out_features)
 
     def _parts_in_bfloat16(self, x: torch.Tensor) -> bool:
