@@ -104,7 +104,10 @@ class CPUKernels:
             "ggml_gemm_parts", integer, pointer, pointer, pointer, pointer, size, size, pointer, size, integer, integer
         )
         self._ggml_gemm_parts.restype = ctypes.c_int
-        self._ggml_dequantize_rows = function("ggml_dequantize_rows", integer, pointer, size, pointer, size, pointer)
+        self._ggml_dequantize_rows = function(
+            "ggml_dequantize_rows", integer, pointer, size, size, pointer, size, pointer
+        )
+        self._ggml_dequantize_rows.restype = ctypes.c_int
         self._ggml_to_bfloat16 = function("ggml_to_bfloat16", integer, pointer, size, size, pointer, integer)
         self._ggml_to_bfloat16.restype = ctypes.c_int
         self._ggml_set_avx512 = function("ggml_set_avx512", integer)
@@ -324,10 +327,11 @@ class CPUKernels:
         block, size = _ggml_block(ggml_type)
         _check_ggml_weight(weight, ggml_type, K, block, size)
         rows = rows.to(torch.int64).contiguous()
-        if rows.numel() and not 0 <= int(rows.min()) <= int(rows.max()) < weight.shape[0]:
-            raise IndexError(f"rows out of range for a weight of {weight.shape[0]} rows")
         out = torch.empty(rows.numel(), K, dtype=torch.float32)
-        self._ggml_dequantize_rows(ggml_type, weight.data_ptr(), K, rows.data_ptr(), rows.numel(), out.data_ptr())
+        if not self._ggml_dequantize_rows(
+            ggml_type, weight.data_ptr(), weight.shape[0], K, rows.data_ptr(), rows.numel(), out.data_ptr()
+        ):
+            raise IndexError(f"rows out of range for a weight of {weight.shape[0]} rows")
         return out
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

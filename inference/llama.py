@@ -503,7 +503,13 @@ class LlamaModelRunner:
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits ``[tokens, vocab]`` of final hidden states ``[tokens, hidden]``, soft-capped
         where the model says so (Gemma's ``final_logit_softcapping``)."""
-        logits = self._lm_head(F.rms_norm(hidden, (self.hidden_size,), self._final_norm, self.eps)).float()
+        if self._kernels is not None and hidden.dtype == torch.float32 and self._final_norm.dtype == torch.float32:
+            # One call: after a decode step's weights have flushed the caches each torch operation
+            # costs tens of microseconds (docs/performance.md#a-steps-python).
+            normed = self._kernels.rms_norm(hidden.contiguous(), self._final_norm, self.eps)
+        else:
+            normed = F.rms_norm(hidden, (self.hidden_size,), self._final_norm, self.eps)
+        logits = self._lm_head(normed).float()
         if self._final_softcap is not None:
             logits = torch.tanh(logits / self._final_softcap) * self._final_softcap
         return logits

@@ -292,18 +292,24 @@ KERNEL_EXPORT int ggml_gemm_parts(int parts, const int* types, const uint8_t* co
   return avx2::int8_gemm_parts(parts, types, ws, Ns, x, M, K, y, width, add != 0, threads);
 }
 
-// out[n, K] = the float32 values of weight rows rows[0 .. n) (an embedding lookup); one thread.
-KERNEL_EXPORT void ggml_dequantize_rows(int type, const uint8_t* w, int64_t K, const int64_t* rows, int64_t n, float* out) {
+// out[n, K] = the float32 values of weight rows rows[0 .. n) of N (an embedding lookup); one thread.
+// 0, nothing written, where a row is out of range (checked here: a tensor's min and max cost a decode
+// step more, the weights having just flushed the caches); else 1.
+KERNEL_EXPORT int ggml_dequantize_rows(int type, const uint8_t* w, int64_t N, int64_t K, const int64_t* rows, int64_t n,
+                                      float* out) {
+  for (int64_t i = 0; i < n; ++i)
+    if (rows[i] < 0 || rows[i] >= N) return 0;
   if ((type == TYPE_F32 || type == TYPE_F16 || type == TYPE_BF16) && K % GROUP != 0) {
     const int64_t row_bytes = K * (type == TYPE_F32 ? 4 : 2);
     for (int64_t i = 0; i < n; ++i)
       for (int64_t k = 0; k < K; ++k) out[i * K + k] = element(type, w + rows[i] * row_bytes, k);
-    return;
+    return 1;
   }
   if (use_avx512)
     avx512::dequantize_type(type, w, K, rows, n, out);
   else
     avx2::dequantize_type(type, w, K, rows, n, out);
+  return 1;
 }
 
 // out[N, K] = the weight's values as bfloat16 bits, rounded to nearest even (a long prefill chunk's

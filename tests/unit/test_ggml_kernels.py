@@ -130,6 +130,8 @@ def test_a_weight_that_does_not_fit_is_refused():
         KERNELS.ggml_gemm(torch.randn(1, 512), data, int(T.Q2_K))  # a type without a kernel
     with pytest.raises(IndexError):
         KERNELS.ggml_dequantize_rows(data, int(T.Q4_K), 512, torch.tensor([4]))
+    with pytest.raises(IndexError):
+        KERNELS.ggml_dequantize_rows(data, int(T.Q4_K), 512, torch.tensor([0, -1]))
 
 
 def rounded(x: torch.Tensor, largest: float, group: int = 32) -> torch.Tensor:
