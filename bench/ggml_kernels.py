@@ -5,7 +5,9 @@ torch's.  (b) Per type, products with a 1.7B model's layer shapes (N=8192 K=2048
 in turn over enough distinct layers, >= 256 MB, that the weights stream from DRAM, not the cache):
 at one row the time of a product and its weight bytes per second against (a), at 8, 32 and 256 rows
 GFLOP/s.  ``--avx2`` forces the AVX2 code where the CPU has AVX-512; ``--bits 32`` keeps x float32
-in the products of up to 4 rows (16, the engine's default, multiplies them in integers).
+in the products of up to 4 rows (16, the engine's default, multiplies them in integers).  The
+K-quants round x to 8 bits as in the engine (``ENGINE_K_QUANT_Q8_ACTIVATIONS``) unless ``--bits 32``;
+``Q4_K_X8`` is Q4_K as the engine loads it, interleaved by 8 rows.
 
     .venv/bin/python bench/ggml_kernels.py [--avx2] [--bits 32] [--types Q4_K,Q6_K] [--threads 2]
 """
@@ -36,6 +38,7 @@ TYPES = {
     "Q4_K": 12,
     "Q5_K": 13,
     "Q6_K": 14,
+    "Q4_K_X8": cpu_kernels.Q4_K_X8,  # Q4_K interleaved by 8 rows, as the engine loads it
 }
 SHAPES = ((8192, 2048), (2048, 8192))  # (N, K): gate/up-like and down-like
 STREAM_BYTES = 256 << 20
@@ -69,7 +72,12 @@ def bandwidth(threads: int) -> float:
 
 
 def weight(ggml_type: int, rows: int, width: int, generator: torch.Generator) -> torch.Tensor:
-    """A random weight as GGUF stores it, its scales (float16) small and positive."""
+    """A random weight as GGUF stores it, its scales (float16) small and positive (Q4_K_X8: a Q4_K
+    one interleaved)."""
+    if ggml_type == cpu_kernels.Q4_K_X8:
+        loaded = cpu_kernels.loaded()
+        assert loaded is not None
+        return loaded.interleave_q4_k(weight(12, rows, width, generator))
     block, size = cpu_kernels.GGML_BLOCKS[ggml_type]
     if block == 1:
         dtype = {0: torch.float32, 1: torch.float16, 30: torch.bfloat16}[ggml_type]
@@ -98,6 +106,7 @@ def main() -> None:
         sys.exit(f"no CPU kernels here: {cpu_kernels.unavailable_reason()}")
     kernels.set_avx512(cpu_kernels.avx512_products() and not args.avx2)
     kernels.set_activation_bits(args.bits)
+    kernels.set_k_quant_int8(True)
     torch.set_num_threads(args.threads)
     print(
         f"CPU: {cpu_name()}; AVX-512 products {'on' if kernels.avx512 else 'off'}; {args.threads} threads; "

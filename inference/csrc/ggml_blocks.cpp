@@ -1,7 +1,8 @@
 // Products of float32 activations with ggml's block-quantized weights exactly as a GGUF file stores
 // them (ggml-common.h's block_q4_0, q4_1, q5_0, q5_1, q8_0, q4_K, q5_K, q6_K, and F32/F16/BF16
 // rows), for AVX2 + FMA and AVX-512: y[M, N] = x[M, K] @ W[N, K]^T, W's N rows each K / BLOCK
-// consecutive blocks, rows contiguous (a view of the memory-mapped file: nothing is repacked).
+// consecutive blocks, rows contiguous (a view of the memory-mapped file), or TYPE_Q4_K_X8 (not ggml's:
+// Q4_K interleaved by 8 rows at load, ggml_interleave_q4_k; ggml_interleaved.h has its products).
 //
 // Lossless: each block is decoded to float32 as gguf-py dequantizes it (same operations, same order)
 // and multiplied in float32 (no rounding of x), so the result is x @ dequantize(W)^T up to the order
@@ -32,6 +33,8 @@ namespace {
 // ggml's type ids (ggml.h's enum ggml_type, gguf-py's GGMLQuantizationType).
 constexpr int TYPE_F32 = 0, TYPE_F16 = 1, TYPE_Q4_0 = 2, TYPE_Q4_1 = 3, TYPE_Q5_0 = 6, TYPE_Q5_1 = 7, TYPE_Q8_0 = 8,
               TYPE_Q4_K = 12, TYPE_Q5_K = 13, TYPE_Q6_K = 14, TYPE_BF16 = 30;
+// Not ggml's: Q4_K interleaved by 8 rows (ggml_interleaved.h), made by ggml_interleave_q4_k.
+constexpr int TYPE_Q4_K_X8 = 112;
 
 constexpr int GROUP = 32;      // weights decoded at a time (a block, or a K-quant's sub-block)
 constexpr int ROW_BLOCK = 8;   // rows of x sharing one decoded group
@@ -113,6 +116,17 @@ struct Dot16 {
   static constexpr int ACCUMULATORS = 1;  // the multiply is off the chain: an add a step
   static __m256i add(__m256i acc, __m256i a, __m256i b) { return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b)); }
 };
+// x's 4 int8 values times 4 small unsigned weights, summed in 16 bits (a pair's 8 chunks: at most
+// 8 x 2 x 15 x 127 < 2^15), widened to 32 by the scale's multiply-add.
+struct Dot8 {
+  using Acc = __m256i;
+  static Acc zero() { return _mm256_setzero_si256(); }
+  static Acc add(Acc acc, __m256i weights, __m256i x) { return _mm256_add_epi16(acc, _mm256_maddubs_epi16(weights, x)); }
+  static __m256i scaled(Acc acc, __m256i scales) {
+    return _mm256_madd_epi16(acc, _mm256_or_si256(scales, _mm256_slli_epi32(scales, 16)));
+  }
+};
+constexpr int X8_ROWS = 2;  // rows of x a tile of interleaved weights: 16 registers
 constexpr int INT8_COLS = 1;  // weight rows a tile: 16 registers hold 4 rows' accumulators for one
 constexpr int INT8_ROWS = 4;  // rows of x a tile
 
@@ -204,6 +218,13 @@ struct Dot16 {
   static constexpr int ACCUMULATORS = 8;  // dpwssd's latency on the chain: 8 chains keep it busy
   static __m256i add(__m256i acc, __m256i a, __m256i b) { return _mm256_dpwssd_epi32(acc, a, b); }
 };
+struct Dot8 {
+  using Acc = __m256i;
+  static Acc zero() { return _mm256_setzero_si256(); }
+  static Acc add(Acc acc, __m256i weights, __m256i x) { return _mm256_dpbusd_epi32(acc, weights, x); }
+  static __m256i scaled(Acc acc, __m256i scales) { return _mm256_mullo_epi32(acc, scales); }
+};
+constexpr int X8_ROWS = 4;  // 32 registers
 constexpr int INT8_COLS = 2;
 constexpr int INT8_ROWS = 8;  // 32 registers: 8 rows' integer and float accumulators for one weight row
 
@@ -253,15 +274,83 @@ float element(int type, const uint8_t* row, int64_t k) {
   return value;
 }
 
+// Row n of a TYPE_Q4_K_X8 weight (K values) as float32, as gguf-py dequantizes the row it came from.
+void x8_dequantize_row(const uint8_t* w, int64_t K, int64_t n, float* out) {
+  const int64_t blocks = K / 256, r = n % 8;
+  const uint8_t* group = w + n / 8 * blocks * avx2::X8_BLOCK_BYTES;
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const uint8_t* p = group + blk * avx2::X8_BLOCK_BYTES;
+    uint8_t stored[16];  // the row's d, dmin and 12 bytes of scales, as the file has them
+    std::memcpy(stored, p + 2 * r, 2);
+    std::memcpy(stored + 2, p + 16 + 2 * r, 2);
+    for (int word = 0; word < 3; ++word) std::memcpy(stored + 4 + 4 * word, p + 32 + 32 * word + 4 * r, 4);
+    uint64_t scale_bytes, minimum_bytes;
+    avx2::k_scale_words(stored, scale_bytes, minimum_bytes);
+    const float d = half_to_float(stored), dmin = half_to_float(stored + 2);
+    for (int pair = 0; pair < 4; ++pair)
+      for (int c = 0; c < 8; ++c)
+        for (int i = 0; i < 4; ++i) {
+          const uint8_t q = p[avx2::X8_QS + 32 * (8 * pair + c) + 4 * r + i];
+          for (int half = 0; half < 2; ++half) {
+            const int sub = 2 * pair + half;
+            const float scale = d * static_cast<float>((scale_bytes >> (8 * sub)) & 0x3F);
+            const float minimum = dmin * static_cast<float>((minimum_bytes >> (8 * sub)) & 0x3F);
+            out[blk * 256 + 32 * sub + 4 * c + i] = scale * static_cast<float>(half ? q >> 4 : q & 0x0F) - minimum;
+          }
+        }
+  }
+}
+
+// y[M, N] (+)= x @ W^T for a TYPE_Q4_K_X8 weight in float32, a row at a time: where x cannot be
+// rounded to 8 bits (an infinity or a NaN, which must propagate), never on a hot path.
+void x8_float_gemm(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, float* y, bool add) {
+  std::vector<float> row(static_cast<size_t>(K));
+  for (int64_t n = 0; n < N; ++n) {
+    x8_dequantize_row(w, K, n, row.data());
+    for (int64_t m = 0; m < M; ++m) {
+      float sum = 0.0f;
+      for (int64_t k = 0; k < K; ++k) sum += x[m * K + k] * row[k];
+      y[m * N + n] = add ? y[m * N + n] + sum : sum;
+    }
+  }
+}
+
 }  // namespace
 
 extern "C" {
+
+// out = Q4_K weight w [N rows, K values] interleaved by 8 rows (TYPE_Q4_K_X8, ggml_interleaved.h's
+// layout: the same bytes, rearranged).  0, nothing written, unless N is a multiple of 8 and K of 256.
+KERNEL_EXPORT int ggml_interleave_q4_k(const uint8_t* w, int64_t N, int64_t K, uint8_t* out, int threads) {
+  if (N % 8 != 0 || K % 256 != 0 || N <= 0) return 0;
+  const int64_t blocks = K / 256, row_bytes = blocks * 144;
+  kernels::parallel_for(N / 8, threads, [&](int64_t first, int64_t last) {
+    for (int64_t g = first; g < last; ++g)
+      for (int64_t blk = 0; blk < blocks; ++blk) {
+        uint8_t* p = out + (g * blocks + blk) * avx2::X8_BLOCK_BYTES;
+        for (int r = 0; r < 8; ++r) {
+          const uint8_t* b = w + (8 * g + r) * row_bytes + blk * 144;
+          std::memcpy(p + 2 * r, b, 2);
+          std::memcpy(p + 16 + 2 * r, b + 2, 2);
+          for (int word = 0; word < 3; ++word) std::memcpy(p + 32 + 32 * word + 4 * r, b + 4 + 4 * word, 4);
+          for (int chunk = 0; chunk < 32; ++chunk) std::memcpy(p + avx2::X8_QS + 32 * chunk + 4 * r, b + 16 + 4 * chunk, 4);
+        }
+      }
+  });
+  return 1;
+}
 
 // y[M, N] = (add: y +) x[M, K] @ W^T, W given as ggml blocks of `type` (see the file's comment); K a
 // multiple of the type's block (32 for F32/F16/BF16 too; cpu_kernels takes other widths to torch).
 // An unknown type leaves y untouched.
 KERNEL_EXPORT void ggml_gemm(int type, const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, float* y, int add,
                              int threads) {
+  if (type == TYPE_Q4_K_X8) {  // x rounded to 8 bits whatever the switch: no other product reads this layout
+    const bool done = vnni_products() ? avx512::int8_gemm(type, x, M, K, w, N, y, add != 0, threads)
+                                      : avx2::int8_gemm(type, x, M, K, w, N, y, add != 0, threads);
+    if (!done) x8_float_gemm(x, M, K, w, N, y, add != 0);
+    return;
+  }
   if (k_quants_in_int8() && avx2::has_int8_form(type)) {
     const bool panels = takes_panels(type, M);
     bool done;
@@ -299,6 +388,10 @@ KERNEL_EXPORT int ggml_dequantize_rows(int type, const uint8_t* w, int64_t N, in
                                       float* out) {
   for (int64_t i = 0; i < n; ++i)
     if (rows[i] < 0 || rows[i] >= N) return 0;
+  if (type == TYPE_Q4_K_X8) {
+    for (int64_t i = 0; i < n; ++i) x8_dequantize_row(w, K, rows[i], out + i * K);
+    return 1;
+  }
   if ((type == TYPE_F32 || type == TYPE_F16 || type == TYPE_BF16) && K % GROUP != 0) {
     const int64_t row_bytes = K * (type == TYPE_F32 ? 4 : 2);
     for (int64_t i = 0; i < n; ++i)
@@ -316,6 +409,20 @@ KERNEL_EXPORT int ggml_dequantize_rows(int type, const uint8_t* w, int64_t N, in
 // product in bfloat16, from a copy made for that call); K a multiple of the type's block; a float type
 // or an unknown one leaves out untouched and returns 0.
 KERNEL_EXPORT int ggml_to_bfloat16(int type, const uint8_t* w, int64_t N, int64_t K, uint16_t* out, int threads) {
+  if (type == TYPE_Q4_K_X8) {
+    kernels::parallel_for(N, threads, [&](int64_t first, int64_t last) {
+      std::vector<float> row(static_cast<size_t>(K));
+      for (int64_t n = first; n < last; ++n) {
+        x8_dequantize_row(w, K, n, row.data());
+        for (int64_t k = 0; k < K; ++k) {
+          uint32_t bits;
+          std::memcpy(&bits, &row[k], 4);
+          out[n * K + k] = static_cast<uint16_t>((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);  // to nearest even
+        }
+      }
+    });
+    return 1;
+  }
   return (use_avx512 ? avx512::to_bfloat16_type(type, w, N, K, out, threads)
                      : avx2::to_bfloat16_type(type, w, N, K, out, threads))
              ? 1

@@ -277,7 +277,9 @@ inline void int8_cols(int type, const uint8_t* w, int64_t row_bytes, const Round
   }
 }
 
-inline bool has_int8_form(int type) { return type == TYPE_Q4_K || type == TYPE_Q5_K || type == TYPE_Q6_K; }
+inline bool has_int8_form(int type) {
+  return type == TYPE_Q4_K || type == TYPE_Q5_K || type == TYPE_Q6_K || type == TYPE_Q4_K_X8;
+}
 
 // Weight rows a thread multiplies by every row of x before the next ones (they stay in L2).
 constexpr int64_t INT8_WEIGHT_ROWS = 32;
@@ -288,10 +290,16 @@ inline RoundedX8& callers_x() {
   return rounded;
 }
 
+#include "ggml_interleaved.h"
+
 // Weight rows [first, last) of a type of has_int8_form against every row of x, already rounded, in
 // tiles of INT8_ROWS rows of x by INT8_COLS weight rows (or one, past 4 rows); y's rows ldy apart.
 inline void int8_rows(int type, const uint8_t* w, int64_t K, const RoundedX8& rounded, int64_t M, int64_t first,
                       int64_t last, float* y, int64_t ldy, bool add) {
+  if (type == TYPE_Q4_K_X8) {
+    x8_row_range(w, K, rounded, M, first, last, y, ldy, add);
+    return;
+  }
   const int64_t row_bytes = K / SUPER * int8_block_bytes(type);
   for (int64_t start = first; start < last; start += INT8_WEIGHT_ROWS) {
     const int64_t end = std::min(last, start + INT8_WEIGHT_ROWS);

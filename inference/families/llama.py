@@ -364,8 +364,13 @@ def gguf_weights(file: GGUFFile, config, dtype: torch.dtype, weights: str = "aut
         kinds = {kind for _, kind, _ in parts}
         if len(kinds) == 1:  # one product over the stacked rows (a copy of them: the file's are apart)
             raw = parts[0][0] if len(parts) == 1 else torch.cat([raw for raw, _, _ in parts])
-            return ggml.linear(raw, parts[0][1], parts[0][2])
-        return ggml.StackedLinear([ggml.linear(raw, kind, width) for raw, kind, width in parts])
+            linear: Linear = ggml.linear(raw, parts[0][1], parts[0][2])
+        else:
+            linear = ggml.StackedLinear([ggml.linear(raw, kind, width) for raw, kind, width in parts])
+        for name, (raw, kind, _) in zip(names, parts):
+            if ggml.interleaves(kind, raw.shape[0]):  # a copy: the file's pages leave the resident set
+                file.release(name)
+        return linear
 
     def vector(name: str) -> torch.Tensor:
         counts[file.tensors[name].type_name] = counts.get(file.tensors[name].type_name, 0) + 1

@@ -11,6 +11,9 @@ contain them: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K.
   and minimum per group of 32): the same weights exactly, on our tuned Q4_1 products (and the
   Llama runner's whole-step decode call).
 - Q8_0 becomes :class:`inference.weights.Q8_0Linear` (int8 values, float32 scales): exact.
+- Q4_K, where the K-quants' x is rounded to 8 bits (the default), runs on a copy of its blocks
+  interleaved by 8 rows (:func:`interleaves`), as llama.cpp's CPU backend repacks it at load: the
+  same bytes, a weight row in each lane of the integer products; the file's pages are released.
 - The other types run on :class:`GGMLLinear`, our kernels' products of the blocks as stored
   (:meth:`inference.cpu_kernels.CPUKernels.ggml_gemm`): the K-quants with x rounded to 8 bits
   and integer products (``ENGINE_K_QUANT_Q8_ACTIVATIONS``, the default), the other types up to 4
@@ -55,6 +58,7 @@ logger = logging.getLogger(__name__)
 _scratch = threading.local()
 
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 6, 7, 8, 12, 13, 14, 30
+Q4_K_X8 = 112  # not ggml's: Q4_K interleaved by 8 rows at load (inference.cpu_kernels.Q4_K_X8)
 
 # type id -> (name, weights per block, bytes per block)
 TYPES: dict[int, tuple[str, int, int]] = {
@@ -79,6 +83,8 @@ def is_known(kind: int) -> bool:
 
 def type_name(kind: int) -> str:
     """The type's ggml name (``Q4_K``); for a type not served here, gguf-py's name or its number."""
+    if kind == Q4_K_X8:
+        return "Q4_K_X8"
     if kind in TYPES:
         return TYPES[kind][0]
     try:
@@ -191,6 +197,8 @@ def linear(raw: torch.Tensor, kind: int, width: int) -> WeightLinear:
     Raises ``NotImplementedError`` where our kernels cannot run here (the block types need them)."""
     if kind in (Q4_0, Q4_1):  # Q4_1Linear holds these blocks' own bytes
         return Q4_1Linear.from_parts(*q4_1_parts(raw, kind))
+    if interleaves(kind, raw.shape[0]):
+        return GGMLLinear(_cpu_kernels().interleave_q4_k(raw.contiguous()), Q4_K_X8, width)
     if kind == Q4_K:
         try:
             return GGMLLinear(raw, kind, width, many=lambda: Q4_1Linear.from_parts(*q4_1_parts(raw, kind)))
@@ -201,6 +209,23 @@ def linear(raw: torch.Tensor, kind: int, width: int) -> WeightLinear:
     if kind == F32:
         return Float32Linear(raw.view(torch.float32).reshape(raw.shape[0], width))
     return GGMLLinear(raw, kind, width)
+
+
+def interleaves(kind: int, rows: int) -> bool:
+    """Whether :func:`linear` makes a tensor of ``kind`` and ``rows`` rows a copy interleaved by 8 rows
+    (:meth:`inference.cpu_kernels.CPUKernels.interleave_q4_k`): Q4_K, where the K-quants' x is rounded
+    to 8 bits (``ENGINE_K_QUANT_Q8_ACTIVATIONS``, the default).  The same bytes, rearranged as
+    llama.cpp's CPU backend rearranges them at load: a weight row in each lane of the integer
+    products, about a third of the instructions of the products of the rows as stored
+    (docs/performance.md#q4_k-interleaved-by-8-rows).  The file's pages can then be released."""
+    if kind != Q4_K or rows % 8:
+        return False
+    try:
+        kernels = _cpu_kernels()
+    except NotImplementedError:
+        return False
+    bits = kernels.activation_bits
+    return hasattr(kernels, "interleave_q4_k") and (bits == 8 or (bits == 16 and kernels.k_quant_int8))
 
 
 def rows_reader(raw: torch.Tensor, kind: int, width: int) -> Callable[[torch.Tensor], torch.Tensor] | None:
@@ -282,7 +307,12 @@ class GGMLLinear(_BlockLinear):
         return [(STEP_GGML, self.raw.data_ptr(), self.kind, 0, self.out_features)]
 
     def dequantized(self) -> torch.Tensor:
-        """The float32 weight ``[out, in]`` (gguf-py's reference dequantizer)."""
+        """The float32 weight ``[out, in]`` (gguf-py's reference dequantizer; our kernels' for the
+        interleaved Q4_K, whose values are the same)."""
+        if self.kind == Q4_K_X8:
+            return self.kernels.ggml_dequantize_rows(
+                self.raw, self.kind, self.in_features, torch.arange(self.out_features)
+            )
         return dequantize(self.raw, self.kind, self.in_features)
 
     def _tensors(self):
@@ -378,7 +408,8 @@ def choose_bfloat16_prefill(linears: Sequence[object], repeats: int = 3) -> list
         part
         for linear in linears
         for part in (linear.parts if isinstance(linear, StackedLinear) else [linear])
-        if isinstance(part, GGMLLinear) and part.kind not in (F32, F16, BF16)
+        # Interleaved Q4_K keeps its 8-bit products at every row count (its bfloat16 copy is a slow loop).
+        if isinstance(part, GGMLLinear) and part.kind not in (F32, F16, BF16, Q4_K_X8)
     ]
     if not blocks or not bfloat16_prefill_available():
         return []

@@ -200,6 +200,49 @@ def test_a_q4_k_file_gives_transformers_logits_on_its_blocks(name, tmp_path):
             assert (got - expected).abs().max() <= 2e-3 * expected.abs().max()
 
 
+@pytest.fixture
+def eight_bit_k_quants():
+    """The engine's default products: the K-quants' x rounded to 8 bits, so that Q4_K loads interleaved."""
+    kernels = cpu_kernels.load(None)
+    if kernels is None or not kernels.k_quant_int8_available:
+        pytest.skip("no 8-bit K-quant products here")
+    bits, int8 = kernels.activation_bits, kernels.k_quant_int8
+    kernels.set_activation_bits(16)
+    kernels.set_k_quant_int8(True)
+    yield
+    kernels.set_activation_bits(bits)
+    kernels.set_k_quant_int8(int8)
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2", "gemma2"])
+def test_a_q4_k_file_loads_interleaved_with_the_stored_blocks_logits(name, tmp_path, eight_bit_k_quants, monkeypatch):
+    # Under 8-bit K-quant products Q4_K layers are copies interleaved by 8 rows, in the one-call
+    # decode step too, and compute what the blocks as stored compute (the same integer sums).
+    model = tiny_families.tiny_family_model(name, **Q4_K_SHAPE, head_dim=64)
+    architecture = tiny_families.architecture(name)
+    tiny_families.write_gguf(model, tmp_path / "q4_k.gguf", ggml.Q4_K, architecture=architecture)
+
+    def load() -> LlamaModelRunner:
+        file = GGUFFile(tmp_path / "q4_k.gguf")
+        return LlamaModelRunner(
+            family.gguf_weights(file, family.config_from_gguf(file), torch.float32), max_batch_size=2
+        )
+
+    interleaved = load()
+    kinds = {part[2] for linear in interleaved._layers[0].products for part in linear.step_parts(1) or []}
+    assert kinds == {ggml.Q4_K_X8} and interleaved._whole_step_table(2) is not None
+    monkeypatch.setattr(ggml, "interleaves", lambda kind, rows: False)
+    stored = load()
+    assert {part[2] for linear in stored._layers[0].products for part in linear.step_parts(1) or []} == {ggml.Q4_K}
+    with torch.inference_mode():
+        got = greedy_batch(interleaved, PROMPTS, steps=4)
+        expected = greedy_batch(stored, PROMPTS, steps=4)
+    assert got[0] == expected[0]
+    for ours, theirs in zip(got[1], expected[1]):
+        for position, logits in theirs.items():
+            assert (ours[position] - logits).abs().max() <= 1e-4 * logits.abs().max()
+
+
 @pytest.mark.parametrize("source", ["Q4_K", "Q8_0"])
 @pytest.mark.parametrize("name", ["qwen2", "qwen3", "gemma2"])
 def test_one_kernel_call_per_step_runs_each_familys_layer_as_the_per_operation_step(

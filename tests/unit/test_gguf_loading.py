@@ -243,6 +243,23 @@ def test_a_q4_k_tensor_under_8_bits_runs_as_stored_at_any_rows_and_builds_no_cop
     assert layer._many is None and layer.nbytes == raw.numel()  # no Q4_1 copy was made
 
 
+def test_a_q4_k_tensor_built_under_8_bits_is_interleaved_where_its_rows_group_by_8(sixteen_bits):
+    kernels = cpu_kernels.load(None)
+    if not kernels.k_quant_int8_available:
+        pytest.skip("no 8-bit K-quant products here")
+    kernels.set_k_quant_int8(True)  # the engine's default, before the layer is built
+    for rows, kind in ((40, ggml.Q4_K_X8), (12, ggml.Q4_K)):
+        raw = random_q4_k(rows, 512, seed=rows)
+        layer = ggml.linear(raw, ggml.Q4_K, 512)
+        assert isinstance(layer, ggml.GGMLLinear) and layer.kind == kind
+        assert (layer.raw.data_ptr() != raw.data_ptr()) == (kind == ggml.Q4_K_X8)  # a copy, rearranged
+        assert layer.step_parts(1) == [(STEP_GGML, layer.raw.data_ptr(), kind, 0, rows)]
+        assert torch.equal(layer.dequantized(), ggml.dequantize(raw, ggml.Q4_K, 512))
+        x = torch.randn(5, 512, generator=torch.Generator().manual_seed(rows))
+        stored = kernels.ggml_gemm(x, raw, ggml.Q4_K)  # the 8-bit product of the blocks as stored
+        assert (layer(x) - stored).abs().max() <= 1e-5 * stored.abs().max()
+
+
 def test_loading_logs_its_progress(tmp_path, caplog):
     model = _tiny_llama(3)
     _write(model, tmp_path / "tiny.gguf", ggml.F32)
