@@ -11,8 +11,8 @@ contain them: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K.
   and minimum per group of 32): the same weights exactly, on our tuned Q4_1 products (and the
   Llama runner's whole-step decode call).
 - Q8_0 becomes :class:`inference.weights.Q8_0Linear` (int8 values, float32 scales): exact.
-- Q4_K, where the K-quants' x is rounded to 8 bits (the default), runs on a copy of its blocks
-  interleaved by 8 rows (:func:`interleaves`), as llama.cpp's CPU backend repacks it at load: the
+- Q4_K, where the K-quants' x is rounded to 8 bits (the default) on AVX-512 VNNI, runs on a copy
+  of its blocks interleaved by 8 rows (:func:`interleaves`), as llama.cpp's CPU backend repacks it at load: the
   same bytes, a weight row in each lane of the integer products; the file's pages are released.
 - The other types run on :class:`GGMLLinear`, our kernels' products of the blocks as stored
   (:meth:`inference.cpu_kernels.CPUKernels.ggml_gemm`): the K-quants with x rounded to 8 bits
@@ -214,10 +214,12 @@ def linear(raw: torch.Tensor, kind: int, width: int) -> WeightLinear:
 def interleaves(kind: int, rows: int) -> bool:
     """Whether :func:`linear` makes a tensor of ``kind`` and ``rows`` rows a copy interleaved by 8 rows
     (:meth:`inference.cpu_kernels.CPUKernels.interleave_q4_k`): Q4_K, where the K-quants' x is rounded
-    to 8 bits (``ENGINE_K_QUANT_Q8_ACTIVATIONS``, the default).  The same bytes, rearranged as
-    llama.cpp's CPU backend rearranges them at load: a weight row in each lane of the integer
-    products, about a third of the instructions of the products of the rows as stored
-    (docs/performance.md#q4_k-interleaved-by-8-rows).  The file's pages can then be released."""
+    to 8 bits (``ENGINE_K_QUANT_Q8_ACTIVATIONS``, the default) and the products run AVX-512 VNNI's
+    code.  The same bytes, rearranged as llama.cpp's CPU backend rearranges them at load: a weight
+    row in each lane of the integer products, about a third of the instructions of the products of
+    the rows as stored (docs/performance.md#q4_k-interleaved-by-8-rows).  On the AVX2 code the
+    stored blocks' panels multiply a prefill chunk faster, and one row on every core reads as fast.
+    The file's pages can be released after the copy."""
     if kind != Q4_K or rows % 8:
         return False
     try:
@@ -225,7 +227,12 @@ def interleaves(kind: int, rows: int) -> bool:
     except NotImplementedError:
         return False
     bits = kernels.activation_bits
-    return hasattr(kernels, "interleave_q4_k") and (bits == 8 or (bits == 16 and kernels.k_quant_int8))
+    return (
+        hasattr(kernels, "interleave_q4_k")
+        and kernels.avx512
+        and kernels.vnni
+        and (bits == 8 or (bits == 16 and kernels.k_quant_int8))
+    )
 
 
 def rows_reader(raw: torch.Tensor, kind: int, width: int) -> Callable[[torch.Tensor], torch.Tensor] | None:

@@ -245,8 +245,8 @@ def test_a_q4_k_tensor_under_8_bits_runs_as_stored_at_any_rows_and_builds_no_cop
 
 def test_a_q4_k_tensor_built_under_8_bits_is_interleaved_where_its_rows_group_by_8(sixteen_bits):
     kernels = cpu_kernels.load(None)
-    if not kernels.k_quant_int8_available:
-        pytest.skip("no 8-bit K-quant products here")
+    if not kernels.k_quant_int8_available or not (kernels.avx512 and kernels.vnni):
+        pytest.skip("no 8-bit K-quant products on AVX-512 VNNI here: Q4_K loads as stored")
     kernels.set_k_quant_int8(True)  # the engine's default, before the layer is built
     for rows, kind in ((40, ggml.Q4_K_X8), (12, ggml.Q4_K)):
         raw = random_q4_k(rows, 512, seed=rows)
@@ -258,6 +258,11 @@ def test_a_q4_k_tensor_built_under_8_bits_is_interleaved_where_its_rows_group_by
         x = torch.randn(5, 512, generator=torch.Generator().manual_seed(rows))
         stored = kernels.ggml_gemm(x, raw, ggml.Q4_K)  # the 8-bit product of the blocks as stored
         assert (layer(x) - stored).abs().max() <= 1e-5 * stored.abs().max()
+    kernels.set_avx512(False)  # the AVX2 code keeps the blocks as stored (its panels are faster)
+    try:
+        assert ggml.linear(random_q4_k(40, 512, seed=1), ggml.Q4_K, 512).kind == ggml.Q4_K
+    finally:
+        kernels.set_avx512(True)
 
 
 def test_loading_logs_its_progress(tmp_path, caplog):
