@@ -367,6 +367,7 @@ def test_bfloat16_prefill_is_chosen_where_the_copy_and_its_product_take_under_ou
     clock = [0.0]
     timed = []
     monkeypatch.setattr(ggml, "bfloat16_prefill_available", lambda: True)
+    monkeypatch.setattr(ggml, "interleaves", lambda kind, rows: False)  # Q4_K as stored, whatever an engine set
     monkeypatch.setattr(ggml.time, "perf_counter", lambda: clock[0])
 
     def compute(self, x):
