@@ -274,45 +274,34 @@ float element(int type, const uint8_t* row, int64_t k) {
   return value;
 }
 
-// Row n of a TYPE_Q4_K_X8 weight (K values) as float32, as gguf-py dequantizes the row it came from.
-void x8_dequantize_row(const uint8_t* w, int64_t K, int64_t n, float* out) {
-  const int64_t blocks = K / 256, r = n % 8;
-  const uint8_t* group = w + n / 8 * blocks * avx2::X8_BLOCK_BYTES;
-  for (int64_t blk = 0; blk < blocks; ++blk) {
-    const uint8_t* p = group + blk * avx2::X8_BLOCK_BYTES;
-    uint8_t stored[16];  // the row's d, dmin and 12 bytes of scales, as the file has them
-    std::memcpy(stored, p + 2 * r, 2);
-    std::memcpy(stored + 2, p + 16 + 2 * r, 2);
-    for (int word = 0; word < 3; ++word) std::memcpy(stored + 4 + 4 * word, p + 32 + 32 * word + 4 * r, 4);
-    uint64_t scale_bytes, minimum_bytes;
-    avx2::k_scale_words(stored, scale_bytes, minimum_bytes);
-    const float d = half_to_float(stored), dmin = half_to_float(stored + 2);
-    for (int pair = 0; pair < 4; ++pair)
-      for (int c = 0; c < 8; ++c)
-        for (int i = 0; i < 4; ++i) {
-          const uint8_t q = p[avx2::X8_QS + 32 * (8 * pair + c) + 4 * r + i];
-          for (int half = 0; half < 2; ++half) {
-            const int sub = 2 * pair + half;
-            const float scale = d * static_cast<float>((scale_bytes >> (8 * sub)) & 0x3F);
-            const float minimum = dmin * static_cast<float>((minimum_bytes >> (8 * sub)) & 0x3F);
-            out[blk * 256 + 32 * sub + 4 * c + i] = scale * static_cast<float>(half ? q >> 4 : q & 0x0F) - minimum;
-          }
-        }
-  }
+// The pieces of row r's super-block in TYPE_Q4_K_X8 (ggml_interleaved.h's layout): copy(offset in the
+// interleaved block, offset in the stored one, bytes) for each; the layout's one definition, read both ways.
+template <typename Copy>
+void x8_pieces(int64_t r, Copy copy) {
+  copy(2 * r, 0, 2);        // d
+  copy(16 + 2 * r, 2, 2);   // dmin
+  for (int word = 0; word < 3; ++word) copy(32 + 32 * word + 4 * r, 4 + 4 * word, 4);  // scales
+  for (int chunk = 0; chunk < 32; ++chunk) copy(avx2::X8_QS + 32 * chunk + 4 * r, 16 + 4 * chunk, 4);  // qs
 }
 
-// y[M, N] (+)= x @ W^T for a TYPE_Q4_K_X8 weight in float32, a row at a time: where x cannot be
-// rounded to 8 bits (an infinity or a NaN, which must propagate), never on a hot path.
-void x8_float_gemm(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, float* y, bool add) {
-  std::vector<float> row(static_cast<size_t>(K));
-  for (int64_t n = 0; n < N; ++n) {
-    x8_dequantize_row(w, K, n, row.data());
-    for (int64_t m = 0; m < M; ++m) {
-      float sum = 0.0f;
-      for (int64_t k = 0; k < K; ++k) sum += x[m * K + k] * row[k];
-      y[m * N + n] = add ? y[m * N + n] + sum : sum;
+// Rows [first, first + count) of a TYPE_Q4_K_X8 weight back in the file's Q4_K layout, for the code
+// that reads blocks as stored (an embedding lookup, a bfloat16 copy, the float32 product).
+std::vector<uint8_t> x8_stored_rows(const uint8_t* w, int64_t K, const int64_t* rows, int64_t count) {
+  const int64_t blocks = K / 256, row_bytes = blocks * 144;
+  std::vector<uint8_t> stored(static_cast<size_t>(count * row_bytes));
+  for (int64_t i = 0; i < count; ++i)
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+      const uint8_t* p = w + (rows[i] / 8 * blocks + blk) * avx2::X8_BLOCK_BYTES;
+      uint8_t* b = stored.data() + i * row_bytes + blk * 144;
+      x8_pieces(rows[i] % 8, [&](int64_t at, int64_t from, int bytes) { std::memcpy(b + from, p + at, bytes); });
     }
-  }
+  return stored;
+}
+
+std::vector<int64_t> row_numbers(int64_t count) {
+  std::vector<int64_t> numbers(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) numbers[i] = i;
+  return numbers;
 }
 
 }  // namespace
@@ -330,10 +319,7 @@ KERNEL_EXPORT int ggml_interleave_q4_k(const uint8_t* w, int64_t N, int64_t K, u
         uint8_t* p = out + (g * blocks + blk) * avx2::X8_BLOCK_BYTES;
         for (int r = 0; r < 8; ++r) {
           const uint8_t* b = w + (8 * g + r) * row_bytes + blk * 144;
-          std::memcpy(p + 2 * r, b, 2);
-          std::memcpy(p + 16 + 2 * r, b + 2, 2);
-          for (int word = 0; word < 3; ++word) std::memcpy(p + 32 + 32 * word + 4 * r, b + 4 + 4 * word, 4);
-          for (int chunk = 0; chunk < 32; ++chunk) std::memcpy(p + avx2::X8_QS + 32 * chunk + 4 * r, b + 16 + 4 * chunk, 4);
+          x8_pieces(r, [&](int64_t at, int64_t from, int bytes) { std::memcpy(p + at, b + from, bytes); });
         }
       }
   });
@@ -348,7 +334,11 @@ KERNEL_EXPORT void ggml_gemm(int type, const float* x, int64_t M, int64_t K, con
   if (type == TYPE_Q4_K_X8) {  // x rounded to 8 bits whatever the switch: no other product reads this layout
     const bool done = vnni_products() ? avx512::int8_gemm(type, x, M, K, w, N, y, add != 0, threads)
                                       : avx2::int8_gemm(type, x, M, K, w, N, y, add != 0, threads);
-    if (!done) x8_float_gemm(x, M, K, w, N, y, add != 0);
+    if (!done) {  // x cannot be rounded: the stored blocks' float32 product
+      const std::vector<uint8_t> stored = x8_stored_rows(w, K, row_numbers(N).data(), N);
+      use_avx512 ? avx512::gemm_type(TYPE_Q4_K, x, M, K, stored.data(), N, y, add != 0, threads)
+                 : avx2::gemm_type(TYPE_Q4_K, x, M, K, stored.data(), N, y, add != 0, threads);
+    }
     return;
   }
   if (k_quants_in_int8() && avx2::has_int8_form(type)) {
@@ -389,8 +379,8 @@ KERNEL_EXPORT int ggml_dequantize_rows(int type, const uint8_t* w, int64_t N, in
   for (int64_t i = 0; i < n; ++i)
     if (rows[i] < 0 || rows[i] >= N) return 0;
   if (type == TYPE_Q4_K_X8) {
-    for (int64_t i = 0; i < n; ++i) x8_dequantize_row(w, K, rows[i], out + i * K);
-    return 1;
+    const std::vector<uint8_t> stored = x8_stored_rows(w, K, rows, n);
+    return ggml_dequantize_rows(TYPE_Q4_K, stored.data(), n, K, row_numbers(n).data(), n, out);
   }
   if ((type == TYPE_F32 || type == TYPE_F16 || type == TYPE_BF16) && K % GROUP != 0) {
     const int64_t row_bytes = K * (type == TYPE_F32 ? 4 : 2);
@@ -410,18 +400,8 @@ KERNEL_EXPORT int ggml_dequantize_rows(int type, const uint8_t* w, int64_t N, in
 // or an unknown one leaves out untouched and returns 0.
 KERNEL_EXPORT int ggml_to_bfloat16(int type, const uint8_t* w, int64_t N, int64_t K, uint16_t* out, int threads) {
   if (type == TYPE_Q4_K_X8) {
-    kernels::parallel_for(N, threads, [&](int64_t first, int64_t last) {
-      std::vector<float> row(static_cast<size_t>(K));
-      for (int64_t n = first; n < last; ++n) {
-        x8_dequantize_row(w, K, n, row.data());
-        for (int64_t k = 0; k < K; ++k) {
-          uint32_t bits;
-          std::memcpy(&bits, &row[k], 4);
-          out[n * K + k] = static_cast<uint16_t>((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);  // to nearest even
-        }
-      }
-    });
-    return 1;
+    const std::vector<uint8_t> stored = x8_stored_rows(w, K, row_numbers(N).data(), N);
+    return ggml_to_bfloat16(TYPE_Q4_K, stored.data(), N, K, out, threads);
   }
   return (use_avx512 ? avx512::to_bfloat16_type(type, w, N, K, out, threads)
                      : avx2::to_bfloat16_type(type, w, N, K, out, threads))

@@ -415,7 +415,7 @@ def choose_bfloat16_prefill(linears: Sequence[object], repeats: int = 3) -> list
         part
         for linear in linears
         for part in (linear.parts if isinstance(linear, StackedLinear) else [linear])
-        # Interleaved Q4_K keeps its 8-bit products at every row count (its bfloat16 copy is a slow loop).
+        # Interleaved Q4_K keeps its 8-bit products at every row count (its bfloat16 copy restores the stored blocks first).
         if isinstance(part, GGMLLinear) and part.kind not in (F32, F16, BF16, Q4_K_X8)
     ]
     if not blocks or not bfloat16_prefill_available():
