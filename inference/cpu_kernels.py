@@ -54,6 +54,7 @@ REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
 AVX512_CPU_FLAGS = ("avx512f", "avx512bw", "avx512dq", "avx512vl")
 # ggml's types that ggml_gemm and ggml_dequantize_rows take (gguf.GGMLQuantizationType's ids): weights
 # a block and bytes a block (gguf.GGML_QUANT_SIZES).
+Q4_K_X8 = 112  # not ggml's: Q4_K interleaved by 8 rows (CPUKernels.interleave_q4_k)
 GGML_BLOCKS = {
     0: (1, 4),  # F32
     1: (1, 2),  # F16
@@ -66,9 +67,8 @@ GGML_BLOCKS = {
     13: (256, 176),  # Q5_K
     14: (256, 210),  # Q6_K
     30: (1, 2),  # BF16
-    112: (256, 144),  # Q4_K_X8: not ggml's; Q4_K interleaved by 8 rows (CPUKernels.interleave_q4_k)
+    Q4_K_X8: (256, 144),
 }
-Q4_K_X8 = 112
 # The whole-step table (:meth:`CPUKernels.decode_layers`): 10 fields a layer, then 4 products of
 # STEP_PARTS parts of 5 fields (the kinds: weights.STEP_Q4_1 and the others).
 STEP_PARTS = 3
@@ -283,23 +283,25 @@ class CPUKernels:
         )  # fmt: skip
         return out
 
-    def interleave_q4_k(self, weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    @property
+    def k_quants_in_int8(self) -> bool:
+        """Whether the K-quants' products round x to 8 bits (``csrc/ggml_blocks.cpp``'s
+        ``k_quants_in_int8``): activations at 8 bits, or at 16 with :meth:`set_k_quant_int8`."""
+        return self.activation_bits == 8 or (self.activation_bits == 16 and self.k_quant_int8)
+
+    def interleave_q4_k(self, weight: torch.Tensor) -> torch.Tensor:
         """A Q4_K weight (uint8 ``[N, row bytes]`` as :meth:`ggml_gemm` takes it) interleaved by 8
         rows: the same bytes rearranged (``csrc/ggml_interleaved.h`` has the layout), of the same
         shape, for :meth:`ggml_gemm` as type :data:`Q4_K_X8`, whose products round x to 8 bits at any
         row count (as the K-quants' with :meth:`set_k_quant_int8`; in float32 where x cannot be
         rounded) with a weight row in each lane: llama.cpp's repacking of Q4_K for its CPU backend, in
-        our own byte order.  Written into ``out`` where given (a new tensor otherwise).  Raises
-        ``ValueError`` unless N is a multiple of 8 and the rows hold whole super-blocks."""
+        our own byte order: a new tensor.  Raises ``ValueError`` unless N is a multiple of 8 and the
+        rows hold whole super-blocks."""
         block, size = _ggml_block(12)
         if weight.dtype != torch.uint8 or weight.dim() != 2 or not weight.is_contiguous() or weight.shape[1] % size:
             raise ValueError(f"interleave_q4_k takes contiguous uint8 rows of Q4_K blocks, not {tuple(weight.shape)}")
         rows, width = weight.shape[0], weight.shape[1] // size * block
-        out = torch.empty_like(weight) if out is None else out
-        if out.shape != weight.shape or out.dtype != torch.uint8 or not out.is_contiguous():
-            raise ValueError(
-                f"interleave_q4_k writes into a contiguous uint8 {tuple(weight.shape)}, not {tuple(out.shape)}"
-            )
+        out = torch.empty_like(weight)
         if not self._ggml_interleave_q4_k(weight.data_ptr(), rows, width, out.data_ptr(), torch.get_num_threads()):
             raise ValueError(f"interleave_q4_k takes a multiple of 8 rows, not {rows}")
         return out

@@ -37,6 +37,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..cpu_kernels import Q4_K_X8
 from ..weights import (
     BFLOAT16_PREFILL_GAIN,
     BFLOAT16_PREFILL_ROWS,
@@ -58,7 +59,6 @@ logger = logging.getLogger(__name__)
 _scratch = threading.local()
 
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 6, 7, 8, 12, 13, 14, 30
-Q4_K_X8 = 112  # not ggml's: Q4_K interleaved by 8 rows at load (inference.cpu_kernels.Q4_K_X8)
 
 # type id -> (name, weights per block, bytes per block)
 TYPES: dict[int, tuple[str, int, int]] = {
@@ -226,13 +226,7 @@ def interleaves(kind: int, rows: int) -> bool:
         kernels = _cpu_kernels()
     except NotImplementedError:
         return False
-    bits = kernels.activation_bits
-    return (
-        hasattr(kernels, "interleave_q4_k")
-        and kernels.avx512
-        and kernels.vnni
-        and (bits == 8 or (bits == 16 and kernels.k_quant_int8))
-    )
+    return hasattr(kernels, "interleave_q4_k") and kernels.avx512 and kernels.vnni and kernels.k_quants_in_int8
 
 
 def rows_reader(raw: torch.Tensor, kind: int, width: int) -> Callable[[torch.Tensor], torch.Tensor] | None:
@@ -288,8 +282,7 @@ class GGMLLinear(_BlockLinear):
     def _uses_many(self, rows: int) -> bool:
         if self._make_many is None or rows <= self.FEW_ROWS:
             return False
-        bits = self.kernels.activation_bits
-        return not (bits == 8 or (bits == 16 and self.kernels.k_quant_int8))
+        return not self.kernels.k_quants_in_int8
 
     def _product(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         if self._uses_many(x.shape[0]) and (many := self.many) is not None:
