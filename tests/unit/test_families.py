@@ -201,18 +201,13 @@ def test_a_q4_k_file_gives_transformers_logits_on_its_blocks(name, tmp_path):
 
 
 @pytest.fixture
-def eight_bit_k_quants():
+def eight_bit_k_quants(kernel_choices):
     """The engine's default products: the K-quants' x rounded to 8 bits, so that Q4_K loads interleaved
     (on AVX-512 VNNI's code, the engine's choice where the CPU has it)."""
-    kernels = cpu_kernels.load(None)
-    if kernels is None or not kernels.k_quant_int8_available or not (kernels.avx512 and kernels.vnni):
+    if not kernel_choices.k_quant_int8_available or not (kernel_choices.avx512 and kernel_choices.vnni):
         pytest.skip("no 8-bit K-quant products on AVX-512 VNNI here: Q4_K loads as stored")
-    bits, int8 = kernels.activation_bits, kernels.k_quant_int8
-    kernels.set_activation_bits(16)
-    kernels.set_k_quant_int8(True)
-    yield
-    kernels.set_activation_bits(bits)
-    kernels.set_k_quant_int8(int8)
+    kernel_choices.set_activation_bits(16)
+    kernel_choices.set_k_quant_int8(True)
 
 
 @pytest.mark.parametrize("name", ["llama", "qwen2", "gemma2"])

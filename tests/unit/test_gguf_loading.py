@@ -193,17 +193,10 @@ def test_q4_k_blocks_become_q4_1_groups_of_the_same_values():
 
 
 @pytest.fixture
-def sixteen_bits():
+def sixteen_bits(kernel_choices):
     """x rounded to 16 bits in the few-row products, K-quants too, whatever an engine of this process set."""
-    kernels = cpu_kernels.load(None)
-    if kernels is None:
-        pytest.skip("no CPU kernels here")
-    bits, int8 = kernels.activation_bits, kernels.k_quant_int8
-    kernels.set_activation_bits(16)
-    kernels.set_k_quant_int8(False)
-    yield
-    kernels.set_activation_bits(bits)
-    kernels.set_k_quant_int8(int8)
+    kernel_choices.set_activation_bits(16)
+    kernel_choices.set_k_quant_int8(False)
 
 
 def test_a_q4_k_tensor_runs_as_stored_at_few_rows_and_on_its_q4_1_copy_beyond(sixteen_bits):
@@ -259,10 +252,7 @@ def test_a_q4_k_tensor_built_under_8_bits_is_interleaved_where_its_rows_group_by
         stored = kernels.ggml_gemm(x, raw, ggml.Q4_K)  # the 8-bit product of the blocks as stored
         assert (layer(x) - stored).abs().max() <= 1e-5 * stored.abs().max()
     kernels.set_avx512(False)  # the AVX2 code keeps the blocks as stored (its panels are faster)
-    try:
-        assert ggml.linear(random_q4_k(40, 512, seed=1), ggml.Q4_K, 512).kind == ggml.Q4_K
-    finally:
-        kernels.set_avx512(True)
+    assert ggml.linear(random_q4_k(40, 512, seed=1), ggml.Q4_K, 512).kind == ggml.Q4_K
 
 
 def test_loading_logs_its_progress(tmp_path, caplog):
